@@ -1,0 +1,95 @@
+"""Durable file primitives: every write becomes visible whole or not at all.
+
+The pattern is always the same: write a uniquely named temporary in the destination's directory,
+fsync it, rename it over the destination, fsync the directory. A crash at any point leaves either
+the old destination or the new one, never a torn mixture, and never no destination when there was
+one before. Temporaries carry ``TEMP_MARKER`` in their name so readers and prune recognise them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO
+
+TEMP_MARKER = ".cycler-tmp-"
+"""Part of every temporary's name: ``.<final name>.cycler-tmp-<random>``."""
+
+
+def temporary_sibling(path: Path) -> Path:
+    """A unique, hidden name in ``path``'s directory that no other writer will pick."""
+    return path.with_name(f".{path.name}{TEMP_MARKER}{uuid.uuid4().hex[:12]}")
+
+
+def is_temporary(name: str) -> bool:
+    """Whether ``name`` is a temporary left by one of the writers in this module."""
+    return TEMP_MARKER in name
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a file's or directory's data and metadata to stable storage."""
+    flags = os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0)
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_directory(path: Path) -> None:
+    """Make the entries of a directory (renames, creations) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _removed_on_failure(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        raise
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
+    """Call ``write(file)`` on a temporary, then durably replace ``path`` with it.
+
+    Until the rename, the previous content of ``path`` is untouched; the temporary is removed if
+    ``write`` (or anything before the rename) fails, including on KeyboardInterrupt.
+    """
+    path = Path(path)
+    temporary = temporary_sibling(path)
+    with _removed_on_failure(temporary):
+        with open(temporary, "xb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    fsync_directory(path.parent)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Durably replace ``path`` with ``data`` (see :func:`atomic_write`)."""
+    atomic_write(path, lambda handle: handle.write(data))
+
+
+def atomic_symlink(target: str | os.PathLike[str], link: Path) -> None:
+    """Point ``link`` at ``target`` in one rename: the link is never missing, never half-made.
+
+    A uniquely named temporary link is created beside ``link`` and renamed over it, then the
+    directory is fsynced. Lightning and Composer instead delete and recreate the link, which
+    leaves a window with no link at all.
+    """
+    link = Path(link)
+    temporary = temporary_sibling(link)
+    with _removed_on_failure(temporary):
+        os.symlink(os.fspath(target), temporary)
+        os.replace(temporary, link)
+    fsync_directory(link.parent)

@@ -1,0 +1,42 @@
+"""Environment variables of the stop protocol and the checkpoint root's default (DESIGN.md)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+ENV_CONTROL_FILE = "CYCLER_CONTROL_FILE"
+"""Path of the control file the supervisor writes and the workers read."""
+
+ENV_CHECKPOINT_DIR = "CYCLER_CHECKPOINT_DIR"
+"""The checkpoint root chosen by ``cycle run`` (or by the user)."""
+
+ENV_RESTART_COUNT = "CYCLER_RESTART_COUNT"
+"""How many times workers have been started before in this job, requeues included."""
+
+ENV_RESUME_FROM = "CYCLER_RESUME_FROM"
+"""Name of a checkpoint to start from instead of the latest (``cycle run --resume-from``)."""
+
+ENV_ISC_ARTIFACT_PATH = "CHECKPOINT_ARTIFACT_PATH"
+"""ISC's checkpoint artifact directory; used when ``CYCLER_CHECKPOINT_DIR`` is not set."""
+
+DEFAULT_CHECKPOINT_DIR = "checkpoints"
+
+
+def default_checkpoint_root(environ: Mapping[str, str] | None = None) -> Path:
+    """``$CYCLER_CHECKPOINT_DIR``, else ``$CHECKPOINT_ARTIFACT_PATH``, else ``./checkpoints``."""
+    env = os.environ if environ is None else environ
+    for key in (ENV_CHECKPOINT_DIR, ENV_ISC_ARTIFACT_PATH):
+        if env.get(key):
+            return Path(env[key])
+    return Path(DEFAULT_CHECKPOINT_DIR)
+
+
+def restart_count(environ: Mapping[str, str] | None = None) -> int:
+    """``$CYCLER_RESTART_COUNT`` as an int (0 when unset or malformed)."""
+    env = os.environ if environ is None else environ
+    try:
+        return max(0, int(env.get(ENV_RESTART_COUNT, "0")))
+    except ValueError:
+        return 0

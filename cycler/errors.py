@@ -1,0 +1,62 @@
+"""The one error hierarchy of cycler.
+
+Every error a user can cause derives from :class:`CyclerError` and from the builtin it refines,
+so ``except FileNotFoundError`` keeps working. The CLI catches :class:`CyclerError` once, prints
+its message as one line, and exits with :attr:`CyclerError.exit_code`.
+"""
+
+from __future__ import annotations
+
+from cycler.exit_codes import EXIT_FAILURE, EXIT_USAGE
+
+
+class CyclerError(Exception):
+    """Base of every error cycler raises on purpose. The message says what to fix."""
+
+    exit_code: int = EXIT_FAILURE
+
+
+class ConfigError(CyclerError, ValueError):
+    """A bad option, flag value or configuration file: nothing was started."""
+
+    exit_code = EXIT_USAGE
+
+
+class CheckpointNotFound(CyclerError, FileNotFoundError):
+    """A named checkpoint does not exist, or no valid checkpoint exists where one was required."""
+
+
+class CorruptCheckpoint(CyclerError, ValueError):
+    """A checkpoint exists but fails validation (missing manifest, size or checksum mismatch)."""
+
+
+class UnsafePath(CyclerError, PermissionError):
+    """A path leads outside the checkpoint root or through a symlink cycler refuses to follow."""
+
+    exit_code = EXIT_USAGE
+
+
+class CheckpointDirectoryError(CyclerError, OSError):
+    """The checkpoint root cannot be used: not a directory, not writable, or on a broken path."""
+
+    exit_code = EXIT_USAGE
+
+
+class DirectoryInUse(CyclerError, RuntimeError):
+    """A live ``cycle run`` holds the checkpoint root's lock."""
+
+    exit_code = EXIT_USAGE
+
+
+class StateMismatch(CyclerError, ValueError):
+    """Saved resumable state does not fit the object it is loaded into (seed, length, version)."""
+
+
+class CoordinationTimeout(CyclerError, TimeoutError):
+    """Ranks waited for each other longer than the configured timeout."""
+
+
+class WrongCyclerPackage(CyclerError, ImportError):
+    """The importable ``cycler`` is matplotlib's dependency, not torch-cycler."""
+
+    exit_code = EXIT_USAGE

@@ -1,0 +1,15 @@
+"""Exit codes of ``cycle run`` (DESIGN.md), shared by the supervisor, the CLI and user scripts."""
+
+from __future__ import annotations
+
+EXIT_SUCCESS = 0
+"""The training script finished."""
+
+EXIT_FAILURE = 1
+"""The workers failed and restarts are used up, or they crashed in a loop."""
+
+EXIT_USAGE = 2
+"""Bad usage or configuration: nothing was started."""
+
+EXIT_REQUEUE = 75
+"""Stopped cleanly after a committed checkpoint: requeue me (EX_TEMPFAIL)."""
