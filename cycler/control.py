@@ -1,0 +1,99 @@
+"""The control file: how the supervisor asks workers to checkpoint or stop (DESIGN.md).
+
+The supervisor is the only writer and always replaces the file atomically, so a reader sees a
+whole request or the previous one. Workers poll it cheaply: a ``stat`` per check, and a read only
+when the file was replaced (atomic replacement always changes the inode).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from cycler._fs import atomic_write_bytes
+
+CONTROL_VERSION = 1
+
+
+class Action(str, enum.Enum):
+    """What the supervisor asks of the workers."""
+
+    RUN = "run"
+    CHECKPOINT = "checkpoint"
+    CHECKPOINT_AND_EXIT = "checkpoint_and_exit"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControlRequest:
+    """One request. ``sequence`` grows with every request written in a job."""
+
+    sequence: int
+    action: Action
+    reason: str
+    requested_at: float
+    """Wall-clock time (``time.time()``) the request was written."""
+    deadline: float | None = None
+    """Wall-clock time by which workers must be gone; ``None`` for no deadline."""
+    version: int = CONTROL_VERSION
+
+    def to_json(self) -> str:
+        fields = asdict(self)
+        fields["action"] = self.action.value
+        return json.dumps(fields, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ControlRequest:
+        """Parse a request; raises ``ValueError`` for anything that is not one."""
+        fields = json.loads(text)
+        if not isinstance(fields, dict) or fields.get("version") != CONTROL_VERSION:
+            raise ValueError(f"not a version {CONTROL_VERSION} control request: {text[:80]!r}")
+        return cls(
+            sequence=int(fields["sequence"]),
+            action=Action(fields["action"]),
+            reason=str(fields["reason"]),
+            requested_at=float(fields["requested_at"]),
+            deadline=None if fields.get("deadline") is None else float(fields["deadline"]),
+        )
+
+
+def write_control(path: Path, request: ControlRequest) -> None:
+    """Atomically replace the control file at ``path`` with ``request``."""
+    atomic_write_bytes(Path(path), request.to_json().encode())
+
+
+def read_control(path: Path) -> ControlRequest | None:
+    """The request in ``path``; ``None`` when the file is missing or not a valid request."""
+    try:
+        return ControlRequest.from_json(Path(path).read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class ControlFileWatcher:
+    """Reports each new request in a control file once, at the cost of one ``stat`` per poll."""
+
+    def __init__(self, path: Path | str | None) -> None:
+        self.path = None if path is None else Path(path)
+        self._seen_identity: tuple[int, int, int] | None = None
+        self._last_sequence = -1
+
+    def poll(self) -> ControlRequest | None:
+        """The request written since the last poll, if any (``None`` without a control file)."""
+        if self.path is None:
+            return None
+        try:
+            stat = os.stat(self.path)
+        except OSError:
+            return None
+        identity = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        if identity == self._seen_identity:
+            return None
+        self._seen_identity = identity
+        request = read_control(self.path)
+        if request is None or request.sequence <= self._last_sequence:
+            return None
+        self._last_sequence = request.sequence
+        return request

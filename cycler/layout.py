@@ -1,0 +1,150 @@
+"""The checkpoint root's layout: the one owner of names, indices and paths (DESIGN.md).
+
+::
+
+    <root>/
+      <prefix>.latest_checkpoint -> <root>/<prefix>_checkpoint_7   the commit record
+      <prefix>_checkpoint_7/           a checkpoint: user files + MANIFEST_NAME (written last)
+      <prefix>_checkpoint_8/           being written or torn: no manifest, never linked
+      <prefix>_checkpoint_3_force/     pinned: retention and prune never remove it
+      .cycler/                         the supervisor's record: control file, events, lock
+
+Everything that needs a checkpoint's name, index, pin or the link asks :class:`CheckpointLayout`;
+nothing else parses these names.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from cycler._fs import atomic_write_bytes, is_temporary
+
+DEFAULT_PREFIX = "AtomicDirectory"
+CHECKPOINT_INFIX = "_checkpoint_"
+PINNED_SUFFIX = "_force"
+LINK_SUFFIX = ".latest_checkpoint"
+MANIFEST_NAME = "cycler_manifest.json"
+
+SUPERVISOR_DIRNAME = ".cycler"
+CONTROL_FILENAME = "control.json"
+EVENTS_FILENAME = "events.jsonl"
+LOCK_FILENAME = "supervisor.lock"
+INDEX_RECORD_SUFFIX = ".last_index"
+
+
+@dataclass(frozen=True)
+class CheckpointName:
+    """A parsed checkpoint directory name."""
+
+    prefix: str
+    index: int
+    pinned: bool
+
+    def __str__(self) -> str:
+        suffix = PINNED_SUFFIX if self.pinned else ""
+        return f"{self.prefix}{CHECKPOINT_INFIX}{self.index}{suffix}"
+
+
+class CheckpointLayout:
+    """Names and paths of one saver's checkpoints under one root.
+
+    ``prefix`` is AtomicDirectory's ``name=`` (several savers can share a root under different
+    prefixes). The root is kept absolute, because the link must hold an absolute target for
+    ISC's artifact sync and for users who ``os.readlink`` it.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], prefix: str = DEFAULT_PREFIX) -> None:
+        if not prefix or "/" in prefix or prefix.startswith("."):
+            raise ValueError(f"checkpoint name {prefix!r} must be a plain, non-hidden file name")
+        self.root = Path(os.path.abspath(root))
+        self.prefix = prefix
+        self._pattern = re.compile(
+            rf"^{re.escape(prefix)}{re.escape(CHECKPOINT_INFIX)}(\d+)({re.escape(PINNED_SUFFIX)})?$"
+        )
+
+    @property
+    def link_name(self) -> str:
+        return f"{self.prefix}{LINK_SUFFIX}"
+
+    @property
+    def link_path(self) -> Path:
+        return self.root / self.link_name
+
+    @property
+    def supervisor_dir(self) -> Path:
+        return self.root / SUPERVISOR_DIRNAME
+
+    @property
+    def control_path(self) -> Path:
+        return self.supervisor_dir / CONTROL_FILENAME
+
+    @property
+    def events_path(self) -> Path:
+        return self.supervisor_dir / EVENTS_FILENAME
+
+    @property
+    def lock_path(self) -> Path:
+        return self.supervisor_dir / LOCK_FILENAME
+
+    @property
+    def index_record_path(self) -> Path:
+        return self.supervisor_dir / f"{self.prefix}{INDEX_RECORD_SUFFIX}"
+
+    def parse(self, name: str) -> CheckpointName | None:
+        """The parsed name if ``name`` is one of this layout's checkpoint names, else ``None``."""
+        match = self._pattern.match(name)
+        if match is None:
+            return None
+        return CheckpointName(self.prefix, int(match.group(1)), match.group(2) is not None)
+
+    def path_of(self, name: CheckpointName) -> Path:
+        return self.root / str(name)
+
+    def checkpoint_names(self) -> list[CheckpointName]:
+        """Every entry of the root that carries a checkpoint name, by index (files included)."""
+        try:
+            entries = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        parsed = (self.parse(entry) for entry in entries if not is_temporary(entry))
+        return sorted((name for name in parsed if name is not None), key=lambda n: n.index)
+
+    def temporaries(self) -> list[Path]:
+        """Temporaries left in the root by writers that died before their rename."""
+        try:
+            entries = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        return [self.root / entry for entry in entries if is_temporary(entry)]
+
+    def link_target_name(self) -> CheckpointName | None:
+        """The checkpoint the link names, resolved by name inside the root, or ``None``.
+
+        The target is read with ``readlink`` and only its last component is used, so a tree
+        that was moved or copied still resolves, and a link pointing outside the root can never
+        lead a reader there: the name is looked up in this root or not at all.
+        """
+        try:
+            target = os.readlink(self.link_path)
+        except OSError:
+            return None
+        return self.parse(Path(target.rstrip("/")).name)
+
+    def next_index(self) -> int:
+        """An index above every index ever used here, including removed ones."""
+        used = [name.index for name in self.checkpoint_names()]
+        return max([self._recorded_index(), *used], default=-1) + 1
+
+    def record_index(self, index: int) -> None:
+        """Remember that ``index`` was used, so that removing its directory never frees it."""
+        self.supervisor_dir.mkdir(exist_ok=True)
+        atomic_write_bytes(self.index_record_path, f"{index}\n".encode())
+
+    def _recorded_index(self) -> int:
+        try:
+            return int(self.index_record_path.read_text().strip())
+        except (OSError, ValueError):
+            return -1
