@@ -24,7 +24,7 @@ class EventLog:
         self._host = socket.gethostname()
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
-        """Write one event durably enough for a post-mortem (no fsync: this is a record, not data)."""
+        """Append one event; no fsync: this is a record for people, not training state."""
         record = {"time": self._clock(), "event": event, "host": self._host, "pid": os.getpid()}
         record.update(fields)
         line = (json.dumps(record, default=str, sort_keys=True) + "\n").encode()

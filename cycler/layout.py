@@ -29,9 +29,11 @@ LINK_SUFFIX = ".latest_checkpoint"
 MANIFEST_NAME = "cycler_manifest.json"
 
 SUPERVISOR_DIRNAME = ".cycler"
-CONTROL_FILENAME = "control.json"
-EVENTS_FILENAME = "events.jsonl"
-LOCK_FILENAME = "supervisor.lock"
+# One control file, events log and lock per node: each node's supervisor writes its own, so
+# supervisors on a shared filesystem never race on one file (O_APPEND is not atomic over NFS).
+CONTROL_FILENAME = "control-node{node}.json"
+EVENTS_FILENAME = "events-node{node}.jsonl"
+LOCK_FILENAME = "supervisor-node{node}.lock"
 INDEX_RECORD_SUFFIX = ".last_index"
 
 
@@ -77,17 +79,22 @@ class CheckpointLayout:
     def supervisor_dir(self) -> Path:
         return self.root / SUPERVISOR_DIRNAME
 
-    @property
-    def control_path(self) -> Path:
-        return self.supervisor_dir / CONTROL_FILENAME
+    def control_path(self, node_rank: int = 0) -> Path:
+        return self.supervisor_dir / CONTROL_FILENAME.format(node=node_rank)
 
-    @property
-    def events_path(self) -> Path:
-        return self.supervisor_dir / EVENTS_FILENAME
+    def events_path(self, node_rank: int = 0) -> Path:
+        return self.supervisor_dir / EVENTS_FILENAME.format(node=node_rank)
 
-    @property
-    def lock_path(self) -> Path:
-        return self.supervisor_dir / LOCK_FILENAME
+    def lock_path(self, node_rank: int = 0) -> Path:
+        return self.supervisor_dir / LOCK_FILENAME.format(node=node_rank)
+
+    def events_paths(self) -> list[Path]:
+        """Every node's events log."""
+        return sorted(self.supervisor_dir.glob(EVENTS_FILENAME.format(node="*")))
+
+    def lock_paths(self) -> list[Path]:
+        """Every node's supervisor lock file."""
+        return sorted(self.supervisor_dir.glob(LOCK_FILENAME.format(node="*")))
 
     @property
     def index_record_path(self) -> Path:
