@@ -1,0 +1,3 @@
+from cycler_cli.main import main
+
+main()
