@@ -60,3 +60,7 @@ class WrongCyclerPackage(CyclerError, ImportError):
     """The importable ``cycler`` is matplotlib's dependency, not torch-cycler."""
 
     exit_code = EXIT_USAGE
+
+
+class DatasetNotFound(CyclerError, FileNotFoundError):
+    """A dataset root, its class folders, or the matching files inside them do not exist."""
