@@ -93,3 +93,19 @@ def atomic_symlink(target: str | os.PathLike[str], link: Path) -> None:
         os.symlink(os.fspath(target), temporary)
         os.replace(temporary, link)
     fsync_directory(link.parent)
+
+
+def discard_directory(path: Path) -> None:
+    """Remove a directory tree so that it never looks half-removed under its own name.
+
+    It is first renamed to a temporary name (one atomic step: from then on no reader takes it
+    for a checkpoint), then deleted. ``shutil.rmtree`` removes symlinks inside it without
+    following them, so nothing outside the tree is touched.
+    """
+    import shutil
+
+    path = Path(path)
+    doomed = temporary_sibling(path)
+    os.rename(path, doomed)
+    fsync_directory(path.parent)
+    shutil.rmtree(doomed)

@@ -88,6 +88,11 @@ class CheckpointLayout:
     def lock_path(self, node_rank: int = 0) -> Path:
         return self.supervisor_dir / LOCK_FILENAME.format(node=node_rank)
 
+    @property
+    def writer_lock_path(self) -> Path:
+        """Held by the rank that creates checkpoints, from prepare to commit."""
+        return self.supervisor_dir / f"{self.prefix}.writer.lock"
+
     def events_paths(self) -> list[Path]:
         """Every node's events log."""
         return sorted(self.supervisor_dir.glob(EVENTS_FILENAME.format(node="*")))

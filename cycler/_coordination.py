@@ -1,0 +1,96 @@
+"""Agreement between ranks through the process group's key-value store.
+
+AtomicDirectory needs one rank to act and every rank to learn the outcome. Doing that through
+the store rather than collectives gives every wait an explicit timeout, needs no device tensors
+(the same code serves gloo and nccl), and lets no rank list the directory. Keys are numbered per
+rank by a counter kept in the store itself, so several saver objects in one job never collide as
+long as every rank makes the same sequence of calls, which the API requires anyway.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from typing import Any
+
+import torch.distributed as dist
+
+from cycler.errors import CoordinationTimeout
+
+_ERROR_PREFIX = "error:"
+
+
+class Coordinator:
+    """One creator rank (global rank 0) and ``world_size - 1`` followers, or a lone process."""
+
+    def __init__(self, namespace: str, timeout: datetime.timedelta,
+                 use_process_group: bool = True) -> None:
+        self.namespace = namespace
+        self.timeout = timeout
+        distributed = use_process_group and global_rank() is not None
+        self.rank = dist.get_rank() if distributed else 0
+        self.world_size = dist.get_world_size() if distributed else 1
+        self._store: Any = _default_store() if distributed and self.world_size > 1 else None
+
+    @property
+    def is_creator(self) -> bool:
+        return self.rank == 0
+
+    def new_round(self, what: str) -> str:
+        """A key prefix unique to this call, identical on every rank."""
+        if self._store is None:
+            return ""
+        number = self._store.add(f"cycler/{self.namespace}/{what}/calls/{self.rank}", 1)
+        return f"cycler/{self.namespace}/{what}/{number}"
+
+    def arrive(self, round_key: str, value: str) -> None:
+        """Tell the creator this rank reached ``round_key``, with a small value."""
+        if self._store is not None:
+            self._store.set(f"{round_key}/rank/{self.rank}", value)
+
+    def gather(self, round_key: str, local: str) -> list[str]:
+        """On the creator: every rank's value for ``round_key`` (waits for all of them)."""
+        if self._store is None:
+            return [local]
+        keys = [f"{round_key}/rank/{rank}" for rank in range(self.world_size)]
+        self._wait(keys, "every rank to reach it")
+        return [self._store.get(key).decode() for key in keys]
+
+    def announce(self, round_key: str, outcome: str) -> None:
+        """On the creator: publish the round's outcome to every follower."""
+        if self._store is not None:
+            self._store.set(f"{round_key}/outcome", outcome)
+
+    def announce_error(self, round_key: str, error: BaseException) -> None:
+        self.announce(round_key, f"{_ERROR_PREFIX}{type(error).__name__}: {error}")
+
+    def outcome(self, round_key: str) -> str:
+        """On a follower: the creator's outcome; raises if the creator reported an error."""
+        self._wait([f"{round_key}/outcome"], "rank 0 to finish")
+        value = self._store.get(f"{round_key}/outcome").decode()
+        if value.startswith(_ERROR_PREFIX):
+            raise RuntimeError(f"rank 0 failed: {value[len(_ERROR_PREFIX):]}")
+        return value
+
+    def _wait(self, keys: Sequence[str], what: str) -> None:
+        try:
+            self._store.wait(list(keys), self.timeout)
+        except Exception as error:  # the store raises a bare RuntimeError/DistStoreError
+            raise CoordinationTimeout(
+                f"rank {self.rank} waited {self.timeout.total_seconds():.0f} s for {what} "
+                f"at {keys[0].rsplit('/rank/', 1)[0]} ({error}); is a rank dead or skipping "
+                "a call that every rank must make?"
+            ) from None
+
+
+def global_rank() -> int | None:
+    """This process's rank in the default process group, ``None`` without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return None
+
+
+def _default_store() -> Any:
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_store()

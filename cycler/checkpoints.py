@@ -1,0 +1,179 @@
+"""What is on disk: every checkpoint of a root with its state, and the newest valid one.
+
+This is the one reader of the layout. ``latest_checkpoint`` (resume), ``cycle status``,
+``cycle prune`` and retention all see checkpoints through :func:`list_checkpoints`, so they can
+never disagree about which checkpoint is valid or latest.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import stat
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from cycler.environment import ENV_RESUME_FROM, default_checkpoint_root
+from cycler.errors import CheckpointNotFound, CorruptCheckpoint
+from cycler.layout import DEFAULT_PREFIX, CheckpointLayout, CheckpointName
+from cycler.manifest import Manifest, check_files, read_manifest
+
+
+class CheckpointWarning(UserWarning):
+    """The latest link could not be used and an older or unlinked checkpoint was chosen."""
+
+
+class CheckpointState(str, enum.Enum):
+    LATEST = "latest"
+    VALID = "valid"
+    PINNED = "pinned"
+    INCOMPLETE = "incomplete"
+    CORRUPT = "corrupt"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One entry of the root that carries a checkpoint name."""
+
+    name: CheckpointName
+    path: Path
+    manifest: Manifest | None
+    problem: str | None
+    """Why it is not valid (``None`` when valid)."""
+    is_latest: bool = False
+    is_directory: bool = True
+
+    @property
+    def valid(self) -> bool:
+        return self.problem is None
+
+    @property
+    def index(self) -> int:
+        return self.name.index
+
+    @property
+    def pinned(self) -> bool:
+        return self.name.pinned
+
+    @property
+    def state(self) -> CheckpointState:
+        if self.manifest is None and self.is_directory and self.problem is not None:
+            return CheckpointState.INCOMPLETE
+        if not self.valid:
+            return CheckpointState.CORRUPT
+        if self.is_latest:
+            return CheckpointState.LATEST
+        return CheckpointState.PINNED if self.pinned else CheckpointState.VALID
+
+
+def inspect_checkpoint(layout: CheckpointLayout, name: CheckpointName,
+                       verify: bool = False) -> Checkpoint:
+    """Validate one entry: a real directory whose files match its manifest."""
+    path = layout.path_of(name)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return Checkpoint(name, path, None, "does not exist", is_directory=False)
+    if stat.S_ISLNK(mode):
+        return Checkpoint(name, path, None, "is a symlink; cycler never follows it",
+                          is_directory=False)
+    if not stat.S_ISDIR(mode):
+        return Checkpoint(name, path, None, "is a file, not a directory", is_directory=False)
+    try:
+        manifest = read_manifest(path)
+    except CorruptCheckpoint as error:
+        missing = not (path / "cycler_manifest.json").exists()
+        return Checkpoint(name, path, None, "no manifest (never committed)" if missing
+                          else str(error))
+    problem = check_files(path, manifest, checksums=verify)
+    return Checkpoint(name, path, manifest, problem)
+
+
+def list_checkpoints(root: str | os.PathLike[str], name: str = DEFAULT_PREFIX,
+                     verify: bool = False) -> list[Checkpoint]:
+    """Every checkpoint of saver ``name`` under ``root`` by index, the latest one marked."""
+    layout = CheckpointLayout(root, name)
+    found = [inspect_checkpoint(layout, entry, verify) for entry in layout.checkpoint_names()]
+    latest, _ = _choose_latest(layout, found)
+    return [_marked(c, latest) for c in found]
+
+
+def _marked(checkpoint: Checkpoint, latest: Checkpoint | None) -> Checkpoint:
+    if latest is None or checkpoint.path != latest.path:
+        return checkpoint
+    return Checkpoint(checkpoint.name, checkpoint.path, checkpoint.manifest, None, True)
+
+
+def _choose_latest(layout: CheckpointLayout,
+                   found: list[Checkpoint]) -> tuple[Checkpoint | None, str | None]:
+    """The link target if valid, else the newest valid by index, with what was wrong."""
+    target = layout.link_target_name()
+    by_name = {c.name: c for c in found}
+    linked = by_name.get(target) if target is not None else None
+    if linked is not None and linked.valid:
+        return linked, None
+    newest = next((c for c in reversed(found) if c.valid), None)
+    if newest is None:
+        return None, None
+    return newest, _link_problem(layout, target, linked)
+
+
+def _link_problem(layout: CheckpointLayout, target: CheckpointName | None,
+                  linked: Checkpoint | None) -> str:
+    link = layout.link_name
+    if not os.path.lexists(layout.link_path):
+        return f"{link} is missing"
+    if target is None:
+        return f"{link} does not name a checkpoint of this root ({os.readlink(layout.link_path)})"
+    if linked is None:
+        return f"{link} points at {target}, which does not exist"
+    return f"{link} points at {target}, which is {linked.state.value}: {linked.problem}"
+
+
+def latest_checkpoint(root: str | os.PathLike[str] | None = None, name: str = DEFAULT_PREFIX,
+                      verify: bool = False) -> Path | None:
+    """The newest valid checkpoint directory under ``root``, or ``None`` if there is none.
+
+    The latest link's target when it validates; otherwise the newest valid checkpoint by index,
+    with a :class:`CheckpointWarning` that names what was wrong. A directory without a valid
+    manifest is never returned. ``verify`` also checks every file's checksum (reads all data).
+    ``root`` defaults to ``$CYCLER_CHECKPOINT_DIR``, ``$CHECKPOINT_ARTIFACT_PATH``,
+    ``./checkpoints``. When ``cycle run --resume-from NAME`` set ``$CYCLER_RESUME_FROM`` to one
+    of this saver's checkpoints, that checkpoint is returned instead (validated).
+    """
+    layout = CheckpointLayout(_root_or_default(root), name)
+    requested = os.environ.get(ENV_RESUME_FROM)
+    if requested and (layout.parse(requested) or _by_index(layout, requested)):
+        return find_checkpoint(layout.root, requested, name, verify)
+    found = [inspect_checkpoint(layout, entry, verify) for entry in layout.checkpoint_names()]
+    latest, problem = _choose_latest(layout, found)
+    if latest is not None and problem is not None:
+        warnings.warn(f"{problem}; using {latest.path.name} instead", CheckpointWarning,
+                      stacklevel=2)
+    return None if latest is None else latest.path
+
+
+def find_checkpoint(root: str | os.PathLike[str], checkpoint: str,
+                    name: str = DEFAULT_PREFIX, verify: bool = False) -> Path:
+    """The checkpoint directory called ``checkpoint`` (a name or an index), validated."""
+    layout = CheckpointLayout(root, name)
+    parsed = layout.parse(checkpoint) or _by_index(layout, checkpoint)
+    if parsed is None:
+        raise CheckpointNotFound(
+            f"no checkpoint named {checkpoint!r} in {layout.root}; see `cycle status`"
+        )
+    found = inspect_checkpoint(layout, parsed, verify)
+    if not found.valid:
+        raise CorruptCheckpoint(f"{found.path} {found.problem}; pick another with `cycle status`")
+    return found.path
+
+
+def _by_index(layout: CheckpointLayout, text: str) -> CheckpointName | None:
+    if not text.isdigit():
+        return None
+    return next((n for n in layout.checkpoint_names() if n.index == int(text)), None)
+
+
+def _root_or_default(root: str | os.PathLike[str] | None) -> Path:
+    return Path(root) if root is not None else default_checkpoint_root()

@@ -1,0 +1,78 @@
+"""Which checkpoints to keep: a pure function of checkpoint metadata, no filesystem.
+
+Used by ``AtomicDirectory`` after each commit and by ``cycle prune`` (whose ``--dry-run``
+prints these decisions). The rules, in order:
+
+1. The latest checkpoint is kept.
+2. Pinned (``_force``) checkpoints are kept, valid or not.
+3. Entries that are not real directories (symlinks, files) are kept: never followed or removed.
+4. Valid checkpoints newer than the latest (committed data whose link swap was cut) are kept.
+5. Torn checkpoints (incomplete or corrupt) are removed when ``remove_torn`` says so: always
+   when older than the latest; when newer only if ``writer_active`` is false, because a torn
+   directory newer than the latest may be the one being written right now.
+6. Of the remaining valid checkpoints, the newest ``keep_last - 1`` besides the latest are kept
+   (``keep_last`` counts the latest, as in cycling_utils); ``keep_last < 0`` keeps them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cycler.checkpoints import Checkpoint
+
+
+@dataclass(frozen=True)
+class Decision:
+    checkpoint: Checkpoint
+    keep: bool
+    reason: str
+
+
+def retention_decisions(checkpoints: Sequence[Checkpoint], *, keep_last: int,
+                        remove_torn: bool = True, writer_active: bool = True) -> list[Decision]:
+    """One decision per checkpoint, in the order given (see the module's rules)."""
+    latest = next((c for c in checkpoints if c.is_latest), None)
+    latest_index = latest.index if latest is not None else None
+    budget = _older_valid_to_keep(checkpoints, latest_index, keep_last)
+    return [_decide(c, latest_index, budget, remove_torn, writer_active) for c in checkpoints]
+
+
+def _older_valid_to_keep(checkpoints: Sequence[Checkpoint], latest_index: int | None,
+                         keep_last: int) -> set[int]:
+    candidates = sorted(
+        (c.index for c in checkpoints
+         if c.valid and not c.pinned and not c.is_latest and c.is_directory
+         and (latest_index is None or c.index < latest_index)),
+        reverse=True,
+    )
+    if keep_last < 0:
+        return set(candidates)
+    return set(candidates[: max(keep_last - 1, 0)])
+
+
+def _decide(c: Checkpoint, latest_index: int | None, keep_older: set[int], remove_torn: bool,
+            writer_active: bool) -> Decision:
+    if c.is_latest:
+        return Decision(c, True, "latest")
+    if c.pinned:
+        return Decision(c, True, "pinned")
+    if not c.is_directory:
+        return Decision(c, True, f"{c.problem}: left for you to inspect")
+    newer = latest_index is None or c.index > latest_index
+    if not c.valid:
+        return _decide_torn(c, newer, remove_torn, writer_active)
+    if newer:
+        return Decision(c, True, "valid and newer than the latest link")
+    if c.index in keep_older:
+        return Decision(c, True, "within keep-last")
+    return Decision(c, False, "beyond keep-last")
+
+
+def _decide_torn(c: Checkpoint, newer: bool, remove_torn: bool,
+                 writer_active: bool) -> Decision:
+    if not remove_torn:
+        return Decision(c, True, f"{c.state.value}, torn removal off")
+    if newer and writer_active:
+        return Decision(c, True, f"{c.state.value}, may still be being written")
+    return Decision(c, False, f"{c.state.value}: {c.problem}")
