@@ -1,0 +1,348 @@
+"""Samplers that resume mid-epoch exactly where the training loop stopped.
+
+Drop-in replacements for cycling_utils' samplers: the same names, constructor arguments and
+``advance`` / ``state_dict`` / ``load_state_dict`` / ``in_epoch`` API, so a user changes only the
+import line.
+
+How an epoch's order is made, and why resuming costs nothing extra:
+
+- The epoch's *base order* is ``torch.randperm(n)`` drawn from a ``torch.Generator`` seeded with
+  ``seed + epoch`` (``range(n)`` without shuffle), exactly as ``DistributedSampler`` draws it.
+- The *global order* is the base order padded cyclically (or, with ``drop_last``, truncated) to a
+  multiple of the world size ``W``; rank ``r`` takes entries ``r, r + W, r + 2W, ...``. Without an
+  interruption every rank yields what ``torch.utils.data.DistributedSampler`` yields.
+- ``progress`` is how many samples *this rank's training loop* consumed in this epoch, as told by
+  ``advance(n)``. Iterating the sampler never changes it, so DataLoader prefetching and workers
+  cannot shift it. After every rank consumed ``p`` samples the job consumed the first ``p * W``
+  entries of the global order.
+- Resuming recomputes the permutation (what torch pays to start any epoch) and slices off what
+  was consumed: no sample is replayed or loaded.
+
+Changing the world size mid-epoch: the job consumed the first ``G`` entries of the base order
+(``G = p * W``, or all of it once the epoch's share was used up). The new ranks split the rest,
+``base_order[G:]``, with the same rule as above (padded or truncated to a multiple of the new world
+size, rank ``r`` taking every ``W'``-th entry from ``r``). Over all ranks no sample of the epoch is
+lost or repeated, except for the padding (fewer than ``W`` + ``W'`` repeats) or, with
+``drop_last``, the truncation (fewer than ``W`` + ``W'`` samples skipped) that each split adds,
+as torch's own sampler does. The saved state carries no rank: every rank saves the same state in
+synchronous data-parallel training, and any rank's state (typically rank 0's) loads on all ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sized
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import Dataset, DistributedSampler, Sampler
+
+from cycler.errors import CyclerError, StateMismatch
+
+SAMPLER_STATE_VERSION = 1
+"""Version of the dict ``state_dict()`` returns; ``load_state_dict`` refuses any other."""
+
+_MUST_MATCH = {
+    "dataset_length": "build the sampler over the same dataset",
+    "seed": "build the sampler with the saved seed",
+    "shuffle": "build the sampler with the saved shuffle",
+    "drop_last": "build the sampler with the saved drop_last",
+}
+_POSITION_FIELDS = ("num_replicas", "epoch", "progress", "resplit_at", "consumed")
+_LEGACY_FIELDS = frozenset({"epoch", "progress"})
+
+
+class AdvancedTooFarError(CyclerError, ValueError):
+    """``advance(n)`` was told about more samples than remain in this rank's epoch, or fewer
+    than none. Same name as cycling_utils' error, so ``except AdvancedTooFarError`` keeps working.
+    """
+
+
+def per_rank_length(remaining: int, world_size: int, drop_last: bool) -> int:
+    """How many of ``remaining`` samples each of ``world_size`` ranks yields, by torch's rule."""
+    if drop_last:
+        return remaining // world_size
+    return -(-remaining // world_size)
+
+
+def epoch_order(length: int, seed: int, epoch: int, shuffle: bool) -> torch.Tensor:
+    """The epoch's base order, drawn exactly as ``torch.utils.data.DistributedSampler`` draws it."""
+    if not shuffle:
+        return torch.arange(length)
+    generator = torch.Generator()
+    generator.manual_seed(seed + epoch)
+    return torch.randperm(length, generator=generator)
+
+
+def rank_share(
+    remaining: torch.Tensor, world_size: int, rank: int, drop_last: bool, skip: int
+) -> list[int]:
+    """Rank ``rank``'s entries of ``remaining`` split over ``world_size`` ranks, minus its first
+    ``skip``: torch's padding (cyclic repeat) or truncation, without building the padded list."""
+    total = per_rank_length(len(remaining), world_size, drop_last) * world_size
+    positions = torch.arange(min(rank + skip * world_size, total), total, world_size)
+    # Position i of the padded order is entry i mod len: torch pads by repeating from the start.
+    positions.remainder_(max(len(remaining), 1))
+    return remaining[positions].tolist()
+
+
+def consumed_count(
+    length: int, resplit_at: int, progress: int, world_size: int, drop_last: bool
+) -> int:
+    """How many entries of the epoch's base order the whole job has consumed."""
+    share = per_rank_length(length - resplit_at, world_size, drop_last)
+    if progress and progress == share:
+        # The epoch's share is used up: its padding was consumed, its truncated tail dropped.
+        return length
+    return resplit_at + progress * world_size
+
+
+class _ResumableSampler:
+    """Epoch, progress and saved state, shared by both samplers.
+
+    A subclass sets ``num_replicas``, ``rank``, ``shuffle``, ``seed``, ``drop_last``, ``epoch``
+    and ``_dataset_length``, then calls ``reset_progress()``.
+    """
+
+    num_replicas: int
+    rank: int
+    shuffle: bool
+    seed: int
+    drop_last: bool
+    epoch: int
+    _dataset_length: int
+    progress: int
+    """Samples of this epoch the training loop consumed on this rank, as told by ``advance``."""
+    _resplit_at: int
+
+    @property
+    def epoch_length(self) -> int:
+        """Samples this rank yields in a whole epoch at the current world size (for schedules
+        that count steps per epoch); unlike ``len()``, it ignores progress."""
+        return per_rank_length(self._dataset_length, self.num_replicas, self.drop_last)
+
+    @property
+    def _share(self) -> int:
+        remaining = self._dataset_length - self._resplit_at
+        return per_rank_length(remaining, self.num_replicas, self.drop_last)
+
+    def __len__(self) -> int:
+        """How many indices ``iter(self)`` yields if started now: the rest of this epoch."""
+        return self._share - self.progress
+
+    def __iter__(self) -> Iterator[int]:
+        # Eager like torch's: the iterator is fixed by the epoch and progress at iter() time.
+        order = epoch_order(self._dataset_length, self.seed, self.epoch, self.shuffle)
+        share = rank_share(
+            order[self._resplit_at :], self.num_replicas, self.rank, self.drop_last, self.progress
+        )
+        return iter(share)
+
+    def advance(self, n: int) -> None:
+        """Record that the training loop consumed ``n`` more samples of this rank's epoch."""
+        if not 0 <= n <= len(self):
+            raise AdvancedTooFarError(
+                f"advance({n}) does not fit: {len(self)} samples remain in this rank's epoch "
+                f"(progress {self.progress}); call advance with the size of each batch the "
+                "training loop consumed, and reset_progress() or in_epoch() between epochs."
+            )
+        self.progress += n
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose order to yield; moving to another epoch restarts progress at
+        0, setting the same epoch again (as after a resume) keeps it."""
+        if epoch != self.epoch:
+            self.reset_progress()
+        self.epoch = epoch
+
+    def reset_progress(self) -> None:
+        """Start the current epoch over from its first sample."""
+        self.progress = 0
+        self._resplit_at = 0
+
+    @contextmanager
+    def in_epoch(self, epoch: int) -> Iterator[None]:
+        """Run the body in ``epoch``; on normal exit reset progress so the next epoch starts at
+        0. An exception leaves progress as it was, so a checkpoint taken then resumes mid-epoch.
+        """
+        self.set_epoch(epoch)
+        yield
+        self.reset_progress()
+
+    def state_dict(self) -> dict[str, Any]:
+        """A small dict of ints and bools (torch.save- and JSON-safe), the same on every rank."""
+        return {
+            "version": SAMPLER_STATE_VERSION,
+            "dataset_length": self._dataset_length,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "num_replicas": self.num_replicas,
+            "epoch": self.epoch,
+            "progress": self.progress,
+            "resplit_at": self._resplit_at,
+            "consumed": self._consumed(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state``: the next iteration yields what the saved run would have.
+
+        Raises StateMismatch if the state is of another version or was saved with another
+        dataset length, seed, shuffle or drop_last. A different ``num_replicas`` is allowed: the
+        rest of the epoch is split over the new ranks (see the module docstring). A cycling_utils
+        state (``{"epoch", "progress"}`` only) is taken as saved by this sampler's configuration.
+        """
+        if "version" not in state and set(state) == _LEGACY_FIELDS:
+            state = self._from_cycling_utils(state)
+        _check_version(state)
+        for field, fix in _MUST_MATCH.items():
+            self._check_matches(state, field, fix)
+        missing = [field for field in _POSITION_FIELDS if field not in state]
+        if missing:
+            raise StateMismatch(
+                f"Saved sampler state lacks {', '.join(missing)}: it is damaged or was not made "
+                "by state_dict(); resume from another checkpoint or do not load the state."
+            )
+        self._load_position(state)
+
+    def _consumed(self) -> int:
+        return consumed_count(
+            self._dataset_length, self._resplit_at, self.progress, self.num_replicas,
+            self.drop_last,
+        )
+
+    def _from_cycling_utils(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        saved = self.state_dict()
+        saved.update(epoch=int(state["epoch"]), progress=int(state["progress"]), resplit_at=0)
+        saved["consumed"] = consumed_count(
+            self._dataset_length, 0, saved["progress"], self.num_replicas, self.drop_last
+        )
+        return saved
+
+    def _check_matches(self, state: Mapping[str, Any], field: str, fix: str) -> None:
+        current = self.state_dict()[field]
+        if field not in state or state[field] != current:
+            raise StateMismatch(
+                f"Saved sampler state has {field}={state.get(field)!r} but this sampler has "
+                f"{field}={current!r}: {fix} to resume that run, or do not load the state to "
+                "start afresh."
+            )
+
+    def _load_position(self, state: Mapping[str, Any]) -> None:
+        length = self._dataset_length
+        consumed = _int_field(state, "consumed", 0, length)
+        if state["num_replicas"] == self.num_replicas:
+            resplit_at = _int_field(state, "resplit_at", 0, length)
+            share = per_rank_length(length - resplit_at, self.num_replicas, self.drop_last)
+            progress = _int_field(state, "progress", 0, share)
+            saved_consumed = consumed_count(
+                length, resplit_at, progress, self.num_replicas, self.drop_last
+            )
+            if consumed != saved_consumed:
+                raise StateMismatch(
+                    f"Saved sampler state has consumed={consumed} but its progress implies "
+                    f"{saved_consumed}: the state is damaged; resume from another checkpoint."
+                )
+        else:
+            # Another world size: the new ranks split what the whole job has not consumed yet.
+            resplit_at, progress = consumed, 0
+        self.epoch = _int_field(state, "epoch", 0, None)
+        self._resplit_at, self.progress = resplit_at, progress
+
+
+def _check_version(state: Mapping[str, Any]) -> None:
+    version = state.get("version")
+    if version != SAMPLER_STATE_VERSION:
+        raise StateMismatch(
+            f"Saved sampler state has version={version!r} but this cycler reads version "
+            f"{SAMPLER_STATE_VERSION}: resume with the cycler version that saved it, or do not "
+            "load the state to start afresh."
+        )
+
+
+def _int_field(state: Mapping[str, Any], field: str, low: int, high: int | None) -> int:
+    value = state[field]
+    in_range = isinstance(value, int) and value >= low and (high is None or value <= high)
+    if not in_range:
+        bound = "" if high is None else f" and at most {high}"
+        raise StateMismatch(
+            f"Saved sampler state has {field}={value!r} but it must be an integer of at least "
+            f"{low}{bound} for this sampler: the state is damaged or belongs to another run; "
+            "resume from another checkpoint."
+        )
+    return value
+
+
+def _default_world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    """The process group's world size and rank where one is initialized, else one process."""
+    grouped = dist.is_available() and dist.is_initialized()
+    if num_replicas is None:
+        num_replicas = dist.get_world_size() if grouped else 1
+    if rank is None:
+        rank = dist.get_rank() if grouped else 0
+    return num_replicas, rank
+
+
+class InterruptableDistributedSampler(_ResumableSampler, DistributedSampler[int]):
+    """``torch.utils.data.DistributedSampler`` that can be stopped and resumed mid-epoch.
+
+    Without an interruption it yields exactly what ``DistributedSampler`` yields for the same
+    arguments, epoch after epoch. ``num_replicas`` and ``rank`` default to the process group's,
+    or to one process (1 and 0) when no process group is initialized, where torch would raise.
+
+    Call ``advance(batch_size)`` after each batch the training loop consumed and save
+    ``state_dict()`` in the checkpoint; after ``load_state_dict(state)`` the sampler yields the
+    indices the uninterrupted run would have yielded next, on every rank, even with a different
+    world size (see the module docstring).
+
+    Lengths: ``len(sampler)`` is the number of indices ``iter(sampler)`` yields if started now,
+    i.e. the rest of the epoch: the full per-rank share at an epoch's start, less after a resume,
+    so ``len(DataLoader)`` and progress bars are right for a resumed partial epoch. It shrinks as
+    ``advance`` is called, so read it before the epoch's loop, as DataLoader and tqdm do.
+    ``sampler.epoch_length`` is the full per-rank share (torch's ``num_samples``), for
+    per-epoch schedules; ``sampler.progress`` is the samples consumed so far in this epoch.
+
+    Use ``with sampler.in_epoch(epoch):`` around each epoch (or ``set_epoch`` plus
+    ``reset_progress``). ``num_samples`` and ``total_size`` keep torch's meaning (a whole epoch
+    at this world size).
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset[Any],
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        num_replicas, rank = _default_world(num_replicas, rank)
+        DistributedSampler.__init__(self, dataset, num_replicas, rank, shuffle, seed, drop_last)
+        self._dataset_length = len(dataset)  # type: ignore[arg-type]
+        self.reset_progress()
+
+
+class InterruptableSampler(_ResumableSampler, Sampler[int]):
+    """A one-process sampler (one machine, or one rank reading its own shard) that can be
+    stopped and resumed mid-epoch.
+
+    Each epoch yields ``torch.randperm(len(data_source))`` drawn from a generator seeded with
+    ``seed + epoch``, or ``range(len(data_source))`` without shuffle. Progress, ``advance``,
+    ``in_epoch``, ``state_dict``, ``load_state_dict``, ``len()``, ``epoch_length`` and
+    ``progress`` behave as in :class:`InterruptableDistributedSampler` with one replica.
+    """
+
+    def __init__(self, data_source: Sized, shuffle: bool = True, seed: int = 0) -> None:
+        self.data_source = data_source
+        self.dataset = data_source  # cycling_utils' name for it
+        self.shuffle = shuffle
+        self.seed = seed
+        self.num_replicas, self.rank, self.drop_last = 1, 0, False
+        self.epoch = 0
+        self._dataset_length = len(data_source)
+        self.reset_progress()
+
+
+InterruptibleSampler = InterruptableSampler
+InterruptibleDistributedSampler = InterruptableDistributedSampler
