@@ -37,6 +37,26 @@ LOCK_FILENAME = "supervisor-node{node}.lock"
 INDEX_RECORD_SUFFIX = ".last_index"
 
 
+_ANY_CHECKPOINT = re.compile(
+    rf"^(?P<prefix>[^./][^/]*?){re.escape(CHECKPOINT_INFIX)}\d+(?:{re.escape(PINNED_SUFFIX)})?$"
+)
+_ANY_LINK = re.compile(rf"^(?P<prefix>[^./][^/]*){re.escape(LINK_SUFFIX)}$")
+
+
+def saver_prefixes(root: str | os.PathLike[str]) -> list[str]:
+    """The prefixes (AtomicDirectory ``name=``) of every saver that left names in ``root``."""
+    try:
+        entries = os.listdir(root)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found = set()
+    for entry in entries:
+        match = _ANY_CHECKPOINT.match(entry) or _ANY_LINK.match(entry)
+        if match is not None and not is_temporary(entry):
+            found.add(match.group("prefix"))
+    return sorted(found)
+
+
 @dataclass(frozen=True)
 class CheckpointName:
     """A parsed checkpoint directory name."""

@@ -1,9 +1,70 @@
-"""``cycle status`` and ``cycle prune``."""
+"""``cycle status`` and ``cycle prune``: one library call each, rendered."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+from cycler.environment import default_checkpoint_root
+from cycler.inspection import RootStatus, collect_status, prune, total_size
+from cycler_cli import render
+from cycler_cli.errors import exit_on_cycler_error
+
+_DIR_HELP = ("Checkpoint root (default: $CYCLER_CHECKPOINT_DIR, then $CHECKPOINT_ARTIFACT_PATH, "
+             "then ./checkpoints).")
+# Checksum verification of this many bytes or more gets a progress bar.
+_PROGRESS_THRESHOLD = 256 << 20
+
+
+def status(
+    directory: Path | None = typer.Argument(None, help=_DIR_HELP, show_default=False),
+    verify: bool = typer.Option(False, "--verify", help="Check every file's checksum (reads "
+                                "all data)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the same facts as JSON."),
+    events: int = typer.Option(10, "--events", min=0, help="How many recent events to show."),
+) -> None:
+    """Show the checkpoints, their state, and what the job has been through."""
+    root = directory or default_checkpoint_root()
+    with exit_on_cycler_error():
+        result = _collect(root, verify, events, show_progress=not as_json)
+    if as_json:
+        render.print_json(result.as_dict())
+    else:
+        render.render_status(result)
+
+
+def _collect(root: Path, verify: bool, events: int, show_progress: bool) -> RootStatus:
+    size = total_size(root) if verify and show_progress else 0
+    if size < _PROGRESS_THRESHOLD:
+        return collect_status(root, verify=verify, events=events)
+    columns = (BarColumn(), DownloadColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=render.console, transient=True) as progress:
+        task = progress.add_task("verifying", total=size)
+        return collect_status(root, verify=True, events=events,
+                              on_checked=lambda n: progress.advance(task, n))
+
+
+def prune_command(
+    directory: Path | None = typer.Argument(None, help=_DIR_HELP, show_default=False),
+    keep_last: int = typer.Option(-1, "--keep-last", help="Valid checkpoints to keep per saver, "
+                                  "counting the latest (-1: all; torn ones are removed anyway)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the decisions, delete nothing."),
+    force: bool = typer.Option(False, "--force", help="Prune even while a cycle run is live."),
+    as_json: bool = typer.Option(False, "--json", help="Print the decisions as JSON."),
+) -> None:
+    """Remove torn checkpoints and unpinned ones beyond --keep-last, safely."""
+    root = directory or default_checkpoint_root()
+    with exit_on_cycler_error():
+        result = prune(root, keep_last=keep_last, dry_run=dry_run, force=force)
+    if as_json:
+        render.print_json(render.prune_as_dict(result))
+    else:
+        render.render_prune(result)
 
 
 def register(app: typer.Typer) -> None:
     """Add ``status`` and ``prune`` to ``app``."""
+    app.command("status")(status)
+    app.command("prune")(prune_command)

@@ -1,0 +1,215 @@
+"""Facts about a checkpoint root for people and scripts: ``cycle status`` and ``cycle prune``.
+
+Everything here is read through :mod:`cycler.checkpoints` and decided through
+:mod:`cycler.retention`; this module only gathers, and (for prune) carries out the decisions.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cycler import _fs
+from cycler.checkpoints import Checkpoint, list_checkpoints
+from cycler.errors import CheckpointDirectoryError, DirectoryInUse
+from cycler.events import read_events
+from cycler.layout import CheckpointLayout, saver_prefixes
+from cycler.lock import lock_holder
+from cycler.retention import Decision, retention_decisions
+
+
+@dataclass(frozen=True)
+class CheckpointFacts:
+    """One row of ``cycle status``."""
+
+    saver: str
+    name: str
+    index: int
+    state: str
+    pinned: bool
+    step: int | None
+    epoch: int | None
+    size: int
+    age_seconds: float
+    problem: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class RootStatus:
+    root: Path
+    exists: bool
+    checkpoints: list[CheckpointFacts] = field(default_factory=list)
+    supervisors: list[dict[str, Any]] = field(default_factory=list)
+    """Owner records of live ``cycle run`` supervisors (one per node)."""
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"root": str(self.root), "exists": self.exists,
+                "checkpoints": [c.as_dict() for c in self.checkpoints],
+                "supervisors": self.supervisors, "events": self.events}
+
+
+def checked_root(root: str | os.PathLike[str]) -> Path | None:
+    """``root`` made absolute; ``None`` if missing; an error if it is not a directory."""
+    path = Path(os.path.abspath(root))
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise CheckpointDirectoryError(f"cannot read {path}: {error.strerror}") from None
+    if not stat.S_ISDIR(mode):
+        raise CheckpointDirectoryError(f"{path} is not a directory; give the checkpoint root")
+    return path
+
+
+def collect_status(root: str | os.PathLike[str], *, verify: bool = False, events: int = 10,
+                   on_checked: Callable[[int], None] | None = None,
+                   clock: Callable[[], float] = time.time) -> RootStatus:
+    """Every saver's checkpoints, the live supervisors and the last ``events`` events.
+
+    ``verify`` reads every file to check its checksum; ``on_checked(bytes)`` is called after
+    each checkpoint so a caller can show progress.
+    """
+    path = checked_root(root)
+    if path is None:
+        return RootStatus(Path(os.path.abspath(root)), exists=False)
+    facts = []
+    for prefix in saver_prefixes(path):
+        for checkpoint in list_checkpoints(path, prefix, verify=verify):
+            facts.append(_facts(prefix, checkpoint, clock()))
+            if on_checked is not None:
+                on_checked(facts[-1].size)
+    layout = CheckpointLayout(path)
+    return RootStatus(path, True, facts, live_supervisors(layout), _recent_events(layout, events))
+
+
+def total_size(root: str | os.PathLike[str], *, verify: bool = False) -> int:
+    """Bytes under every checkpoint of ``root`` (for sizing a progress bar)."""
+    path = checked_root(root)
+    if path is None:
+        return 0
+    return sum(_tree_size(c.path) for prefix in saver_prefixes(path)
+               for c in list_checkpoints(path, prefix) if c.is_directory)
+
+
+def _facts(prefix: str, checkpoint: Checkpoint, now: float) -> CheckpointFacts:
+    manifest = checkpoint.manifest
+    size = manifest.total_size if manifest is not None else _tree_size(checkpoint.path)
+    created = manifest.created_at if manifest is not None else _mtime(checkpoint.path)
+    return CheckpointFacts(
+        saver=prefix, name=checkpoint.path.name, index=checkpoint.index,
+        state=checkpoint.state.value, pinned=checkpoint.pinned,
+        step=manifest.step if manifest else None, epoch=manifest.epoch if manifest else None,
+        size=size, age_seconds=max(0.0, now - created), problem=checkpoint.problem,
+    )
+
+
+def _tree_size(path: Path) -> int:
+    if path.is_symlink() or not path.is_dir():
+        return 0
+    total = 0
+    for parent, _, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(parent, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return os.lstat(path).st_mtime
+    except OSError:
+        return time.time()
+
+
+def live_supervisors(layout: CheckpointLayout) -> list[dict[str, Any]]:
+    """Owner records of the ``cycle run`` supervisors holding a lock on this root."""
+    holders = (lock_holder(path) for path in layout.lock_paths())
+    return [holder for holder in holders if holder is not None]
+
+
+def _recent_events(layout: CheckpointLayout, limit: int) -> list[dict[str, Any]]:
+    merged = [event for path in layout.events_paths() for event in read_events(path)]
+    merged.sort(key=lambda event: float(event.get("time", 0)))
+    return merged[-limit:] if limit > 0 else []
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    decisions: list[Decision]
+    stale_temporaries: list[Path]
+    removed: list[Path]
+    dry_run: bool
+
+
+def prune(root: str | os.PathLike[str], *, keep_last: int = -1, dry_run: bool = False,
+          force: bool = False) -> PruneResult:
+    """Remove torn checkpoints and unpinned ones beyond ``keep_last`` (``-1``: keep all valid).
+
+    Never removes the latest valid checkpoint, a pinned one, anything reached through a
+    symlink, or anything outside ``root``. Refuses while a live ``cycle run`` holds the root's
+    lock, unless ``force``. With ``dry_run`` only the decisions are returned.
+    """
+    path = checked_root(root)
+    if path is None:
+        return PruneResult([], [], [], dry_run)
+    _refuse_if_supervised(CheckpointLayout(path), force)
+    decisions, temporaries = _plan(path, keep_last)
+    if dry_run:
+        return PruneResult(decisions, temporaries, [], True)
+    doomed = [d.checkpoint.path for d in decisions if not d.keep]
+    for target in doomed:
+        _fs.discard_directory(target)
+    for temporary in temporaries:
+        _remove_temporary(temporary)
+    return PruneResult(decisions, temporaries, doomed + temporaries, False)
+
+
+def _refuse_if_supervised(layout: CheckpointLayout, force: bool) -> None:
+    supervisors = live_supervisors(layout)
+    if supervisors and not force:
+        owner = supervisors[0]
+        raise DirectoryInUse(
+            f"a live cycle run (pid {owner.get('pid', '?')} on {owner.get('host', '?')}) is "
+            f"writing to {layout.root}; stop it first, or pass --force"
+        )
+
+
+def _plan(root: Path, keep_last: int) -> tuple[list[Decision], list[Path]]:
+    decisions: list[Decision] = []
+    temporaries: list[Path] = []
+    for prefix in saver_prefixes(root):
+        layout = CheckpointLayout(root, prefix)
+        writing = lock_holder(layout.writer_lock_path) is not None
+        checkpoints = list_checkpoints(root, prefix)
+        decisions += retention_decisions(checkpoints, keep_last=keep_last, remove_torn=True,
+                                         writer_active=writing)
+    if not any(lock_holder(CheckpointLayout(root, p).writer_lock_path)
+               for p in saver_prefixes(root)):
+        temporaries = CheckpointLayout(root).temporaries()
+    return decisions, temporaries
+
+
+def _remove_temporary(path: Path) -> None:
+    """Remove a leftover temporary: links and files are unlinked, directories deleted."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        import shutil
+
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)

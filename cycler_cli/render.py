@@ -1,0 +1,127 @@
+"""Every table and colour of the ``cycle`` command lives here."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from cycler.inspection import PruneResult, RootStatus
+
+console = Console(highlight=False)
+
+_STATE_STYLES = {"latest": "bold green", "valid": "green", "pinned": "cyan",
+                 "incomplete": "yellow", "corrupt": "bold red"}
+
+
+def human_size(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if value < 1024 or unit == "TB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"
+
+
+def human_age(seconds: float) -> str:
+    seconds = int(seconds)
+    for span, unit in ((86400, "d"), (3600, "h"), (60, "m")):
+        if seconds >= span:
+            return f"{seconds // span}{unit} ago"
+    return f"{seconds}s ago"
+
+
+def print_json(payload: dict[str, Any]) -> None:
+    print(json.dumps(payload, indent=2, sort_keys=True, default=str))
+
+
+def render_status(status: RootStatus) -> None:
+    if not status.exists:
+        console.print(f"No checkpoint directory at {escape(str(status.root))}.")
+        return
+    if not status.checkpoints:
+        console.print(f"No checkpoints in {escape(str(status.root))}.")
+    else:
+        console.print(_status_table(status))
+    _render_supervisors(status.supervisors)
+    _render_events(status.events)
+
+
+def _status_table(status: RootStatus) -> Table:
+    table = Table(title=f"Checkpoints in {escape(str(status.root))}", title_justify="left")
+    table.add_column("name", no_wrap=True)
+    for column in ("index", "step", "epoch", "size"):
+        table.add_column(column, justify="right")
+    for column in ("age", "state"):
+        table.add_column(column)
+    for row in status.checkpoints:
+        state = row.state + (" (pinned)" if row.pinned and row.state != "pinned" else "")
+        if row.problem:
+            state += f": {row.problem}"
+        style = _STATE_STYLES.get(row.state, "")
+        table.add_row(escape(row.name), str(row.index), _blank(row.step), _blank(row.epoch),
+                      human_size(row.size), human_age(row.age_seconds),
+                      f"[{style}]{escape(state)}[/]" if style else escape(state))
+    return table
+
+
+def _blank(value: int | None) -> str:
+    return "" if value is None else str(value)
+
+
+def _render_supervisors(supervisors: list[dict[str, Any]]) -> None:
+    if not supervisors:
+        console.print("Supervisor: none running.")
+    for owner in supervisors:
+        console.print(f"Supervisor: [green]alive[/], pid {owner.get('pid', '?')} on "
+                      f"{escape(str(owner.get('host', '?')))}")
+
+
+def _render_events(events: list[dict[str, Any]]) -> None:
+    if not events:
+        return
+    table = Table(title="Recent events", title_justify="left")
+    for column in ("time", "event", "details"):
+        table.add_column(column)
+    for event in events:
+        when = datetime.datetime.fromtimestamp(float(event.get("time", 0)))
+        details = ", ".join(f"{k}={v}" for k, v in sorted(event.items())
+                            if k not in ("time", "event", "host", "pid"))
+        table.add_row(when.strftime("%Y-%m-%d %H:%M:%S"), escape(str(event.get("event"))),
+                      escape(details))
+    console.print(table)
+
+
+def render_prune(result: PruneResult) -> None:
+    if not result.decisions and not result.stale_temporaries:
+        console.print("Nothing to prune.")
+        return
+    verb = "would remove" if result.dry_run else "removed"
+    table = Table(title="Prune decisions" + (" (dry run: nothing deleted)" if result.dry_run
+                                             else ""), title_justify="left")
+    table.add_column("name", no_wrap=True)
+    for column in ("state", "decision", "reason"):
+        table.add_column(column)
+    for decision in result.decisions:
+        checkpoint = decision.checkpoint
+        action = "[green]keep[/]" if decision.keep else f"[red]{verb}[/]"
+        table.add_row(escape(checkpoint.path.name), checkpoint.state.value, action,
+                      escape(decision.reason))
+    for temporary in result.stale_temporaries:
+        table.add_row(escape(temporary.name), "temporary", f"[red]{verb}[/]",
+                      "left by a writer that died")
+    console.print(table)
+
+
+def prune_as_dict(result: PruneResult) -> dict[str, Any]:
+    return {
+        "dry_run": result.dry_run,
+        "decisions": [{"name": d.checkpoint.path.name, "state": d.checkpoint.state.value,
+                       "keep": d.keep, "reason": d.reason} for d in result.decisions],
+        "stale_temporaries": [str(p) for p in result.stale_temporaries],
+        "removed": [str(p) for p in result.removed],
+    }
