@@ -18,6 +18,7 @@ plain dicts, loadable with ``torch.load(weights_only=True)``.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import sys
 import time
@@ -66,7 +67,7 @@ class MetricsTracker:
 
         Values are numbers or one-element tensors (read with ``float()``, which waits for the GPU).
         """
-        for name, value in {**(metrics or {}), **named}.items():
+        for name, value in itertools.chain((metrics or {}).items(), named.items()):
             self.local[name] += float(value)
             self._unreduced[name] += float(value)
         return self
@@ -125,20 +126,21 @@ def _sum_over_ranks(
 ) -> dict[str, float]:
     if not (dist.is_available() and dist.is_initialized()):
         return values
-    names = _names_on_any_rank(values, group)
+    on_device = _reduction_device(group, device)
+    names = _names_on_any_rank(values, group, on_device)
     if not names:
         return {}
     # float64: float32 sums stop counting exactly at 2**24 images.
     local = torch.tensor(
-        [values.get(name, 0.0) for name in names],
-        dtype=torch.float64,
-        device=_reduction_device(group, device),
+        [values.get(name, 0.0) for name in names], dtype=torch.float64, device=on_device
     )
     dist.all_reduce(local, op=dist.ReduceOp.SUM, group=group)
     return dict(zip(names, local.tolist(), strict=True))
 
 
-def _names_on_any_rank(values: dict[str, float], group: dist.ProcessGroup | None) -> list[str]:
+def _names_on_any_rank(
+    values: dict[str, float], group: dist.ProcessGroup | None, device: torch.device
+) -> list[str]:
     """The sorted union of the metric names of every rank.
 
     The usual case, where every rank has the same names, costs one tiny all_reduce of a
@@ -146,8 +148,7 @@ def _names_on_any_rank(values: dict[str, float], group: dist.ProcessGroup | None
     """
     names = sorted(values)
     fingerprint = _fingerprint(names)
-    bounds = torch.tensor([fingerprint, -fingerprint], dtype=torch.int64)
-    bounds = bounds.to(_reduction_device(group, None))
+    bounds = torch.tensor([fingerprint, -fingerprint], dtype=torch.int64, device=device)
     dist.all_reduce(bounds, op=dist.ReduceOp.MAX, group=group)
     if bounds[0].item() == -bounds[1].item() == fingerprint:
         return names

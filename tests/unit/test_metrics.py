@@ -24,6 +24,10 @@ def test_update_accepts_a_dict_keywords_and_one_element_tensors() -> None:
     assert dict(metrics.local) == {"loss": 0.75, "images": 8.0}
 
 
+def test_a_name_given_both_in_the_dict_and_as_a_keyword_adds_both_values() -> None:
+    assert MetricsTracker().update({"images": 2}, images=3).local["images"] == 5.0
+
+
 def test_reduce_without_a_process_group_keeps_the_local_sums_and_adds_them_to_agg() -> None:
     metrics = MetricsTracker().update(loss=1.0, images=2)
     metrics.reduce()
