@@ -83,8 +83,12 @@ class CheckpointLayout:
             raise ValueError(f"checkpoint name {prefix!r} must be a plain, non-hidden file name")
         self.root = Path(os.path.abspath(root))
         self.prefix = prefix
+        # Only the exact spelling str(CheckpointName) produces may parse: "_03", "_\u0663" or a
+        # trailing newline would alias another entry's path, and retention could then decide
+        # about one entry and delete another.
         self._pattern = re.compile(
-            rf"^{re.escape(prefix)}{re.escape(CHECKPOINT_INFIX)}(\d+)({re.escape(PINNED_SUFFIX)})?$"
+            rf"{re.escape(prefix)}{re.escape(CHECKPOINT_INFIX)}(0|[1-9][0-9]*)"
+            rf"({re.escape(PINNED_SUFFIX)})?"
         )
 
     @property
@@ -127,7 +131,7 @@ class CheckpointLayout:
 
     def parse(self, name: str) -> CheckpointName | None:
         """The parsed name if ``name`` is one of this layout's checkpoint names, else ``None``."""
-        match = self._pattern.match(name)
+        match = self._pattern.fullmatch(name)
         if match is None:
             return None
         return CheckpointName(self.prefix, int(match.group(1)), match.group(2) is not None)
