@@ -139,7 +139,8 @@ def test_the_link_target_is_resolved_by_its_last_component_only(tmp_path: Path) 
     layout = CheckpointLayout(tmp_path / "root")
     layout.root.mkdir()
     for target, expected in [
-        (str(layout.root / "AtomicDirectory_checkpoint_3"), CheckpointName(layout.prefix, 3, False)),
+        (str(layout.root / "AtomicDirectory_checkpoint_3"),
+         CheckpointName(layout.prefix, 3, False)),
         ("/elsewhere/AtomicDirectory_checkpoint_4_force/",
          CheckpointName(layout.prefix, 4, True)),
         ("AtomicDirectory_checkpoint_5", CheckpointName(layout.prefix, 5, False)),
