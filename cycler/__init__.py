@@ -33,6 +33,7 @@ from cycler.errors import (  # noqa: E402
     CoordinationTimeout,
     CorruptCheckpoint,
     CyclerError,
+    DatasetNotFound,
     StateMismatch,
 )
 from cycler.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS, EXIT_USAGE  # noqa: E402
@@ -65,6 +66,7 @@ __all__ = [
     "CoordinationTimeout",
     "CorruptCheckpoint",
     "CyclerError",
+    "DatasetNotFound",
     "DistributedShardedDataset",
     "EpochLoop",
     "InterruptableDistributedSampler",
