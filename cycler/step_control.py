@@ -1,0 +1,397 @@
+"""The worker's side of the stop protocol: one call per step answers "checkpoint?" and "stop?".
+
+>>> control = StepControl(every_steps=1000)
+>>> for batch in loader:
+...     train_step(batch)
+...     decision = control.step()
+...     if decision.checkpoint:
+...         save_checkpoint()  # every rank, at the same step
+...     if decision.stop:
+...         break  # then return normally: the process exits 0
+
+Every rank gets the same decision at the same step, even when only one node's supervisor got the
+signal. The answer comes from three sources:
+
+- the control file ``$CYCLER_CONTROL_FILE`` that ``cycle run`` writes: ``checkpoint`` asks for one
+  checkpoint, ``checkpoint_and_exit`` for a checkpoint and a stop;
+- ``every_steps``: a checkpoint whenever the global step count is a multiple of it (the same on
+  every rank without communication);
+- ``every_seconds``: a checkpoint when that long has passed since the last one (for platforms that
+  stop jobs with no warning). Clocks differ per rank, so any rank's expired timer counts.
+
+Latency: with several ranks, the local answers are combined by a non-blocking ``all_reduce`` that
+is started every ``sync_every`` steps and read ``sync_every`` steps later, so it overlaps with
+training. A request first seen at step ``s`` is decided at the step ``2 * sync_every`` later at
+most (exactly: the next multiple of ``sync_every`` at or after ``s``, plus ``sync_every``). With
+one rank the decision is taken at the step that first sees the request. The control file is
+looked at (one ``os.stat``) at most once every ``poll_interval`` seconds.
+
+No signal handler is installed and no decision is taken in one. Under ``cycle run`` the supervisor
+writes the control file and forwards no signal until the grace period runs out, so workers keep
+running until the agreed checkpoint is saved; a script started without ``cycle run`` dies on
+SIGTERM as usual.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from cycler.control import Action, ControlFileWatcher, ControlRequest
+from cycler.environment import ENV_CONTROL_FILE
+from cycler.errors import ConfigError, CyclerError, StateMismatch
+
+STEP_CONTROL_STATE_VERSION = 1
+
+DEFAULT_SYNC_EVERY = 8
+"""Steps between two exchanges with several ranks: the cost is amortized over them (see
+``benchmarks/bench_control_call.py``) and a request is decided within twice as many steps."""
+
+DEFAULT_POLL_INTERVAL = 0.01
+"""Seconds between two looks at the control file: well under any grace period, and it keeps the
+``stat`` (a few microseconds locally, far more on network filesystems) off most steps."""
+
+IMPORTED_AT = time.time()
+"""Wall-clock time this module was imported: requests written before it are left-overs."""
+
+
+class _Default(enum.Enum):
+    FROM_ENVIRONMENT = "from $CYCLER_CONTROL_FILE"
+
+
+FROM_ENVIRONMENT = _Default.FROM_ENVIRONMENT
+"""Default ``control_file``: the path in ``$CYCLER_CONTROL_FILE``, or none when it is unset."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepDecision:
+    """What every rank should do after a step. Identical on all ranks at the same step."""
+
+    checkpoint: bool
+    """Save a checkpoint now (all ranks)."""
+    stop: bool
+    """Leave the training loop after the checkpoint and return normally (exit 0)."""
+    reason: str
+    """Why, in words (``"stop requested"``, ``"every 100 steps"``...); empty when nothing to do."""
+    step: int
+    """The global step count, this step included."""
+
+
+@dataclass(frozen=True)
+class _Signals:
+    """What one rank knows, or what the ranks agreed: one slot each, combined by MAX."""
+
+    stop: bool = False
+    checkpoint: bool = False
+    timer: bool = False
+
+    @property
+    def any(self) -> bool:
+        return self.stop or self.checkpoint or self.timer
+
+    def to_list(self) -> list[int]:
+        return [int(self.stop), int(self.checkpoint), int(self.timer)]
+
+    @classmethod
+    def from_list(cls, values: list[int]) -> _Signals:
+        return cls(stop=bool(values[0]), checkpoint=bool(values[1]), timer=bool(values[2]))
+
+    def after_checkpoint(self) -> _Signals:
+        """The signals a checkpoint taken since they were gathered has not yet answered."""
+        return _Signals(stop=self.stop)
+
+
+_NOTHING = _Signals()
+
+
+class _PendingExchange:
+    """One non-blocking ``all_reduce(MAX)`` of every rank's signals, started at ``started_at``."""
+
+    def __init__(self, signals: _Signals, group: Any, started_at: int) -> None:
+        self.started_at = started_at
+        if _uses_cuda(dist.get_backend(group)):
+            self._result = _start_on_cuda(signals.to_list(), group)
+        else:
+            self._result = _start_on_cpu(signals.to_list(), group)
+
+    def wait(self) -> _Signals:
+        return _Signals.from_list(self._result())
+
+
+def _uses_cuda(backend: str) -> bool:
+    # A mixed backend ("cpu:gloo,cuda:nccl") reduces CPU tensors on gloo, which never touches the
+    # GPU; only a pure NCCL group needs the flags on the device.
+    return backend.lower() == "nccl"
+
+
+def _start_on_cpu(values: list[int], group: Any) -> Callable[[], list[int]]:
+    flags = torch.tensor(values, dtype=torch.int32)
+    work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group, async_op=True)
+
+    def result() -> list[int]:
+        work.wait()
+        return [int(v) for v in flags.tolist()]
+
+    return result
+
+
+def _start_on_cuda(values: list[int], group: Any) -> Callable[[], list[int]]:
+    # Every copy is non-blocking and the result comes back on a side stream, so the host waits
+    # only for the collective (queued behind step s), never for the steps queued after it.
+    device = torch.device("cuda", torch.cuda.current_device())
+    flags = torch.tensor(values, dtype=torch.int32).pin_memory().to(device, non_blocking=True)
+    work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group, async_op=True)
+    host = torch.empty(len(values), dtype=torch.int32, pin_memory=True)
+    side = torch.cuda.Stream(device)
+    with torch.cuda.stream(side):
+        work.wait()
+        host.copy_(flags, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record(side)
+    flags.record_stream(side)
+
+    def result() -> list[int]:
+        copied.synchronize()
+        return [int(v) for v in host.tolist()]
+
+    return result
+
+
+def _distributed_group(process_group: Any) -> Any | None:
+    """The group to agree over, or ``None`` when this process is alone."""
+    if process_group is None:
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        process_group = dist.group.WORLD
+    return process_group if dist.get_world_size(process_group) > 1 else None
+
+
+def _resolve_control_file(
+    control_file: Path | str | None | _Default, environ: Mapping[str, str] | None
+) -> Path | None:
+    if control_file is FROM_ENVIRONMENT:
+        path = (os.environ if environ is None else environ).get(ENV_CONTROL_FILE)
+        return Path(path) if path else None
+    return None if control_file is None else Path(control_file)
+
+
+class StepControl:
+    """Answers, once per training step and identically on every rank, "checkpoint?" and "stop?".
+
+    Call :meth:`step` exactly once per step on every rank of ``process_group`` (default: the
+    default group when ``torch.distributed`` is initialized, else no communication at all).
+    """
+
+    def __init__(
+        self,
+        *,
+        every_steps: int | None = None,
+        every_seconds: float | None = None,
+        control_file: Path | str | None | _Default = FROM_ENVIRONMENT,
+        process_group: Any = None,
+        sync_every: int = DEFAULT_SYNC_EVERY,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        start_step: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+        ignore_requests_before: float = IMPORTED_AT,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        """Set up the sources of decisions.
+
+        ``every_steps`` counts global steps: resuming at ``start_step=1000`` with
+        ``every_steps=100`` checkpoints at 1100, 1200... ``every_seconds`` is measured with
+        ``clock`` from this call or the last checkpoint. ``control_file=None`` ignores the control
+        file. Requests written (``requested_at``, wall clock) before ``ignore_requests_before``
+        are left-overs of an earlier run and never acted on; the default, the time this module
+        was imported, also honours a request that arrived while the model was being built or a
+        checkpoint loaded. ``environ`` replaces ``os.environ`` for finding the control file.
+        """
+        _validate(every_steps, every_seconds, sync_every, poll_interval, start_step)
+        self.every_steps = every_steps
+        self.every_seconds = every_seconds
+        self.sync_every = sync_every
+        self.poll_interval = poll_interval
+        self.control_file = _resolve_control_file(control_file, environ)
+        self.ignore_requests_before = ignore_requests_before
+        self._group = _distributed_group(process_group)
+        self._clock = clock
+        self._watcher = ControlFileWatcher(self.control_file)
+        self._step = start_step
+        self._steps_taken = 0
+        self._last_checkpoint_step = start_step
+        self._timer_start = clock()
+        self._next_poll = self._timer_start
+        self._requested = _NOTHING
+        self._pending: _PendingExchange | None = None
+        self._last_decision = StepDecision(checkpoint=False, stop=False, reason="", step=start_step)
+        self.last_request: ControlRequest | None = None
+        """The latest live request this rank read itself (other ranks may have seen none)."""
+
+    @property
+    def global_step(self) -> int:
+        """Steps done so far, counting those before ``start_step`` / the loaded state."""
+        return self._step
+
+    @property
+    def is_distributed(self) -> bool:
+        """Whether decisions are agreed with other ranks (a group of more than one rank)."""
+        return self._group is not None
+
+    def step(self) -> StepDecision:
+        """Count one finished step and return what every rank should do now.
+
+        Cheap: with one rank, a clock read and now and then one ``stat``; with several, an
+        ``all_reduce`` started every ``sync_every`` steps whose result is read ``sync_every``
+        steps later. After a stop decision every later call answers ``stop`` again, without a
+        checkpoint.
+        """
+        self._step += 1
+        self._steps_taken += 1
+        if self._last_decision.stop:
+            return self._remember(checkpoint=False, stop=True, reason=self._last_decision.reason)
+        if self._group is None:
+            return self._decide(self._take_local_signals())
+        return self._decide_together()
+
+    def should_checkpoint(self) -> bool:
+        """Whether the decision of the latest :meth:`step` asks for a checkpoint."""
+        return self._last_decision.checkpoint
+
+    def should_stop(self) -> bool:
+        """Whether a stop was decided: leave the loop after the checkpoint and exit 0."""
+        return self._last_decision.stop
+
+    def close(self) -> None:
+        """Wait for the exchange in flight, if any. Call it on every rank, or on none."""
+        if self._pending is not None:
+            self._pending.wait()
+            self._pending = None
+
+    def __enter__(self) -> StepControl:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def state_dict(self) -> dict[str, int]:
+        """The global step count, so that ``every_steps`` keeps its cadence after a resume."""
+        return {"version": STEP_CONTROL_STATE_VERSION, "global_step": self._step}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s step count; call it before the first :meth:`step`."""
+        if self._steps_taken:
+            raise CyclerError(
+                f"load_state_dict was called after {self._steps_taken} step() calls: "
+                "load the state before the training loop starts"
+            )
+        version = state.get("version")
+        step = state.get("global_step")
+        if version != STEP_CONTROL_STATE_VERSION or not isinstance(step, int) or step < 0:
+            raise StateMismatch(
+                f"not a version {STEP_CONTROL_STATE_VERSION} StepControl state with a global "
+                f"step count >= 0: {dict(state)!r}; pass the dict that state_dict() returned"
+            )
+        self._step = step
+        self._last_checkpoint_step = step
+
+    def _decide_together(self) -> StepDecision:
+        if self._step % self.sync_every:
+            return self._decide(_NOTHING)
+        decision = self._decide(self._agreed_signals())
+        if not decision.stop:
+            self._pending = _PendingExchange(self._take_local_signals(), self._group, self._step)
+        return decision
+
+    def _agreed_signals(self) -> _Signals:
+        if self._pending is None:
+            return _NOTHING
+        pending, self._pending = self._pending, None
+        agreed = pending.wait()
+        # A checkpoint saved after the signals were gathered already answers a checkpoint request
+        # or an expired timer: a second one at once would only cost time.
+        if self._last_checkpoint_step >= pending.started_at:
+            return agreed.after_checkpoint()
+        return agreed
+
+    def _take_local_signals(self) -> _Signals:
+        """This rank's requests and timer; requests are handed out once."""
+        now = self._clock()
+        if now >= self._next_poll:
+            self._next_poll = now + self.poll_interval
+            self._read_control_file()
+        timer = self.every_seconds is not None and now - self._timer_start >= self.every_seconds
+        if not (timer or self._requested.any):
+            return _NOTHING
+        signals = _Signals(self._requested.stop, self._requested.checkpoint, timer)
+        self._requested = _NOTHING
+        return signals
+
+    def _read_control_file(self) -> None:
+        request = self._watcher.poll()
+        if request is None or request.requested_at < self.ignore_requests_before:
+            return
+        if request.action is Action.CHECKPOINT_AND_EXIT:
+            self.last_request = request
+            self._requested = _Signals(stop=True, checkpoint=self._requested.checkpoint)
+        elif request.action is Action.CHECKPOINT:
+            self.last_request = request
+            self._requested = _Signals(stop=self._requested.stop, checkpoint=True)
+
+    def _decide(self, signals: _Signals) -> StepDecision:
+        scheduled = self.every_steps is not None and self._step % self.every_steps == 0
+        if not (scheduled or signals.any):
+            return self._remember(checkpoint=False, stop=False, reason="")
+        self._last_checkpoint_step = self._step
+        self._timer_start = self._clock()
+        return self._remember(
+            checkpoint=True, stop=signals.stop, reason=self._reason(signals, scheduled)
+        )
+
+    def _reason(self, signals: _Signals, scheduled: bool) -> str:
+        reasons = []
+        if signals.stop:
+            reasons.append("stop requested")
+        if signals.checkpoint:
+            reasons.append("checkpoint requested")
+        if scheduled:
+            reasons.append(f"every {self.every_steps} steps")
+        if signals.timer:
+            reasons.append(f"every {self.every_seconds:g} seconds")
+        return ", ".join(reasons)
+
+    def _remember(self, *, checkpoint: bool, stop: bool, reason: str) -> StepDecision:
+        self._last_decision = StepDecision(
+            checkpoint=checkpoint, stop=stop, reason=reason, step=self._step
+        )
+        return self._last_decision
+
+
+def _validate(
+    every_steps: int | None,
+    every_seconds: float | None,
+    sync_every: int,
+    poll_interval: float,
+    start_step: int,
+) -> None:
+    if every_steps is not None and (not isinstance(every_steps, int) or every_steps < 1):
+        raise ConfigError(f"every_steps must be an int >= 1 or None, got {every_steps!r}")
+    if every_seconds is not None and not every_seconds > 0:
+        raise ConfigError(f"every_seconds must be a number > 0 or None, got {every_seconds!r}")
+    if not isinstance(sync_every, int) or sync_every < 1:
+        raise ConfigError(
+            f"sync_every must be an int >= 1 (steps between exchanges), got {sync_every!r}"
+        )
+    if not poll_interval >= 0:
+        raise ConfigError(f"poll_interval must be a number of seconds >= 0, got {poll_interval!r}")
+    if not isinstance(start_step, int) or start_step < 0:
+        raise ConfigError(
+            f"start_step must be an int >= 0 (steps already done), got {start_step!r}"
+        )
