@@ -41,10 +41,10 @@ def print_json(payload: dict[str, Any]) -> None:
 
 def render_status(status: RootStatus) -> None:
     if not status.exists:
-        console.print(f"No checkpoint directory at {escape(str(status.root))}.")
+        console.print(f"No checkpoint directory at {escape(str(status.root))}.", soft_wrap=True)
         return
     if not status.checkpoints:
-        console.print(f"No checkpoints in {escape(str(status.root))}.")
+        console.print(f"No checkpoints in {escape(str(status.root))}.", soft_wrap=True)
     else:
         console.print(_status_table(status))
     _render_supervisors(status.supervisors)

@@ -1,0 +1,190 @@
+"""`cycle status` and `cycle prune` through typer's runner, on real directories."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cycler import AtomicDirectory
+from cycler.layout import CheckpointLayout
+from cycler.lock import SupervisorLock
+from cycler_cli.main import app
+
+runner = CliRunner()
+
+
+def make_checkpoints(root: Path, count: int, pinned: tuple[int, ...] = ()) -> AtomicDirectory:
+    saver = AtomicDirectory(root)
+    for index in range(count):
+        directory = Path(saver.prepare_checkpoint_directory(force_save=index in pinned))
+        (directory / "model.pt").write_bytes(os.urandom(1000 + index))
+        saver.symlink_latest(directory, metadata={"step": index * 10, "epoch": index // 2})
+    return saver
+
+
+def status_json(root: Path, *extra: str) -> dict:
+    result = runner.invoke(app, ["status", str(root), "--json", *extra])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_status_lists_every_checkpoint_with_step_epoch_and_state(tmp_path: Path) -> None:
+    make_checkpoints(tmp_path, 3, pinned=(0,))
+    (tmp_path / "AtomicDirectory_checkpoint_3").mkdir()
+    rows = status_json(tmp_path)["checkpoints"]
+    assert [(r["index"], r["step"], r["epoch"], r["state"]) for r in rows] == [
+        (0, 0, 0, "pinned"), (1, 10, 0, "valid"), (2, 20, 1, "latest"), (3, None, None,
+                                                                          "incomplete"),
+    ]
+    assert rows[2]["size"] == 1002
+
+
+def test_status_table_names_the_states_for_people(tmp_path: Path) -> None:
+    make_checkpoints(tmp_path, 2)
+    result = runner.invoke(app, ["status", str(tmp_path)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert "AtomicDirectory_checkpoint_1" in result.output
+    assert "latest" in result.output and "Supervisor: none running" in result.output
+
+
+def test_status_verify_reports_a_flipped_byte_as_corrupt(tmp_path: Path) -> None:
+    make_checkpoints(tmp_path, 2)
+    model = tmp_path / "AtomicDirectory_checkpoint_1" / "model.pt"
+    data = bytearray(model.read_bytes())
+    data[10] ^= 0xFF
+    model.write_bytes(bytes(data))
+    assert status_json(tmp_path)["checkpoints"][1]["state"] == "latest"
+    rows = status_json(tmp_path, "--verify")["checkpoints"]
+    assert rows[1]["state"] == "corrupt" and "checksum" in rows[1]["problem"]
+    assert rows[0]["state"] == "latest"
+
+
+def test_status_of_a_missing_directory_is_one_line_and_exit_zero(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["status", str(tmp_path / "nowhere")])
+    assert result.exit_code == 0
+    assert result.output.strip() == f"No checkpoint directory at {tmp_path / 'nowhere'}."
+
+
+def test_status_of_an_empty_directory_is_one_line(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["status", str(tmp_path)])
+    assert result.exit_code == 0
+    assert f"No checkpoints in {tmp_path}." in result.output
+
+
+def test_status_of_a_file_is_a_one_line_error_with_exit_two(tmp_path: Path) -> None:
+    target = tmp_path / "file"
+    target.write_text("x")
+    result = runner.invoke(app, ["status", str(target)])
+    assert result.exit_code == 2
+    assert "is not a directory" in result.output and "Traceback" not in result.output
+
+
+def test_status_directory_defaults_to_the_environment(tmp_path: Path) -> None:
+    make_checkpoints(tmp_path, 1)
+    result = runner.invoke(app, ["status", "--json"], env={"CYCLER_CHECKPOINT_DIR": str(tmp_path)})
+    assert json.loads(result.stdout)["root"] == str(tmp_path)
+
+
+def test_status_shows_a_live_supervisor_and_recent_events(tmp_path: Path) -> None:
+    make_checkpoints(tmp_path, 1)
+    layout = CheckpointLayout(tmp_path)
+    from cycler.events import EventLog
+
+    EventLog(layout.events_path(0)).append("signal", signal="SIGTERM")
+    with SupervisorLock(layout.lock_path(0)):
+        report = status_json(tmp_path)
+    assert report["supervisors"][0]["pid"] == os.getpid()
+    assert report["events"][-1]["signal"] == "SIGTERM"
+    assert status_json(tmp_path)["supervisors"] == []
+
+
+def test_prune_dry_run_prints_decisions_and_deletes_nothing(tmp_path: Path) -> None:
+    make_checkpoints(tmp_path, 4)
+    before = sorted(os.listdir(tmp_path))
+    result = runner.invoke(app, ["prune", str(tmp_path), "--keep-last", "2", "--dry-run", "--json"])
+    assert result.exit_code == 0
+    decisions = {d["name"]: d["keep"] for d in json.loads(result.stdout)["decisions"]}
+    assert decisions == {"AtomicDirectory_checkpoint_0": False,
+                         "AtomicDirectory_checkpoint_1": False,
+                         "AtomicDirectory_checkpoint_2": True,
+                         "AtomicDirectory_checkpoint_3": True}
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_prune_keeps_latest_and_pinned_and_removes_torn_and_old(tmp_path: Path) -> None:
+    make_checkpoints(tmp_path, 4, pinned=(1,))
+    (tmp_path / "AtomicDirectory_checkpoint_4").mkdir()
+    result = runner.invoke(app, ["prune", str(tmp_path), "--keep-last", "1"])
+    assert result.exit_code == 0, result.output
+    names = sorted(n for n in os.listdir(tmp_path) if "checkpoint_" in n)
+    assert names == ["AtomicDirectory_checkpoint_1_force", "AtomicDirectory_checkpoint_3"]
+
+
+def test_prune_never_follows_a_symlink_or_leaves_the_root(tmp_path: Path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    make_checkpoints(root, 2)
+    make_checkpoints(outside, 1)
+    (root / "AtomicDirectory_checkpoint_0").rename(tmp_path / "moved")
+    os.symlink(outside / "AtomicDirectory_checkpoint_0", root / "AtomicDirectory_checkpoint_0")
+    result = runner.invoke(app, ["prune", str(root), "--keep-last", "1"])
+    assert result.exit_code == 0, result.output
+    assert (root / "AtomicDirectory_checkpoint_0").is_symlink()
+    assert (outside / "AtomicDirectory_checkpoint_0" / "model.pt").exists()
+    assert (root / "AtomicDirectory_checkpoint_1" / "model.pt").exists()
+
+
+def test_prune_keeps_the_newest_valid_checkpoint_when_the_link_is_broken(tmp_path: Path) -> None:
+    make_checkpoints(tmp_path, 3)
+    os.unlink(tmp_path / "AtomicDirectory.latest_checkpoint")
+    link = tmp_path / "AtomicDirectory.latest_checkpoint"
+    os.symlink(tmp_path / "AtomicDirectory_checkpoint_9", link)
+    result = runner.invoke(app, ["prune", str(tmp_path), "--keep-last", "1"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "AtomicDirectory_checkpoint_2" / "cycler_manifest.json").exists()
+
+
+def test_prune_refuses_a_root_held_by_a_live_supervisor_unless_forced(tmp_path: Path) -> None:
+    make_checkpoints(tmp_path, 3)
+    with SupervisorLock(CheckpointLayout(tmp_path).lock_path(0)):
+        refused = runner.invoke(app, ["prune", str(tmp_path), "--keep-last", "1"])
+        assert refused.exit_code == 2
+        assert "live cycle run" in refused.output and "--force" in refused.output
+        assert (tmp_path / "AtomicDirectory_checkpoint_0").exists()
+        forced = runner.invoke(app, ["prune", str(tmp_path), "--keep-last", "1", "--force"])
+        assert forced.exit_code == 0
+    assert not (tmp_path / "AtomicDirectory_checkpoint_0").exists()
+
+
+def test_prune_spares_a_torn_directory_that_a_live_writer_may_be_filling(tmp_path: Path) -> None:
+    saver = make_checkpoints(tmp_path, 2)
+    in_progress = Path(saver.prepare_checkpoint_directory())
+    result = runner.invoke(app, ["prune", str(tmp_path)])
+    assert result.exit_code == 0
+    assert in_progress.exists()
+    saver.symlink_latest(in_progress)
+    assert (in_progress / "cycler_manifest.json").exists()
+
+
+def test_prune_removes_stale_temporaries(tmp_path: Path) -> None:
+    make_checkpoints(tmp_path, 1)
+    stale = tmp_path / ".AtomicDirectory.latest_checkpoint.cycler-tmp-0123456789ab"
+    os.symlink(tmp_path / "AtomicDirectory_checkpoint_0", stale)
+    result = runner.invoke(app, ["prune", str(tmp_path)])
+    assert result.exit_code == 0
+    assert not os.path.lexists(stale)
+    assert (tmp_path / "AtomicDirectory_checkpoint_0").exists()
+
+
+@pytest.mark.parametrize("command", ["status", "prune"])
+def test_commands_handle_several_savers_in_one_root(tmp_path: Path, command: str) -> None:
+    make_checkpoints(tmp_path, 2)
+    other = AtomicDirectory(tmp_path, name="ema")
+    directory = other.prepare_checkpoint_directory()
+    other.symlink_latest(directory)
+    result = runner.invoke(app, [command, str(tmp_path), "--json"])
+    assert result.exit_code == 0
+    assert "ema_checkpoint_0" in result.stdout
