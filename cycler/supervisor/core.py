@@ -1,0 +1,340 @@
+"""The supervisor's decisions: events in, actions out, no I/O (STYLE.md 6).
+
+:class:`SupervisorCore` is a state machine fed by the shell. It never reads a clock, a file or a
+process: every event carries the time it happened, and every effect is an action the shell
+executes. That is what lets the unit tests walk every path (stop, grace expiry, crash loop,
+requeue cap, double SIGINT) without a process or a sleep.
+
+Phases::
+
+    RUNNING --stop signal--> STOPPING --grace over--> TERMINATING --kill_after--> KILLED
+       |                        \\________________________\\_____________________\\
+       |                                    workers exited --> DONE (75 or 1)
+       +--workers exited 0--> DONE (0)
+       +--workers failed--> BACKOFF --delay over--> RUNNING (restart)   or DONE (1)
+
+Exit rule after a stop request (the decision the issue left open): ``75`` whenever a valid
+checkpoint exists, because a requeued job resumes from it; a warning is logged when the stop's
+own checkpoint was not made (workers crashed or ran out of grace). Without any checkpoint the
+stop ends with ``1``: there is nothing to resume, and requeueing would silently start over.
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+from cycler.control import Action, ControlRequest
+from cycler.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS
+
+# --- events -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SignalReceived:
+    """A signal reached the supervisor (``name`` like ``"SIGTERM"``) at ``now``."""
+
+    name: str
+    now: float
+
+
+@dataclass(frozen=True)
+class WorkersExited:
+    """torchrun (and with it every worker) exited with ``code`` (negative: killed by signal)."""
+
+    code: int
+    now: float
+
+
+@dataclass(frozen=True)
+class CheckpointCommitted:
+    """A new checkpoint with ``index`` became the newest valid one."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed; the shell sends one at least at every :attr:`SupervisorCore.wake_at`."""
+
+    now: float
+
+
+Event = SignalReceived | WorkersExited | CheckpointCommitted | Tick
+
+# --- actions ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WriteControl:
+    """Replace the control file with ``request``."""
+
+    request: ControlRequest
+
+
+@dataclass(frozen=True)
+class StartWorkers:
+    """Start torchrun. ``start_number`` counts earlier starts in this supervisor (0 first)."""
+
+    start_number: int
+    resume_from: str | None
+
+
+@dataclass(frozen=True)
+class SignalTree:
+    """Send ``signal`` to torchrun and every process below it."""
+
+    signal: signal.Signals
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """Ask the scheduler to requeue this job (``scontrol requeue``)."""
+
+
+@dataclass(frozen=True)
+class Exit:
+    """End the supervisor with ``code``; ``reason`` says why in one sentence."""
+
+    code: int
+    reason: str
+    workers_failed: bool = False
+    """Whether the job ends because workers failed (the shell then reports their error)."""
+
+
+@dataclass(frozen=True)
+class Log:
+    """Append ``event`` with ``fields`` to the events log (and tell the user)."""
+
+    event: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    warning: bool = False
+
+
+SupervisorAction = WriteControl | StartWorkers | SignalTree | Requeue | Exit | Log
+
+
+class Phase(str, enum.Enum):
+    RUNNING = "running"
+    STOPPING = "stopping"
+    TERMINATING = "terminating"
+    KILLED = "killed"
+    BACKOFF = "backoff"
+    DONE = "done"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CoreConfig:
+    """What the core needs to decide; the shell builds it from the run options."""
+
+    grace: float
+    """Seconds workers get to checkpoint and exit after a stop request."""
+    stop_signals: frozenset[str] = frozenset({"SIGTERM", "SIGINT", "SIGHUP", "SIGUSR2"})
+    """Signal names that ask for ``checkpoint_and_exit``."""
+    max_restarts: int = 3
+    """Restarts allowed after worker failures (0: none)."""
+    crash_loop_limit: int = 3
+    """Consecutive failures without a new checkpoint in between that end the job."""
+    restart_delay: float = 1.0
+    """Delay before the first restart; it doubles with each failure without progress."""
+    max_restart_delay: float = 60.0
+    """The longest delay between a failure and its restart."""
+    kill_after: float = 2.0
+    """Seconds between SIGTERM to the tree and SIGKILL when stopping by force."""
+    requeue: bool = False
+    """Whether a stop that leaves a checkpoint asks the scheduler to requeue the job."""
+    requeue_count: int = 0
+    """How often this job was requeued already (``SLURM_RESTART_COUNT``)."""
+    max_requeues: int = 100
+    """Requeues allowed in the job's life; beyond it the job just exits 75."""
+    initial_checkpoint: int | None = None
+    """Index of the newest valid checkpoint when the supervisor started."""
+    resume_from: str | None = None
+    """Checkpoint the first start resumes from instead of the latest."""
+    first_sequence: int = 0
+    """Sequence number of the first control request (above any already in the file)."""
+
+
+class SupervisorCore:
+    """Decides what the supervisor does next; one instance per ``cycle run``."""
+
+    def __init__(self, config: CoreConfig) -> None:
+        self.config = config
+        self.phase = Phase.RUNNING
+        self.wake_at: float | None = None
+        """When the shell must send a :class:`Tick` at the latest (``None``: no deadline)."""
+        self.latest_checkpoint = config.initial_checkpoint
+        self._sequence = config.first_sequence
+        self._starts = 0
+        self._failures = 0
+        self._failures_without_progress = 0
+        self._checkpoint_at_stop: int | None = None
+        self._stop_signals: list[str] = []
+
+    # -- entry points -----------------------------------------------------------------------
+
+    def start(self, now: float) -> list[SupervisorAction]:
+        """Reset the control file to ``run`` and start the workers for the first time."""
+        reset = self._request(Action.RUN, "start", now, deadline=None)
+        return [WriteControl(reset), *self._start_workers()]
+
+    def handle(self, event: Event) -> list[SupervisorAction]:
+        """The actions that follow ``event``; nothing once the core has decided to exit."""
+        if self.phase is Phase.DONE:
+            return []
+        if isinstance(event, SignalReceived):
+            return self._on_signal(event)
+        if isinstance(event, WorkersExited):
+            return self._on_exit(event)
+        if isinstance(event, CheckpointCommitted):
+            return self._on_checkpoint(event)
+        return self._on_tick(event)
+
+    @property
+    def stop_requested(self) -> bool:
+        return bool(self._stop_signals)
+
+    # -- signals ----------------------------------------------------------------------------
+
+    def _on_signal(self, event: SignalReceived) -> list[SupervisorAction]:
+        if event.name not in self.config.stop_signals:
+            # SIGCONT comes with every Slurm TERM and with resumes: it must never stop a job.
+            return [Log("signal", {"signal": event.name, "effect": "ignored"})]
+        repeated = self.stop_requested
+        self._stop_signals.append(event.name)
+        if self.phase is Phase.BACKOFF:
+            return [Log("signal", {"signal": event.name, "effect": "stop while no workers run"}),
+                    *self._finish_stop(clean=False)]
+        if event.name == "SIGINT" and self._stop_signals.count("SIGINT") >= 2:
+            return self._force_stop(event)
+        if repeated:
+            # Slurm sends CONT+TERM again after a requeue: one request per stop, not per signal.
+            return [Log("signal", {"signal": event.name, "effect": "already stopping"})]
+        return self._request_stop(event)
+
+    def _request_stop(self, event: SignalReceived) -> list[SupervisorAction]:
+        deadline = event.now + self.config.grace
+        request = self._request(Action.CHECKPOINT_AND_EXIT, event.name, event.now, deadline)
+        self.phase = Phase.STOPPING
+        self.wake_at = deadline
+        self._checkpoint_at_stop = self.latest_checkpoint
+        fields = {"signal": event.name, "grace": self.config.grace, "sequence": request.sequence}
+        return [Log("signal", {"signal": event.name, "effect": "checkpoint_and_exit"}),
+                WriteControl(request), Log("stop_requested", fields)]
+
+    def _force_stop(self, event: SignalReceived) -> list[SupervisorAction]:
+        if self.phase is Phase.TERMINATING or self.phase is Phase.KILLED:
+            self.phase, self.wake_at = Phase.KILLED, None
+            return [Log("signal", {"signal": event.name, "effect": "kill now"}),
+                    SignalTree(signal.SIGKILL)]
+        self.phase, self.wake_at = Phase.TERMINATING, event.now + self.config.kill_after
+        return [Log("signal", {"signal": event.name, "effect": "stop now"}),
+                SignalTree(signal.SIGTERM)]
+
+    # -- time -------------------------------------------------------------------------------
+
+    def _on_tick(self, event: Tick) -> list[SupervisorAction]:
+        if self.wake_at is None or event.now < self.wake_at:
+            return []
+        if self.phase is Phase.STOPPING:
+            self.phase, self.wake_at = Phase.TERMINATING, event.now + self.config.kill_after
+            return [Log("grace_expired", {"grace": self.config.grace}, warning=True),
+                    SignalTree(signal.SIGTERM)]
+        if self.phase is Phase.TERMINATING:
+            self.phase, self.wake_at = Phase.KILLED, None
+            return [Log("kill", {"after": self.config.kill_after}, warning=True),
+                    SignalTree(signal.SIGKILL)]
+        if self.phase is Phase.BACKOFF:
+            self.phase, self.wake_at = Phase.RUNNING, None
+            return self._start_workers()
+        return []
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def _on_checkpoint(self, event: CheckpointCommitted) -> list[SupervisorAction]:
+        if self.latest_checkpoint is not None and event.index <= self.latest_checkpoint:
+            return []
+        self.latest_checkpoint = event.index
+        self._failures_without_progress = 0
+        return [Log("checkpoint_committed", {"index": event.index})]
+
+    # -- worker exits -----------------------------------------------------------------------
+
+    def _on_exit(self, event: WorkersExited) -> list[SupervisorAction]:
+        log = Log("workers_exited", {"code": event.code, "phase": self.phase.value})
+        if self.stop_requested:
+            clean = self.phase is Phase.STOPPING and event.code == 0
+            return [log, *self._finish_stop(clean)]
+        if event.code == 0:
+            return [log, *self._exit(EXIT_SUCCESS, "the training script finished")]
+        return [log, *self._on_failure(event)]
+
+    def _on_failure(self, event: WorkersExited) -> list[SupervisorAction]:
+        self._failures += 1
+        self._failures_without_progress += 1
+        config = self.config
+        if self._failures_without_progress >= config.crash_loop_limit:
+            return self._exit(EXIT_FAILURE, f"the workers failed {self._failures_without_progress}"
+                              " times in a row without committing a checkpoint (crash loop)",
+                              workers_failed=True)
+        if self._failures > config.max_restarts:
+            return self._exit(EXIT_FAILURE, f"the workers failed and all {config.max_restarts}"
+                              " restarts (--max-restarts) are used up", workers_failed=True)
+        delay = self._restart_delay()
+        self.phase, self.wake_at = Phase.BACKOFF, event.now + delay
+        fields = {"restart": self._failures, "of": config.max_restarts, "delay": delay,
+                  "code": event.code}
+        return [Log("restart_scheduled", fields, warning=True)]
+
+    def _restart_delay(self) -> float:
+        doubling = 2.0 ** (self._failures_without_progress - 1)
+        return min(self.config.restart_delay * doubling, self.config.max_restart_delay)
+
+    def _finish_stop(self, clean: bool) -> list[SupervisorAction]:
+        made = (self.latest_checkpoint is not None
+                and self.latest_checkpoint != self._checkpoint_at_stop)
+        actions: list[SupervisorAction] = []
+        if self.latest_checkpoint is None:
+            return self._exit(EXIT_FAILURE, "stopped on request, but no checkpoint exists to "
+                              "resume from, so the job is not requeued")
+        if not (clean and made):
+            actions.append(Log("stop_without_new_checkpoint",
+                               {"resume_from": self.latest_checkpoint}, warning=True))
+        actions.extend(self._requeue())
+        reason = f"stopped on request; checkpoint {self.latest_checkpoint} is the one to resume"
+        return actions + self._exit(EXIT_REQUEUE, reason)
+
+    def _requeue(self) -> list[SupervisorAction]:
+        config = self.config
+        if not config.requeue:
+            return []
+        if config.requeue_count >= config.max_requeues:
+            fields = {"requeues": config.requeue_count, "max_requeues": config.max_requeues}
+            return [Log("requeue_skipped", fields, warning=True)]
+        return [Requeue()]
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _start_workers(self) -> list[SupervisorAction]:
+        # --resume-from only applies until this run commits a checkpoint of its own.
+        resume = self.config.resume_from
+        if self.latest_checkpoint != self.config.initial_checkpoint:
+            resume = None
+        action = StartWorkers(self._starts, resume)
+        self._starts += 1
+        return [action]
+
+    def _exit(self, code: int, reason: str,
+              workers_failed: bool = False) -> list[SupervisorAction]:
+        self.phase, self.wake_at = Phase.DONE, None
+        return [Log("exit", {"code": code, "reason": reason}, warning=code == EXIT_FAILURE),
+                Exit(code, reason, workers_failed)]
+
+    def _request(self, action: Action, reason: str, now: float,
+                 deadline: float | None) -> ControlRequest:
+        request = ControlRequest(sequence=self._sequence, action=action, reason=reason,
+                                 requested_at=now, deadline=deadline)
+        self._sequence += 1
+        return request

@@ -1,0 +1,273 @@
+"""``cycle run``'s options: one checked dataclass, filled from flags, a YAML file and the scheduler.
+
+Precedence, highest first: flags, the ``--config`` file, the scheduler's environment (Slurm or
+ISC), the defaults below. Rendezvous settings taken from the environment only apply to multi-node
+runs: a single node always uses torchrun's ``--standalone`` rendezvous on a free port, so two
+single-node jobs sharing a machine never collide on a port.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cycler.environment import default_checkpoint_root
+from cycler.errors import ConfigError
+from cycler.layout import DEFAULT_PREFIX
+
+DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR2")
+# These cannot be caught (KILL, STOP) or already mean something else to the supervisor.
+_UNUSABLE_SIGNALS = {"SIGKILL", "SIGSTOP", "SIGCONT", "SIGCHLD"}
+_DEFAULT_MASTER_PORT_BASE = 20000
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """Everything ``cycle run`` needs; every value is checked when the object is made."""
+
+    script: Path
+    """The training script torchrun starts on every worker."""
+    script_args: tuple[str, ...] = ()
+    """Arguments passed to the script untouched."""
+    nproc_per_node: int = 1
+    """Worker processes on this node."""
+    nnodes: int = 1
+    """Nodes in the job."""
+    node_rank: int = 0
+    """This node's rank, ``0 <= node_rank < nnodes``."""
+    master_addr: str | None = None
+    """Address of node 0 for torchrun's static rendezvous (``None``: standalone on one node)."""
+    master_port: int | None = None
+    """Port of node 0 for the static rendezvous."""
+    rdzv_endpoint: str | None = None
+    """``host:port`` of a c10d rendezvous, instead of ``master_addr``/``master_port``."""
+    checkpoint_dir: Path = Path("checkpoints")
+    """The checkpoint root; the supervisor's record goes to its ``.cycler/``."""
+    checkpoint_name: str = DEFAULT_PREFIX
+    """The saver's name (``AtomicDirectory(name=...)``) whose checkpoints the supervisor watches."""
+    grace: float = 60.0
+    """Seconds workers get to checkpoint and exit after a stop signal."""
+    max_restarts: int = 3
+    """How often failed workers are restarted before the job fails."""
+    restart_delay: float = 1.0
+    """Seconds before the first restart; doubled after each failure without a new checkpoint."""
+    requeue: bool = False
+    """Run ``scontrol requeue $SLURM_JOB_ID`` after a stop that leaves a checkpoint."""
+    max_requeues: int = 100
+    """Requeues allowed in the job's life, counted by ``SLURM_RESTART_COUNT``."""
+    resume_from: str | None = None
+    """Checkpoint (name or index) the first start resumes from, instead of the latest."""
+    signals: tuple[str, ...] = DEFAULT_SIGNALS
+    """Signals that ask the workers to checkpoint and exit."""
+    slurm_job_id: str | None = None
+    """``SLURM_JOB_ID`` when running under Slurm."""
+    requeue_count: int = 0
+    """``SLURM_RESTART_COUNT``: how often this job was requeued already."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "signals", parse_signals(self.signals))
+        object.__setattr__(self, "script", Path(self.script))
+        object.__setattr__(self, "checkpoint_dir", Path(self.checkpoint_dir))
+        object.__setattr__(self, "script_args", tuple(self.script_args))
+        for name in ("nproc_per_node", "nnodes"):
+            _require(getattr(self, name) >= 1, name, "must be at least 1")
+        for name in ("max_restarts", "max_requeues", "requeue_count"):
+            _require(getattr(self, name) >= 0, name, "must be 0 or more")
+        _require(0 <= self.node_rank < self.nnodes, "node_rank",
+                 f"must be between 0 and nnodes - 1 ({self.nnodes - 1})")
+        _require(self.grace > 0, "grace", "must be more than 0 seconds")
+        _require(self.restart_delay >= 0, "restart_delay", "must be 0 seconds or more")
+        port = self.master_port
+        _require(port is None or 0 < port < 65536, "master_port", "must be between 1 and 65535")
+        _require(self.rdzv_endpoint is None or self.master_addr is None, "rdzv_endpoint",
+                 "cannot be combined with master_addr; give one of them")
+        _require(self.nnodes == 1 or bool(self.master_addr or self.rdzv_endpoint), "master_addr",
+                 "is needed when nnodes > 1: give --master-addr (node 0's host) or "
+                 "--rdzv-endpoint")
+        name = self.checkpoint_name
+        _require(bool(name) and "/" not in name and not name.startswith("."), "checkpoint_name",
+                 "must be a plain file name such as AtomicDirectory")
+
+
+def _require(condition: bool, name: str, fix: str) -> None:
+    if not condition:
+        raise ConfigError(f"{name.replace('_', '-')} {fix}")
+
+
+def parse_signals(value: str | Sequence[str]) -> tuple[str, ...]:
+    """``"TERM,int"`` or ``["SIGTERM", "INT"]`` as canonical names; ConfigError if unusable."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = []
+    for item in items:
+        name = str(item).strip().upper()
+        name = name if name.startswith("SIG") else f"SIG{name}"
+        if name not in signal.Signals.__members__ or name in _UNUSABLE_SIGNALS:
+            raise ConfigError(f"signals: {item!r} is not a signal the supervisor can use; "
+                              f"give names like {','.join(DEFAULT_SIGNALS)}")
+        if name not in names:
+            names.append(name)
+    if not names:
+        raise ConfigError("signals must name at least one signal, e.g. SIGTERM")
+    return tuple(names)
+
+
+# --- the configuration file -------------------------------------------------------------------
+
+_CONFIG_TYPES: dict[str, tuple[type, ...]] = {
+    "nproc_per_node": (int,), "nnodes": (int,), "node_rank": (int,), "master_addr": (str,),
+    "master_port": (int,), "rdzv_endpoint": (str,), "checkpoint_dir": (str,),
+    "checkpoint_name": (str,), "grace": (int, float), "max_restarts": (int,),
+    "restart_delay": (int, float), "requeue": (bool,), "max_requeues": (int,),
+    "resume_from": (str, int), "signals": (str, list),
+}
+CONFIG_KEYS = tuple(sorted(_CONFIG_TYPES))
+"""Keys a ``--config`` file may set (dashes and underscores are both accepted)."""
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """The options set in a YAML file, keys normalised to underscores; ConfigError if invalid."""
+    try:
+        loaded = yaml.safe_load(Path(path).read_text())
+    except OSError as error:
+        raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file {path} is not valid YAML: {_one_line(error)}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {path} must be a mapping of option: value")
+    options = {}
+    for key, value in loaded.items():
+        name = _config_key(path, key)
+        options[name] = _checked_value(path, name, value)
+    return options
+
+
+def _config_key(path: Path, key: object) -> str:
+    name = str(key).replace("-", "_")
+    if name not in _CONFIG_TYPES:
+        raise ConfigError(f"config file {path}: unknown key {key!r}; known keys: "
+                          f"{', '.join(CONFIG_KEYS)}")
+    return name
+
+
+def _checked_value(path: Path, key: str, value: object) -> object:
+    allowed = _CONFIG_TYPES[key]
+    # bool is an int in Python, but ``grace: true`` is a mistake, not one second.
+    if isinstance(value, bool) and bool not in allowed or not isinstance(value, allowed):
+        wanted = " or ".join(kind.__name__ for kind in allowed)
+        raise ConfigError(f"config file {path}: {key} must be {wanted}, not "
+                          f"{type(value).__name__} ({value!r})")
+    if key == "resume_from":
+        return str(value)
+    return value
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())
+
+
+# --- the scheduler's environment --------------------------------------------------------------
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Slurm's compressed host list (``node[01-03,07],gpu1``) as host names, in order."""
+    hosts: list[str] = []
+    for part in re.findall(r"(?:[^,\[]+|\[[^\]]*\])+", nodelist):
+        hosts.extend(_expand_host(part))
+    return hosts
+
+
+def _expand_host(pattern: str) -> list[str]:
+    match = re.search(r"\[([^\]]*)\]", pattern)
+    if match is None:
+        return [pattern]
+    head, tail = pattern[: match.start()], pattern[match.end():]
+    return [head + item + rest for item in _expand_ranges(match.group(1))
+            for rest in _expand_host(tail)]
+
+
+def _expand_ranges(ranges: str) -> list[str]:
+    items = []
+    for piece in ranges.split(","):
+        low, _, high = piece.partition("-")
+        if not high:
+            items.append(low)
+            continue
+        width = len(low)  # node[01-03] keeps its leading zeros
+        items.extend(str(number).zfill(width) for number in range(int(low), int(high) + 1))
+    return items
+
+
+def scheduler_defaults(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Defaults from Slurm/ISC variables: (always applied, applied only to multi-node runs)."""
+    general: dict[str, Any] = {"checkpoint_dir": str(default_checkpoint_root(environ))}
+    _set_int(general, "nnodes", environ, "NNODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
+    _set_int(general, "nproc_per_node", environ, "N_PROC", "SLURM_GPUS_ON_NODE")
+    _set_int(general, "node_rank", environ, "NODE_RANK", "SLURM_NODEID")
+    if environ.get("SLURM_JOB_ID"):
+        general["slurm_job_id"] = environ["SLURM_JOB_ID"]
+        general["requeue"] = True
+        _set_int(general, "requeue_count", environ, "SLURM_RESTART_COUNT")
+    return general, _rendezvous_defaults(environ)
+
+
+def _rendezvous_defaults(environ: Mapping[str, str]) -> dict[str, Any]:
+    rendezvous: dict[str, Any] = {}
+    if environ.get("MASTER_ADDR"):
+        rendezvous["master_addr"] = environ["MASTER_ADDR"]
+    elif environ.get("SLURM_JOB_NODELIST"):
+        rendezvous["master_addr"] = expand_nodelist(environ["SLURM_JOB_NODELIST"])[0]
+    _set_int(rendezvous, "master_port", environ, "MASTER_PORT")
+    job_id = environ.get("SLURM_JOB_ID", "")
+    if "master_port" not in rendezvous and job_id.isdigit():
+        # Every node derives the same port from the job id; jobs sharing a host rarely collide.
+        rendezvous["master_port"] = _DEFAULT_MASTER_PORT_BASE + int(job_id) % 20000
+    return rendezvous
+
+
+def _set_int(target: dict[str, Any], key: str, environ: Mapping[str, str], *names: str) -> None:
+    for name in names:
+        text = environ.get(name)
+        if not text:
+            continue
+        try:
+            target[key] = int(text.split("(")[0])  # SLURM_* may read like "2(x3)"
+        except ValueError:
+            raise ConfigError(f"environment variable {name}={text!r} is not a whole number; "
+                              "fix or unset it") from None
+        return
+
+
+# --- putting it together ----------------------------------------------------------------------
+
+
+def resolve_run_options(*, script: str | Path, script_args: Sequence[str] = (),
+                        flags: Mapping[str, Any] | None = None, config_file: Path | None = None,
+                        environ: Mapping[str, str] | None = None) -> RunOptions:
+    """RunOptions from flags (``None`` values: not given), a config file and the environment."""
+    general, rendezvous = scheduler_defaults(environ or {})
+    from_file = load_config_file(config_file) if config_file is not None else {}
+    given = {key: value for key, value in (flags or {}).items() if value is not None}
+    _check_flag_names(given)
+    merged = {**general, **from_file, **given}
+    if merged.get("nnodes", 1) > 1 and merged.get("rdzv_endpoint") is None:
+        merged = {**rendezvous, **merged}
+    if "signals" in merged:
+        merged["signals"] = parse_signals(merged["signals"])
+    if merged.get("resume_from") is not None:
+        merged["resume_from"] = str(merged["resume_from"])
+    return RunOptions(script=Path(script), script_args=tuple(script_args), **merged)
+
+
+def _check_flag_names(given: Mapping[str, Any]) -> None:
+    known = {field.name for field in fields(RunOptions)}
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise ConfigError(f"unknown run options: {', '.join(unknown)}")

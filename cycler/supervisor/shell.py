@@ -1,0 +1,300 @@
+"""The supervisor's shell: checks, the lock, signals, processes and waits around the core.
+
+Signal handlers only enqueue an event; the main loop takes one event at a time, first looks for a
+newly committed checkpoint, then feeds the event to :class:`SupervisorCore` and executes the
+actions it returns. Every decision lives in the core; this module only does what it is told.
+
+Times are wall-clock (``time.time``): the control file's deadline is read by workers, possibly on
+other nodes, so the core's clock and theirs must be the same kind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from cycler.checkpoints import find_checkpoint, inspect_checkpoint, list_checkpoints
+from cycler.control import read_control, write_control
+from cycler.errors import CheckpointDirectoryError, ConfigError, CyclerError
+from cycler.events import EventLog
+from cycler.layout import CheckpointLayout, CheckpointName
+from cycler.lock import SupervisorLock
+from cycler.supervisor import core
+from cycler.supervisor.failure import failure_report
+from cycler.supervisor.options import RunOptions
+from cycler.supervisor.processes import Watchdog, WorkerTree, start_torchrun
+from cycler.supervisor.requeue import RequeueResult, requeue_job
+from cycler.supervisor.torchrun import LaunchPlan, full_environment, launch_plan
+
+log = logging.getLogger("cycler.supervisor")
+
+TICK_SECONDS = 0.1
+"""How often the loop looks for a new checkpoint when nothing else happens."""
+STDERR_DRAIN_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How ``cycle run`` ended: the exit code, why, and the failing worker's report if any."""
+
+    exit_code: int
+    reason: str
+    failure: str | None = None
+
+
+Starter = Callable[[list[str], dict[str, str], Watchdog], WorkerTree]
+Requeuer = Callable[[str], RequeueResult]
+
+
+def plan_run(options: RunOptions) -> LaunchPlan:
+    """Check the script and ``--resume-from``, and return what the first start would run."""
+    check_script(options)
+    check_resume_from(options)
+    return launch_plan(options)
+
+
+def run_supervisor(options: RunOptions, *, clock: Callable[[], float] = time.time,
+                   starter: Starter = start_torchrun,
+                   requeuer: Requeuer = requeue_job) -> RunOutcome:
+    """Supervise torchrun for ``options`` until the job finishes, fails or stops on request.
+
+    Raises a :class:`CyclerError` with exit code 2 before anything starts when the script, the
+    checkpoint directory, ``--resume-from`` or the lock is not usable.
+    """
+    check_script(options)
+    prepare_checkpoint_root(options)
+    check_resume_from(options)
+    return Supervisor(options, clock=clock, starter=starter, requeuer=requeuer).run()
+
+
+# --- checks before anything starts ------------------------------------------------------------
+
+
+def check_script(options: RunOptions) -> None:
+    if not options.script.is_file():
+        raise ConfigError(f"script {options.script} does not exist; give the path of your "
+                          "training script")
+
+
+def check_resume_from(options: RunOptions) -> None:
+    if options.resume_from is None:
+        return
+    try:
+        find_checkpoint(options.checkpoint_dir, options.resume_from, options.checkpoint_name)
+    except CyclerError as error:
+        raise ConfigError(f"--resume-from: {error}") from None
+
+
+def prepare_checkpoint_root(options: RunOptions) -> None:
+    """Create the root and its ``.cycler/``, and prove a file can be written there."""
+    layout = CheckpointLayout(options.checkpoint_dir, options.checkpoint_name)
+    probe = layout.supervisor_dir / f".probe-{socket.gethostname()}-{os.getpid()}"
+    try:
+        layout.supervisor_dir.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise CheckpointDirectoryError(
+            f"cannot write to the checkpoint directory {layout.root} ({error.strerror}); "
+            "choose a writable --checkpoint-dir"
+        ) from None
+
+
+def newest_valid_index(layout: CheckpointLayout) -> int | None:
+    """Index of the checkpoint a resume would load (the latest valid one), if any."""
+    found = list_checkpoints(layout.root, layout.prefix)
+    return next((c.index for c in found if c.is_latest), None)
+
+
+# --- the loop ---------------------------------------------------------------------------------
+
+
+class Supervisor:
+    """One ``cycle run``: owns the lock, the watchdog and at most one torchrun at a time."""
+
+    def __init__(self, options: RunOptions, *, clock: Callable[[], float] = time.time,
+                 starter: Starter = start_torchrun, requeuer: Requeuer = requeue_job) -> None:
+        self.options = options
+        self.layout = CheckpointLayout(options.checkpoint_dir, options.checkpoint_name)
+        self.events = EventLog(self.layout.events_path(options.node_rank), clock=clock)
+        self._clock = clock
+        self._starter = starter
+        self._requeuer = requeuer
+        self._queue: queue.SimpleQueue[core.Event] = queue.SimpleQueue()
+        self._tree: WorkerTree | None = None
+        self._watchdog: Watchdog | None = None
+        self._outcome: RunOutcome | None = None
+        self._failure: str | None = None
+        self._linked: CheckpointName | None = self.layout.link_target_name()
+
+    def handle_signal(self, number: int, frame: FrameType | None = None) -> None:
+        """Signal handler: only records the signal; the loop decides what it means."""
+        self._queue.put(core.SignalReceived(signal.Signals(number).name, self._clock()))
+
+    def run(self) -> RunOutcome:
+        """Start the workers and supervise them until the core decides to exit."""
+        with ExitStack() as stack:
+            stack.enter_context(self._locked())
+            stack.enter_context(self._signals_trapped())
+            self._watchdog = Watchdog()
+            stack.callback(self._watchdog.close)
+            stack.callback(self._reap)
+            outcome = self._loop(core.SupervisorCore(self._core_config()))
+        return outcome
+
+    def _loop(self, decisions: core.SupervisorCore) -> RunOutcome:
+        self._record("start", pid=os.getpid(), script=str(self.options.script),
+                     nproc_per_node=self.options.nproc_per_node, nnodes=self.options.nnodes,
+                     node_rank=self.options.node_rank, grace=self.options.grace)
+        self._execute(decisions.start(self._clock()))
+        while self._outcome is None:
+            event = self._next_event(decisions.wake_at)
+            for committed in self._new_checkpoints():
+                self._execute(decisions.handle(committed))
+            self._execute(decisions.handle(event))
+        return self._outcome
+
+    def _core_config(self) -> core.CoreConfig:
+        options = self.options
+        requeue = options.requeue and options.slurm_job_id is not None
+        if options.requeue and not requeue:
+            log.warning("--requeue has no effect: SLURM_JOB_ID is not set")
+        previous = read_control(self.layout.control_path(options.node_rank))
+        return core.CoreConfig(
+            grace=options.grace, stop_signals=frozenset(options.signals),
+            max_restarts=options.max_restarts, restart_delay=options.restart_delay,
+            requeue=requeue, requeue_count=options.requeue_count,
+            max_requeues=options.max_requeues, resume_from=options.resume_from,
+            initial_checkpoint=newest_valid_index(self.layout),
+            first_sequence=0 if previous is None else previous.sequence + 1,
+        )
+
+    def _next_event(self, wake_at: float | None) -> core.Event:
+        timeout = TICK_SECONDS
+        if wake_at is not None:
+            timeout = max(0.0, min(timeout, wake_at - self._clock()))
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return core.Tick(self._clock())
+
+    def _new_checkpoints(self) -> Iterator[core.CheckpointCommitted]:
+        linked = self.layout.link_target_name()
+        if linked == self._linked:
+            return
+        self._linked = linked
+        if linked is not None and inspect_checkpoint(self.layout, linked).valid:
+            yield core.CheckpointCommitted(linked.index)
+
+    # -- actions ----------------------------------------------------------------------------
+
+    def _execute(self, actions: list[core.SupervisorAction]) -> None:
+        for action in actions:
+            if isinstance(action, core.Log):
+                self._record(action.event, warning=action.warning, **action.fields)
+            elif isinstance(action, core.WriteControl):
+                write_control(self.layout.control_path(self.options.node_rank), action.request)
+            elif isinstance(action, core.StartWorkers):
+                self._start(action)
+            elif isinstance(action, core.SignalTree):
+                self._signal_tree(action.signal)
+            elif isinstance(action, core.Requeue):
+                self._requeue()
+            else:
+                failure = self._failure if action.workers_failed else None
+                self._outcome = RunOutcome(action.code, action.reason, failure)
+
+    def _start(self, action: core.StartWorkers) -> None:
+        if self._tree is not None:
+            self._tree.reap()
+        plan = launch_plan(self.options, start_number=action.start_number,
+                           resume_from=action.resume_from)
+        assert self._watchdog is not None
+        self._tree = self._starter(plan.command, full_environment(plan), self._watchdog)
+        self._record("workers_started", torchrun_pid=self._tree.process.pid,
+                     start=action.start_number, resume_from=action.resume_from,
+                     restart_count=plan.environment["CYCLER_RESTART_COUNT"])
+        tree = self._tree
+        waiter = _Waiter(tree, self._queue, self._clock, self._on_failure)
+        waiter.start()
+
+    def _on_failure(self, tree: WorkerTree, code: int) -> None:
+        self._failure = failure_report(tree.stderr.text(), code)
+
+    def _signal_tree(self, number: signal.Signals) -> None:
+        if self._tree is not None:
+            self._record("signal_sent", signal=number.name, torchrun_pid=self._tree.process.pid)
+            self._tree.signal(number)
+
+    def _requeue(self) -> None:
+        job_id = self.options.slurm_job_id
+        assert job_id is not None, "the core only requeues when a Slurm job id is known"
+        result = self._requeuer(job_id)
+        self._record("requeue", warning=not result.accepted, job_id=job_id,
+                     accepted=result.accepted, detail=result.detail)
+
+    def _reap(self) -> None:
+        if self._tree is not None:
+            self._tree.reap()
+
+    def _record(self, event: str, warning: bool = False, **fields: Any) -> None:
+        self.events.append(event, **fields)
+        details = " ".join(f"{key}={value}" for key, value in fields.items())
+        log.log(logging.WARNING if warning else logging.INFO, "%s %s", event, details)
+
+    # -- context ----------------------------------------------------------------------------
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        lock = SupervisorLock(self.layout.lock_path(self.options.node_rank))
+        lock.acquire(role="supervisor", script=str(self.options.script))
+        try:
+            yield
+        finally:
+            lock.release()
+
+    @contextmanager
+    def _signals_trapped(self) -> Iterator[None]:
+        numbers = [signal.Signals[name] for name in self.options.signals]
+        numbers.append(signal.SIGCONT)
+        previous = {number: signal.signal(number, self.handle_signal) for number in numbers}
+        try:
+            yield
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+
+
+class _Waiter:
+    """Waits for one torchrun in a thread and reports its exit as an event."""
+
+    def __init__(self, tree: WorkerTree, events: queue.SimpleQueue[core.Event],
+                 clock: Callable[[], float],
+                 on_failure: Callable[[WorkerTree, int], None]) -> None:
+        self._tree = tree
+        self._events = events
+        self._clock = clock
+        self._on_failure = on_failure
+        self._thread = threading.Thread(target=self._wait, name="cycle-waiter", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _wait(self) -> None:
+        code = self._tree.process.wait()
+        # The report needs every line the workers wrote before they died.
+        self._tree.stderr.wait(STDERR_DRAIN_SECONDS)
+        if code != 0:
+            self._on_failure(self._tree, code)
+        self._events.put(core.WorkersExited(code, self._clock()))
+

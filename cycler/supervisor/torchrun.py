@@ -1,0 +1,95 @@
+"""The torchrun command line and the environment every worker gets from ``cycle run``.
+
+torchrun is told never to restart workers itself (``--max-restarts 0``): restarts, backoff and
+crash-loop detection belong to the supervisor, which also knows about checkpoints. torchrun's own
+shutdown timeout is raised above the grace, so that if the scheduler signals torchrun directly,
+torchrun's SIGKILL of the workers never comes before the grace the supervisor promised them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from dataclasses import dataclass
+
+from cycler.environment import (
+    ENV_CHECKPOINT_DIR,
+    ENV_CONTROL_FILE,
+    ENV_RESTART_COUNT,
+    ENV_RESUME_FROM,
+)
+from cycler.layout import CheckpointLayout
+from cycler.supervisor.options import RunOptions
+
+# torch >= 2.10 reads the first; PET_* is torchrun's generic "flag from the environment" and
+# wins over the first, so both are set to keep a stray user value from cutting the grace short.
+SHUTDOWN_TIMEOUT_VARIABLES = ("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "PET_SHUTDOWN_TIMEOUT")
+SHUTDOWN_MARGIN_SECONDS = 10
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What one start of the workers runs: the command and the variables added to the env."""
+
+    command: list[str]
+    environment: dict[str, str]
+
+
+def torchrun_command(options: RunOptions, python: str = sys.executable) -> list[str]:
+    """``python -m torch.distributed.run ...`` for ``options``, script arguments untouched."""
+    command = [python, "-m", "torch.distributed.run",
+               "--nproc-per-node", str(options.nproc_per_node),
+               "--nnodes", str(options.nnodes),
+               "--max-restarts", "0"]
+    command += _rendezvous_arguments(options)
+    return command + [str(options.script), *options.script_args]
+
+
+def _rendezvous_arguments(options: RunOptions) -> list[str]:
+    if options.rdzv_endpoint is not None:
+        run_id = options.slurm_job_id or "cycler"
+        return ["--rdzv-backend", "c10d", "--rdzv-endpoint", options.rdzv_endpoint,
+                "--rdzv-id", run_id]
+    if options.master_addr is None and options.master_port is None:
+        return ["--standalone"]
+    arguments = ["--node-rank", str(options.node_rank),
+                 "--master-addr", options.master_addr or "127.0.0.1"]
+    if options.master_port is not None:
+        arguments += ["--master-port", str(options.master_port)]
+    return arguments
+
+
+def worker_environment(options: RunOptions, *, start_number: int,
+                       resume_from: str | None) -> dict[str, str]:
+    """The variables ``cycle run`` adds for one start (``start_number``: earlier local starts)."""
+    layout = CheckpointLayout(options.checkpoint_dir, options.checkpoint_name)
+    environment = {
+        ENV_CONTROL_FILE: str(layout.control_path(options.node_rank)),
+        ENV_CHECKPOINT_DIR: str(layout.root),
+        ENV_RESTART_COUNT: str(options.requeue_count + start_number),
+    }
+    if resume_from is not None:
+        environment[ENV_RESUME_FROM] = resume_from
+    timeout = str(math.ceil(options.grace) + SHUTDOWN_MARGIN_SECONDS)
+    environment.update(dict.fromkeys(SHUTDOWN_TIMEOUT_VARIABLES, timeout))
+    return environment
+
+
+def launch_plan(options: RunOptions, *, start_number: int = 0,
+                resume_from: str | None = None) -> LaunchPlan:
+    """The command and added environment of one start (what ``--dry-run`` prints)."""
+    resume = options.resume_from if resume_from is None and start_number == 0 else resume_from
+    return LaunchPlan(torchrun_command(options),
+                      worker_environment(options, start_number=start_number, resume_from=resume))
+
+
+def full_environment(plan: LaunchPlan, base: dict[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) with the plan's variables on top.
+
+    A ``CYCLER_RESUME_FROM`` inherited from the caller is dropped: only the plan decides which
+    start resumes from a named checkpoint, so a restart after new progress never goes back.
+    """
+    environment = dict(os.environ if base is None else base)
+    environment.pop(ENV_RESUME_FROM, None)
+    return {**environment, **plan.environment}
