@@ -123,7 +123,12 @@ class AtomicDirectory:
             coordinator.announce_error(round_key, error)
             raise
         coordinator.announce(round_key, "committed")
-        self._apply_retention()
+        # The writer lock is held through retention: released before it, another writer could
+        # prepare a directory that this retention then removes as torn.
+        try:
+            self._apply_retention()
+        finally:
+            self._release_writer_lock()
 
     atomic_symlink = symlink_latest
     commit = symlink_latest
@@ -135,11 +140,18 @@ class AtomicDirectory:
                 f"{directory} is not a directory made by prepare_checkpoint_directory() "
                 f"for {self.name} in {self.layout.root}"
             )
+        if self.layout.link_path.is_dir() and not self.layout.link_path.is_symlink():
+            raise CheckpointDirectoryError(
+                f"{self.layout.link_path} is a directory, not the latest link (a copy that "
+                "followed symlinks?); move it out of the checkpoint root"
+            )
         from cycler import __version__
 
         seal(self.layout.path_of(name), index=name.index, metadata=metadata,
              world_size=self._coordinator.world_size, version=__version__)
         _fs.atomic_symlink(self.layout.path_of(name), self.layout.link_path)
+
+    def _release_writer_lock(self) -> None:
         if self._writer_lock is not None:
             self._writer_lock.release()
             self._writer_lock = None

@@ -16,8 +16,11 @@ from pathlib import Path
 
 from cycler.environment import ENV_RESUME_FROM, default_checkpoint_root
 from cycler.errors import CheckpointNotFound, CorruptCheckpoint
-from cycler.layout import DEFAULT_PREFIX, CheckpointLayout, CheckpointName
+from cycler.layout import DEFAULT_PREFIX, MANIFEST_NAME, CheckpointLayout, CheckpointName
 from cycler.manifest import Manifest, check_files, read_manifest
+
+NEVER_COMMITTED = "no manifest (never committed)"
+"""The problem of a directory whose commit never wrote its manifest: state ``incomplete``."""
 
 
 class CheckpointWarning(UserWarning):
@@ -58,7 +61,7 @@ class Checkpoint:
 
     @property
     def state(self) -> CheckpointState:
-        if self.manifest is None and self.is_directory and self.problem is not None:
+        if self.is_directory and self.problem == NEVER_COMMITTED:
             return CheckpointState.INCOMPLETE
         if not self.valid:
             return CheckpointState.CORRUPT
@@ -83,9 +86,8 @@ def inspect_checkpoint(layout: CheckpointLayout, name: CheckpointName,
     try:
         manifest = read_manifest(path)
     except CorruptCheckpoint as error:
-        missing = not (path / "cycler_manifest.json").exists()
-        return Checkpoint(name, path, None, "no manifest (never committed)" if missing
-                          else str(error))
+        missing = not os.path.lexists(path / MANIFEST_NAME)
+        return Checkpoint(name, path, None, NEVER_COMMITTED if missing else str(error))
     problem = check_files(path, manifest, checksums=verify)
     return Checkpoint(name, path, manifest, problem)
 
@@ -124,6 +126,10 @@ def _link_problem(layout: CheckpointLayout, target: CheckpointName | None,
     link = layout.link_name
     if not os.path.lexists(layout.link_path):
         return f"{link} is missing"
+    if not os.path.islink(layout.link_path):
+        # A copy made with symlinks dereferenced (cp -L, some sync tools) turns the link into
+        # a plain file or directory: a broken link, not a reason to fail the resume.
+        return f"{link} is not a symlink"
     if target is None:
         return f"{link} does not name a checkpoint of this root ({os.readlink(layout.link_path)})"
     if linked is None:
