@@ -122,6 +122,7 @@ class Trainer:
 
     def train(self) -> bool:
         """Train to the end (True) or until a stop is agreed (False)."""
+        log(f"training from step {self.control.global_step}")
         for epoch in self.epochs.remaining_epochs_until(self.args.epochs):
             with self.sampler.in_epoch(epoch):
                 if not self.train_epoch():
