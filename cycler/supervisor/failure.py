@@ -23,7 +23,7 @@ def failure_report(stderr: str, code: int) -> str:
     """The report for workers that ended with ``code``, given torchrun's stderr ``stderr``."""
     lines = stderr.splitlines()
     cause = _root_cause(lines)
-    headline = f"worker failure ({cause})" if cause else f"workers failed (exit code {code})"
+    headline = cause or f"workers failed (exit code {code})"
     body = _worker_traceback(lines) or _tail_without_torchrun(lines)
     if not body:
         return headline
@@ -40,9 +40,9 @@ def _root_cause(lines: list[str]) -> str | None:
         match = _ROOT_CAUSE_FIELD.match(line)
         if match:
             found.setdefault(match.group(1), match.group(2))
-    if not found:
+    if "rank" not in found:
         return None
-    return ", ".join(f"{key} {value}" for key, value in found.items())
+    return f"rank {found['rank']} failed with exit code {found.get('exitcode', '?')}"
 
 
 def _traceback_blocks(lines: list[str]) -> list[list[str]]:

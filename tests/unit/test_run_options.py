@@ -1,0 +1,232 @@
+"""cycle run options: validation, config file, Slurm/ISC defaults, the torchrun command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cycler.environment import (
+    ENV_CHECKPOINT_DIR,
+    ENV_CONTROL_FILE,
+    ENV_RESTART_COUNT,
+    ENV_RESUME_FROM,
+)
+from cycler.errors import ConfigError
+from cycler.supervisor.options import (
+    RunOptions,
+    expand_nodelist,
+    load_config_file,
+    parse_signals,
+    resolve_run_options,
+)
+from cycler.supervisor.torchrun import (
+    full_environment,
+    launch_plan,
+    torchrun_command,
+    worker_environment,
+)
+
+SLURM = {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "3", "SLURM_NODEID": "2",
+         "SLURM_JOB_NODELIST": "gpu[07-09]", "SLURM_RESTART_COUNT": "4"}
+ISC = {"NNODES": "2", "N_PROC": "8", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.5",
+       "MASTER_PORT": "7777"}
+
+
+def write_config(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cycle.yaml"
+    path.write_text(text)
+    return path
+
+
+# --- Slurm's host lists -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("nodelist", "hosts"), [
+    ("node01", ["node01"]),
+    ("node[01-03,07]", ["node01", "node02", "node03", "node07"]),
+    ("a1,b[2-3]", ["a1", "b2", "b3"]),
+    ("gpu[9-11]", ["gpu9", "gpu10", "gpu11"]),
+    ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]),
+    ("x[001-002],y5", ["x001", "x002", "y5"]),
+])
+def test_slurm_nodelists_expand_to_hosts_in_order(nodelist: str, hosts: list[str]):
+    assert expand_nodelist(nodelist) == hosts
+
+
+# --- defaults from the scheduler --------------------------------------------------------------
+
+
+def test_slurm_sets_nodes_rank_first_host_and_a_port_derived_from_the_job_id():
+    options = resolve_run_options(script="train.py", environ=SLURM)
+    assert (options.nnodes, options.node_rank, options.master_addr) == (3, 2, "gpu07")
+    assert options.master_port == 20000 + 4242
+    assert options.requeue and options.slurm_job_id == "4242" and options.requeue_count == 4
+
+
+def test_isc_variables_set_nodes_processes_rank_and_master():
+    options = resolve_run_options(script="train.py", environ=ISC)
+    assert (options.nnodes, options.nproc_per_node, options.node_rank) == (2, 8, 1)
+    assert (options.master_addr, options.master_port) == ("10.0.0.5", 7777)
+    assert not options.requeue, "requeue defaults on only under Slurm"
+
+
+def test_a_single_node_ignores_rendezvous_variables_and_runs_standalone():
+    environ = {**SLURM, "SLURM_NNODES": "1", "SLURM_NODEID": "0"}
+    options = resolve_run_options(script="train.py", environ=environ)
+    assert options.master_addr is None and options.master_port is None
+    assert "--standalone" in torchrun_command(options)
+
+
+def test_checkpoint_dir_defaults_to_the_isc_artifact_path():
+    environ = {"CHECKPOINT_ARTIFACT_PATH": "/artifacts/ckpt"}
+    assert resolve_run_options(script="t.py", environ=environ).checkpoint_dir == Path(
+        "/artifacts/ckpt")
+
+
+def test_a_malformed_scheduler_variable_is_a_config_error_naming_it():
+    with pytest.raises(ConfigError, match="SLURM_NNODES"):
+        resolve_run_options(script="t.py", environ={"SLURM_NNODES": "many"})
+
+
+# --- precedence and the config file -----------------------------------------------------------
+
+
+def test_flags_win_over_the_file_which_wins_over_the_environment(tmp_path: Path):
+    config = write_config(tmp_path, "grace: 12\nmax-restarts: 7\nnode_rank: 1\n")
+    options = resolve_run_options(script="t.py", flags={"grace": 3.0, "max_restarts": None},
+                                  config_file=config, environ=SLURM)
+    assert options.grace == 3.0, "the flag wins"
+    assert options.max_restarts == 7, "the file fills what no flag gave"
+    assert options.node_rank == 1, "the file wins over SLURM_NODEID"
+    assert options.nnodes == 3, "the environment fills the rest"
+
+
+def test_a_config_file_accepts_dashes_and_underscores_and_signal_lists(tmp_path: Path):
+    config = write_config(tmp_path, "nproc-per-node: 4\ncheckpoint_dir: /ck\n"
+                          "signals: [TERM, usr1]\nrequeue: false\nresume-from: 3\n")
+    loaded = load_config_file(config)
+    assert loaded == {"nproc_per_node": 4, "checkpoint_dir": "/ck", "signals": ["TERM", "usr1"],
+                      "requeue": False, "resume_from": "3"}
+    options = resolve_run_options(script="t.py", config_file=config, environ={})
+    assert options.signals == ("SIGTERM", "SIGUSR1") and options.resume_from == "3"
+
+
+def test_an_unknown_config_key_names_the_key_and_the_file(tmp_path: Path):
+    config = write_config(tmp_path, "grase: 10\n")
+    with pytest.raises(ConfigError, match=r"cycle\.yaml.*unknown key 'grase'"):
+        load_config_file(config)
+
+
+@pytest.mark.parametrize("text", ["grace: soon\n", "nnodes: 2.5\n", "max_restarts: true\n",
+                                  "requeue: 1\n", "signals: 15\n"])
+def test_a_wrong_type_in_the_config_file_names_the_key_and_the_file(tmp_path: Path, text: str):
+    config = write_config(tmp_path, text)
+    key = text.split(":")[0]
+    with pytest.raises(ConfigError, match=rf"cycle\.yaml: {key} must be"):
+        load_config_file(config)
+
+
+@pytest.mark.parametrize("text", ["- grace\n", "grace: [1\n"])
+def test_a_config_file_that_is_not_a_yaml_mapping_is_refused(tmp_path: Path, text: str):
+    with pytest.raises(ConfigError, match=r"cycle\.yaml"):
+        load_config_file(write_config(tmp_path, text))
+
+
+def test_a_missing_config_file_is_a_config_error(tmp_path: Path):
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config_file(tmp_path / "nope.yaml")
+
+
+def test_an_empty_config_file_sets_nothing(tmp_path: Path):
+    assert load_config_file(write_config(tmp_path, "")) == {}
+
+
+def test_a_value_from_the_file_is_validated_like_a_flag(tmp_path: Path):
+    config = write_config(tmp_path, "grace: 0\n")
+    with pytest.raises(ConfigError, match="grace must be more than 0"):
+        resolve_run_options(script="t.py", config_file=config, environ={})
+
+
+# --- validation -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("grace", 0.0, "grace must be more than 0"),
+    ("grace", -5.0, "grace must be more than 0"),
+    ("nproc_per_node", 0, "nproc-per-node must be at least 1"),
+    ("nnodes", 0, "nnodes must be at least 1"),
+    ("node_rank", 1, "node-rank must be between 0 and nnodes - 1"),
+    ("max_restarts", -1, "max-restarts must be 0 or more"),
+    ("max_requeues", -1, "max-requeues must be 0 or more"),
+    ("restart_delay", -1.0, "restart-delay must be 0 seconds or more"),
+    ("master_port", 70000, "master-port must be between 1 and 65535"),
+    ("checkpoint_name", "a/b", "checkpoint-name must be a plain file name"),
+    ("signals", ("KILL",), "not a signal the supervisor can use"),
+])
+def test_a_bad_value_names_the_field_and_the_fix(field: str, value: object, message: str):
+    with pytest.raises(ConfigError, match=message):
+        RunOptions(script=Path("t.py"), **{field: value})  # type: ignore[arg-type]
+
+
+def test_several_nodes_need_a_master_address_or_rendezvous_endpoint():
+    with pytest.raises(ConfigError, match="master-addr is needed when nnodes > 1"):
+        RunOptions(script=Path("t.py"), nnodes=2)
+    RunOptions(script=Path("t.py"), nnodes=2, rdzv_endpoint="head:29400")
+
+
+def test_master_address_and_rendezvous_endpoint_exclude_each_other():
+    with pytest.raises(ConfigError, match="rdzv-endpoint cannot be combined"):
+        RunOptions(script=Path("t.py"), master_addr="a", rdzv_endpoint="b:1")
+
+
+def test_signal_names_are_accepted_with_or_without_sig_and_in_any_case():
+    assert parse_signals("term, SIGINT,hup,term") == ("SIGTERM", "SIGINT", "SIGHUP")
+    with pytest.raises(ConfigError):
+        parse_signals("SIGCONT")
+    with pytest.raises(ConfigError):
+        parse_signals("")
+
+
+# --- what torchrun is given -------------------------------------------------------------------
+
+
+def test_the_torchrun_command_never_restarts_and_passes_script_arguments_untouched():
+    options = RunOptions(script=Path("train.py"), nproc_per_node=2,
+                         script_args=("--grace", "1", "--lr=0.1", "--"))
+    command = torchrun_command(options, python="py")
+    assert command[:3] == ["py", "-m", "torch.distributed.run"]
+    assert command[command.index("--max-restarts") + 1] == "0"
+    assert command[command.index("--nproc-per-node") + 1] == "2"
+    assert command[-5:] == ["train.py", "--grace", "1", "--lr=0.1", "--"]
+
+
+def test_multi_node_commands_carry_rank_and_master_or_the_rendezvous_endpoint():
+    static = torchrun_command(RunOptions(script=Path("t.py"), nnodes=2, node_rank=1,
+                                         master_addr="head", master_port=1234), python="py")
+    assert " --node-rank 1 --master-addr head --master-port 1234 t.py" in " ".join(static)
+    dynamic = torchrun_command(RunOptions(script=Path("t.py"), nnodes=2,
+                                          rdzv_endpoint="head:29400", slurm_job_id="77"),
+                               python="py")
+    assert " --rdzv-backend c10d --rdzv-endpoint head:29400 --rdzv-id 77 " in " ".join(dynamic)
+
+
+def test_workers_get_the_control_file_an_absolute_root_and_the_restart_count(tmp_path: Path):
+    options = RunOptions(script=Path("t.py"), checkpoint_dir=Path("rel/ck"), node_rank=1,
+                         nnodes=2, master_addr="h", requeue_count=3, grace=45.5)
+    environment = worker_environment(options, start_number=2, resume_from=None)
+    root = Path.cwd() / "rel" / "ck"
+    assert environment[ENV_CHECKPOINT_DIR] == str(root)
+    assert environment[ENV_CONTROL_FILE] == str(root / ".cycler" / "control-node1.json")
+    assert environment[ENV_RESTART_COUNT] == "5", "requeues (3) plus local starts before (2)"
+    assert ENV_RESUME_FROM not in environment
+    assert int(environment["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) > 45.5
+
+
+def test_resume_from_goes_to_the_first_start_and_an_inherited_one_is_dropped():
+    options = RunOptions(script=Path("t.py"), resume_from="AtomicDirectory_checkpoint_2")
+    first = launch_plan(options)
+    assert first.environment[ENV_RESUME_FROM] == "AtomicDirectory_checkpoint_2"
+    later = launch_plan(options, start_number=1)
+    assert ENV_RESUME_FROM not in full_environment(later, {ENV_RESUME_FROM: "stale", "A": "1"})
+    assert full_environment(later, {"A": "1"})["A"] == "1"
