@@ -19,12 +19,17 @@ signal. The answer comes from three sources:
 - ``every_seconds``: a checkpoint when that long has passed since the last one (for platforms that
   stop jobs with no warning). Clocks differ per rank, so any rank's expired timer counts.
 
-Latency: with several ranks, the local answers are combined by a non-blocking ``all_reduce`` that
-is started every ``sync_every`` steps and read ``sync_every`` steps later, so it overlaps with
-training. A request first seen at step ``s`` is decided at the step ``2 * sync_every`` later at
-most (exactly: the next multiple of ``sync_every`` at or after ``s``, plus ``sync_every``). With
-one rank the decision is taken at the step that first sees the request. The control file is
-looked at (one ``os.stat``) at most once every ``poll_interval`` seconds.
+Latency: with several ranks, the local answers are combined by a non-blocking ``all_reduce``
+that is started at one step and read at the next exchange step, so it overlaps with training. A
+request first seen at an exchange step is decided at the next exchange step; one that arrives in
+between waits for the next exchange step to be seen. So a request is decided within two exchange
+periods: with ``sync_every=k``, exchanges happen on multiples of ``k`` and the decision comes at
+most ``2 * k`` steps after the request (exactly: the next multiple of ``k`` after it, plus ``k``).
+By default (``sync_every=None``) the period adapts to the step time the ranks measured together,
+to exchange about every ``DEFAULT_SYNC_SECONDS`` and at least every step: short steps share the
+exchange's cost, long steps never wait many steps for a decision. With one rank the decision is
+taken at the step that first sees the request. The control file is looked at (one ``os.stat``)
+at most once every ``poll_interval`` seconds.
 
 No signal handler is installed and no decision is taken in one. Under ``cycle run`` the supervisor
 writes the control file and forwards no signal until the grace period runs out, so workers keep
@@ -51,9 +56,13 @@ from cycler.errors import ConfigError, CyclerError, StateMismatch
 
 STEP_CONTROL_STATE_VERSION = 1
 
-DEFAULT_SYNC_EVERY = 8
-"""Steps between two exchanges with several ranks: the cost is amortized over them (see
-``benchmarks/bench_control_call.py``) and a request is decided within twice as many steps."""
+DEFAULT_SYNC_SECONDS = 0.05
+"""Target time between two exchanges with several ranks (``sync_every=None``). An exchange costs
+the training thread tens of microseconds to a millisecond (``benchmarks/bench_control_call.py``):
+well under 1% every 50 ms, and a decision comes about 0.1 s (or two steps) after a request."""
+
+MAX_SYNC_EVERY = 1024
+"""Most steps between two exchanges, whatever the step time."""
 
 DEFAULT_POLL_INTERVAL = 0.01
 """Seconds between two looks at the control file: well under any grace period, and it keeps the
@@ -104,32 +113,34 @@ class _Signals:
     def from_list(cls, values: list[int]) -> _Signals:
         return cls(stop=bool(values[0]), checkpoint=bool(values[1]), timer=bool(values[2]))
 
-    def after_checkpoint(self) -> _Signals:
-        """The signals a checkpoint taken since they were gathered has not yet answered."""
-        return _Signals(stop=self.stop)
-
 
 _NOTHING = _Signals()
 
+_MICROSECONDS_LIMIT = 2**31 - 1
 
-class _PendingExchange:
-    """One non-blocking ``all_reduce(MAX)`` of every rank's signals, started at ``started_at``."""
-
-    def __init__(self, signals: _Signals, group: Any, started_at: int) -> None:
-        self.started_at = started_at
-        if _uses_cuda(dist.get_backend(group)):
-            self._result = _start_on_cuda(signals.to_list(), group)
-        else:
-            self._result = _start_on_cpu(signals.to_list(), group)
-
-    def wait(self) -> _Signals:
-        return _Signals.from_list(self._result())
+_Start = Callable[[list[int], Any], Callable[[], list[int]]]
+"""Starts a non-blocking ``all_reduce(MAX)`` of the values over a group; returns the waiter."""
 
 
-def _uses_cuda(backend: str) -> bool:
+@dataclass(frozen=True)
+class _Exchange:
+    """An exchange in flight, started at global step ``started_at``; ``result`` waits for it."""
+
+    started_at: int
+    result: Callable[[], list[int]]
+
+
+def adaptive_sync_every(step_seconds: float) -> int:
+    """Steps between exchanges for steps of ``step_seconds``: about ``DEFAULT_SYNC_SECONDS``."""
+    if step_seconds <= 0:
+        return MAX_SYNC_EVERY
+    return max(1, min(MAX_SYNC_EVERY, int(DEFAULT_SYNC_SECONDS / step_seconds)))
+
+
+def _starter(group: Any) -> _Start:
     # A mixed backend ("cpu:gloo,cuda:nccl") reduces CPU tensors on gloo, which never touches the
-    # GPU; only a pure NCCL group needs the flags on the device.
-    return backend.lower() == "nccl"
+    # GPU; only a pure NCCL group needs the values on the device.
+    return _start_on_cuda if str(dist.get_backend(group)).lower() == "nccl" else _start_on_cpu
 
 
 def _start_on_cpu(values: list[int], group: Any) -> Callable[[], list[int]]:
@@ -138,7 +149,7 @@ def _start_on_cpu(values: list[int], group: Any) -> Callable[[], list[int]]:
 
     def result() -> list[int]:
         work.wait()
-        return [int(v) for v in flags.tolist()]
+        return list(flags.tolist())
 
     return result
 
@@ -160,7 +171,7 @@ def _start_on_cuda(values: list[int], group: Any) -> Callable[[], list[int]]:
 
     def result() -> list[int]:
         copied.synchronize()
-        return [int(v) for v in host.tolist()]
+        return list(host.tolist())
 
     return result
 
@@ -197,7 +208,7 @@ class StepControl:
         every_seconds: float | None = None,
         control_file: Path | str | None | _Default = FROM_ENVIRONMENT,
         process_group: Any = None,
-        sync_every: int = DEFAULT_SYNC_EVERY,
+        sync_every: int | None = None,
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         start_step: int = 0,
         clock: Callable[[], float] = time.monotonic,
@@ -206,6 +217,8 @@ class StepControl:
     ) -> None:
         """Set up the sources of decisions.
 
+        ``sync_every`` fixes the steps between exchanges with other ranks; ``None`` adapts them
+        to the step time (see the module's docstring for the latency either way).
         ``every_steps`` counts global steps: resuming at ``start_step=1000`` with
         ``every_steps=100`` checkpoints at 1100, 1200... ``every_seconds`` is measured with
         ``clock`` from this call or the last checkpoint. ``control_file=None`` ignores the control
@@ -222,6 +235,7 @@ class StepControl:
         self.control_file = _resolve_control_file(control_file, environ)
         self.ignore_requests_before = ignore_requests_before
         self._group = _distributed_group(process_group)
+        self._start = None if self._group is None else _starter(self._group)
         self._clock = clock
         self._watcher = ControlFileWatcher(self.control_file)
         self._step = start_step
@@ -229,8 +243,10 @@ class StepControl:
         self._last_checkpoint_step = start_step
         self._timer_start = clock()
         self._next_poll = self._timer_start
+        self._last_exchange = (start_step, self._timer_start)
+        self._next_exchange_step = self._first_exchange_step()
         self._requested = _NOTHING
-        self._pending: _PendingExchange | None = None
+        self._pending: _Exchange | None = None
         self._last_decision = StepDecision(checkpoint=False, stop=False, reason="", step=start_step)
         self.last_request: ControlRequest | None = None
         """The latest live request this rank read itself (other ranks may have seen none)."""
@@ -248,10 +264,9 @@ class StepControl:
     def step(self) -> StepDecision:
         """Count one finished step and return what every rank should do now.
 
-        Cheap: with one rank, a clock read and now and then one ``stat``; with several, an
-        ``all_reduce`` started every ``sync_every`` steps whose result is read ``sync_every``
-        steps later. After a stop decision every later call answers ``stop`` again, without a
-        checkpoint.
+        Cheap: a clock read and now and then one ``stat``; with several ranks, an ``all_reduce``
+        started at each exchange step and read at the next. After a stop, every later call
+        answers ``stop`` again, without a checkpoint.
         """
         self._step += 1
         self._steps_taken += 1
@@ -272,7 +287,7 @@ class StepControl:
     def close(self) -> None:
         """Wait for the exchange in flight, if any. Call it on every rank, or on none."""
         if self._pending is not None:
-            self._pending.wait()
+            self._pending.result()
             self._pending = None
 
     def __enter__(self) -> StepControl:
@@ -301,25 +316,54 @@ class StepControl:
             )
         self._step = step
         self._last_checkpoint_step = step
+        self._last_exchange = (step, self._last_exchange[1])
+        self._next_exchange_step = self._first_exchange_step()
+
+    def _first_exchange_step(self) -> int:
+        if self.sync_every is None:
+            return self._step + 1
+        return (self._step // self.sync_every + 1) * self.sync_every
 
     def _decide_together(self) -> StepDecision:
-        if self._step % self.sync_every:
+        if self._step < self._next_exchange_step:
             return self._decide(_NOTHING)
-        decision = self._decide(self._agreed_signals())
+        agreed, step_seconds = self._finish_exchange()
+        decision = self._decide(agreed)
         if not decision.stop:
-            self._pending = _PendingExchange(self._take_local_signals(), self._group, self._step)
+            self._start_exchange()
+            self._next_exchange_step = self._step + self._steps_to_next_exchange(step_seconds)
         return decision
 
-    def _agreed_signals(self) -> _Signals:
+    def _finish_exchange(self) -> tuple[_Signals, float | None]:
+        """The signals the ranks agreed, and the slowest step time they measured."""
         if self._pending is None:
-            return _NOTHING
+            return _NOTHING, None
         pending, self._pending = self._pending, None
-        agreed = pending.wait()
+        values = pending.result()
+        agreed, step_seconds = _Signals.from_list(values), values[3] / 1e6
         # A checkpoint saved after the signals were gathered already answers a checkpoint request
         # or an expired timer: a second one at once would only cost time.
         if self._last_checkpoint_step >= pending.started_at:
-            return agreed.after_checkpoint()
-        return agreed
+            agreed = _Signals(stop=agreed.stop)
+        return agreed, step_seconds
+
+    def _start_exchange(self) -> None:
+        assert self._start is not None
+        now = self._clock()
+        last_step, last_time = self._last_exchange
+        self._last_exchange = (self._step, now)
+        step_micros = round((now - last_time) * 1e6 / max(1, self._step - last_step))
+        values = self._take_local_signals().to_list() + [
+            min(_MICROSECONDS_LIMIT, max(0, step_micros))
+        ]
+        self._pending = _Exchange(self._step, self._start(values, self._group))
+
+    def _steps_to_next_exchange(self, agreed_step_seconds: float | None) -> int:
+        if self.sync_every is not None:
+            return self.sync_every
+        if agreed_step_seconds is None:
+            return 1  # measure the step time first
+        return adaptive_sync_every(agreed_step_seconds)
 
     def _take_local_signals(self) -> _Signals:
         """This rank's requests and timer; requests are handed out once."""
@@ -377,7 +421,7 @@ class StepControl:
 def _validate(
     every_steps: int | None,
     every_seconds: float | None,
-    sync_every: int,
+    sync_every: int | None,
     poll_interval: float,
     start_step: int,
 ) -> None:
@@ -385,9 +429,9 @@ def _validate(
         raise ConfigError(f"every_steps must be an int >= 1 or None, got {every_steps!r}")
     if every_seconds is not None and not every_seconds > 0:
         raise ConfigError(f"every_seconds must be a number > 0 or None, got {every_seconds!r}")
-    if not isinstance(sync_every, int) or sync_every < 1:
+    if sync_every is not None and (not isinstance(sync_every, int) or sync_every < 1):
         raise ConfigError(
-            f"sync_every must be an int >= 1 (steps between exchanges), got {sync_every!r}"
+            f"sync_every must be an int >= 1 (steps between exchanges) or None, got {sync_every!r}"
         )
     if not poll_interval >= 0:
         raise ConfigError(f"poll_interval must be a number of seconds >= 0, got {poll_interval!r}")

@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from cycler.control import Action, ControlRequest, write_control
-from cycler.step_control import StepControl
+from cycler.step_control import MAX_SYNC_EVERY, StepControl
 
 WORLD_SIZE = 2
 MAX_STEPS = 60
@@ -78,6 +78,13 @@ def stop_scenario(rank: int, directory: Path, sync_every: int) -> Checkpoints:
     return run_loop(control, MAX_STEPS, write)
 
 
+def adaptive_stop_scenario(rank: int, directory: Path) -> Checkpoints:
+    control_file = directory / f"adaptive-rank{rank}.json"
+    control = StepControl(control_file=control_file, poll_interval=0.0, ignore_requests_before=-1.0)
+    write = request_on_rank_one(rank, control_file, 50, Action.CHECKPOINT_AND_EXIT)
+    return run_loop(control, 50 + 4 * MAX_SYNC_EVERY, write)
+
+
 def covered_request_scenario(rank: int, directory: Path) -> Checkpoints:
     control_file = directory / f"covered-rank{rank}.json"
     control = StepControl(
@@ -111,6 +118,7 @@ def worker(rank: int, port: int, directory: str) -> None:
         results = {
             "stop_sync_4": stop_scenario(rank, Path(directory), 4),
             "stop_sync_1": stop_scenario(rank, Path(directory), 1),
+            "adaptive": adaptive_stop_scenario(rank, Path(directory)),
             "covered": covered_request_scenario(rank, Path(directory)),
             "timer": timer_scenario(rank),
         }
@@ -139,6 +147,15 @@ def test_with_an_exchange_every_step_the_stop_is_decided_one_step_after_it_is_se
     results: list[dict[str, Checkpoints]],
 ) -> None:
     assert results[0]["stop_sync_1"] == results[1]["stop_sync_1"] == [[12, True, "stop requested"]]
+
+
+def test_with_the_adaptive_period_both_ranks_stop_at_the_same_step_within_two_periods(
+    results: list[dict[str, Checkpoints]],
+) -> None:
+    [[step, stop, reason]] = results[0]["adaptive"]
+    assert results[1]["adaptive"] == [[step, stop, reason]]
+    assert stop and reason == "stop requested"
+    assert 50 <= step <= 50 + 2 * MAX_SYNC_EVERY
 
 
 def test_a_checkpoint_taken_while_a_request_was_in_flight_answers_it(

@@ -9,7 +9,13 @@ import pytest
 from cycler.control import Action, ControlRequest, write_control
 from cycler.environment import ENV_CONTROL_FILE
 from cycler.errors import ConfigError, CyclerError, StateMismatch
-from cycler.step_control import StepControl, StepDecision
+from cycler.step_control import (
+    DEFAULT_SYNC_SECONDS,
+    MAX_SYNC_EVERY,
+    StepControl,
+    StepDecision,
+    adaptive_sync_every,
+)
 
 STARTED = 1_000_000.0
 """Wall-clock start of the fake worker: requests written before it are left-overs."""
@@ -278,3 +284,14 @@ def test_without_a_process_group_decisions_are_local() -> None:
 def test_bad_options_name_the_field(options: dict[str, object], field: str) -> None:
     with pytest.raises(ConfigError, match=field):
         StepControl(control_file=None, **options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("step_seconds", "sync_every"),
+    [(10.0, 1), (0.05, 1), (0.01, 5), (0.001, 50), (1e-6, MAX_SYNC_EVERY), (0.0, MAX_SYNC_EVERY)],
+)
+def test_adaptive_exchange_period_is_about_fifty_milliseconds_of_steps(
+    step_seconds: float, sync_every: int
+) -> None:
+    assert DEFAULT_SYNC_SECONDS == 0.05
+    assert adaptive_sync_every(step_seconds) == sync_every
