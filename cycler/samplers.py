@@ -80,11 +80,15 @@ def rank_share(
 ) -> list[int]:
     """Rank ``rank``'s entries of ``remaining`` split over ``world_size`` ranks, minus its first
     ``skip``: torch's padding (cyclic repeat) or truncation, without building the padded list."""
-    total = per_rank_length(len(remaining), world_size, drop_last) * world_size
-    positions = torch.arange(min(rank + skip * world_size, total), total, world_size)
-    # Position i of the padded order is entry i mod len: torch pads by repeating from the start.
-    positions.remainder_(max(len(remaining), 1))
-    return remaining[positions].tolist()
+    length = len(remaining)
+    total = per_rank_length(length, world_size, drop_last) * world_size
+    positions = range(rank + skip * world_size, total, world_size)
+    inside = range(positions.start, min(total, length), world_size)
+    share: list[int] = remaining[inside.start : inside.stop : world_size].tolist()
+    # Torch pads by repeating the order from its start: position i past the end is entry i mod
+    # length. Each rank gets at most one such position, so a Python loop costs nothing.
+    share += [int(remaining[position % length]) for position in positions[len(inside) :]]
+    return share
 
 
 def consumed_count(
