@@ -40,6 +40,15 @@ from torch.utils.data import Dataset, DistributedSampler, Sampler
 
 from cycler.errors import CyclerError, StateMismatch
 
+__all__ = [
+    "SAMPLER_STATE_VERSION",
+    "AdvancedTooFarError",
+    "InterruptableDistributedSampler",
+    "InterruptableSampler",
+    "InterruptibleDistributedSampler",
+    "InterruptibleSampler",
+]
+
 SAMPLER_STATE_VERSION = 1
 """Version of the dict ``state_dict()`` returns; ``load_state_dict`` refuses any other."""
 
@@ -59,14 +68,14 @@ class AdvancedTooFarError(CyclerError, ValueError):
     """
 
 
-def per_rank_length(remaining: int, world_size: int, drop_last: bool) -> int:
+def _per_rank_length(remaining: int, world_size: int, drop_last: bool) -> int:
     """How many of ``remaining`` samples each of ``world_size`` ranks yields, by torch's rule."""
     if drop_last:
         return remaining // world_size
     return -(-remaining // world_size)
 
 
-def epoch_order(length: int, seed: int, epoch: int, shuffle: bool) -> torch.Tensor:
+def _epoch_order(length: int, seed: int, epoch: int, shuffle: bool) -> torch.Tensor:
     """The epoch's base order, drawn exactly as ``torch.utils.data.DistributedSampler`` draws it."""
     if not shuffle:
         return torch.arange(length)
@@ -75,13 +84,13 @@ def epoch_order(length: int, seed: int, epoch: int, shuffle: bool) -> torch.Tens
     return torch.randperm(length, generator=generator)
 
 
-def rank_share(
+def _rank_share(
     remaining: torch.Tensor, world_size: int, rank: int, drop_last: bool, skip: int
 ) -> list[int]:
     """Rank ``rank``'s entries of ``remaining`` split over ``world_size`` ranks, minus its first
     ``skip``: torch's padding (cyclic repeat) or truncation, without building the padded list."""
     length = len(remaining)
-    total = per_rank_length(length, world_size, drop_last) * world_size
+    total = _per_rank_length(length, world_size, drop_last) * world_size
     positions = range(rank + skip * world_size, total, world_size)
     inside = range(positions.start, min(total, length), world_size)
     share: list[int] = remaining[inside.start : inside.stop : world_size].tolist()
@@ -91,11 +100,11 @@ def rank_share(
     return share
 
 
-def consumed_count(
+def _consumed_count(
     length: int, resplit_at: int, progress: int, world_size: int, drop_last: bool
 ) -> int:
     """How many entries of the epoch's base order the whole job has consumed."""
-    share = per_rank_length(length - resplit_at, world_size, drop_last)
+    share = _per_rank_length(length - resplit_at, world_size, drop_last)
     if progress and progress == share:
         # The epoch's share is used up: its padding was consumed, its truncated tail dropped.
         return length
@@ -124,12 +133,12 @@ class _ResumableSampler:
     def epoch_length(self) -> int:
         """Samples this rank yields in a whole epoch at the current world size (for schedules
         that count steps per epoch); unlike ``len()``, it ignores progress."""
-        return per_rank_length(self._dataset_length, self.num_replicas, self.drop_last)
+        return _per_rank_length(self._dataset_length, self.num_replicas, self.drop_last)
 
     @property
     def _share(self) -> int:
         remaining = self._dataset_length - self._resplit_at
-        return per_rank_length(remaining, self.num_replicas, self.drop_last)
+        return _per_rank_length(remaining, self.num_replicas, self.drop_last)
 
     def __len__(self) -> int:
         """How many indices ``iter(self)`` yields if started now: the rest of this epoch."""
@@ -137,8 +146,8 @@ class _ResumableSampler:
 
     def __iter__(self) -> Iterator[int]:
         # Eager like torch's: the iterator is fixed by the epoch and progress at iter() time.
-        order = epoch_order(self._dataset_length, self.seed, self.epoch, self.shuffle)
-        share = rank_share(
+        order = _epoch_order(self._dataset_length, self.seed, self.epoch, self.shuffle)
+        share = _rank_share(
             order[self._resplit_at :], self.num_replicas, self.rank, self.drop_last, self.progress
         )
         return iter(share)
@@ -211,7 +220,7 @@ class _ResumableSampler:
         self._load_position(state)
 
     def _consumed(self) -> int:
-        return consumed_count(
+        return _consumed_count(
             self._dataset_length, self._resplit_at, self.progress, self.num_replicas,
             self.drop_last,
         )
@@ -219,7 +228,7 @@ class _ResumableSampler:
     def _from_cycling_utils(self, state: Mapping[str, Any]) -> dict[str, Any]:
         saved = self.state_dict()
         saved.update(epoch=int(state["epoch"]), progress=int(state["progress"]), resplit_at=0)
-        saved["consumed"] = consumed_count(
+        saved["consumed"] = _consumed_count(
             self._dataset_length, 0, saved["progress"], self.num_replicas, self.drop_last
         )
         return saved
@@ -238,9 +247,9 @@ class _ResumableSampler:
         consumed = _int_field(state, "consumed", 0, length)
         if state["num_replicas"] == self.num_replicas:
             resplit_at = _int_field(state, "resplit_at", 0, length)
-            share = per_rank_length(length - resplit_at, self.num_replicas, self.drop_last)
+            share = _per_rank_length(length - resplit_at, self.num_replicas, self.drop_last)
             progress = _int_field(state, "progress", 0, share)
-            saved_consumed = consumed_count(
+            saved_consumed = _consumed_count(
                 length, resplit_at, progress, self.num_replicas, self.drop_last
             )
             if consumed != saved_consumed:
