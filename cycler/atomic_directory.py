@@ -13,6 +13,8 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import shutil
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -164,6 +166,11 @@ class AtomicDirectory:
             if not decision.keep:
                 log.debug("removing %s: %s", decision.checkpoint.path.name, decision.reason)
                 _fs.discard_directory(decision.checkpoint.path)
+        # A writer killed during a removal leaves a renamed, half-deleted checkpoint that no
+        # reader lists: without this, every such kill would leak up to a checkpoint of disk.
+        for temporary in self.layout.own_temporaries():
+            log.debug("removing %s: left by a writer that died", temporary.name)
+            _remove_temporary(temporary)
 
     def latest_checkpoint(self, verify: bool = False) -> str | None:
         """The newest valid checkpoint of this saver (see :func:`cycler.latest_checkpoint`)."""
@@ -181,3 +188,14 @@ def _ensure_root(root: Path) -> None:
         ) from None
     if not os.access(root, os.W_OK | os.X_OK):
         raise CheckpointDirectoryError(f"{root} is not writable; choose a writable location")
+
+
+def _remove_temporary(path: Path) -> None:
+    """Remove a leftover temporary without following it: links and files are unlinked."""
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except FileNotFoundError:
+        pass

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from cycler._fs import atomic_write_bytes, is_temporary
+from cycler._fs import TEMP_MARKER, atomic_write_bytes, is_temporary
 
 DEFAULT_PREFIX = "AtomicDirectory"
 CHECKPOINT_INFIX = "_checkpoint_"
@@ -156,6 +156,24 @@ class CheckpointLayout:
             return []
         return [self.root / entry for entry in entries if is_temporary(entry)]
 
+    def own_temporaries(self) -> list[Path]:
+        """Temporaries only this saver's writer makes: of its link, its checkpoint directories
+        (a removal cut short) and its index record.
+
+        While that writer's lock is held, every one of them was left by a writer that died.
+        """
+        entries = [self.root / entry for entry in _list(self.root)]
+        entries += [self.supervisor_dir / entry for entry in _list(self.supervisor_dir)]
+        return [path for path in entries if self._owns_temporary(path)]
+
+    def _owns_temporary(self, path: Path) -> bool:
+        if not (path.name.startswith(".") and is_temporary(path.name)):
+            return False
+        final = path.name[1:].split(TEMP_MARKER, 1)[0]
+        if path.parent == self.supervisor_dir:
+            return final == self.index_record_path.name
+        return final == self.link_name or self.parse(final) is not None
+
     def link_target_name(self) -> CheckpointName | None:
         """The checkpoint the link names, resolved by name inside the root, or ``None``.
 
@@ -184,3 +202,10 @@ class CheckpointLayout:
             return int(self.index_record_path.read_text().strip())
         except (OSError, ValueError):
             return -1
+
+
+def _list(directory: Path) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []

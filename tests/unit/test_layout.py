@@ -168,3 +168,19 @@ def test_per_node_supervisor_files_live_under_the_hidden_directory(tmp_path: Pat
     for node in (1, 0):
         layout.events_path(node).touch()
     assert layout.events_paths() == [layout.events_path(0), layout.events_path(1)]
+
+
+def test_own_temporaries_are_those_of_this_savers_link_checkpoints_and_index_record(
+        tmp_path: Path) -> None:
+    layout = CheckpointLayout(tmp_path, "A")
+    layout.supervisor_dir.mkdir()
+    mine = [".A.latest_checkpoint.cycler-tmp-1", ".A_checkpoint_3.cycler-tmp-2",
+            ".A_checkpoint_4_force.cycler-tmp-3", ".cycler/.A.last_index.cycler-tmp-4"]
+    theirs = [".B.latest_checkpoint.cycler-tmp-1", ".A_checkpoint_03.cycler-tmp-2",
+              ".A_rank_1_checkpoint_3.cycler-tmp-3", ".model.pt.cycler-tmp-4",
+              ".cycler/.B.last_index.cycler-tmp-5", "A_checkpoint_5.cycler-tmp-6",
+              ".cycler/.A.latest_checkpoint.cycler-tmp-7", "A_checkpoint_6"]
+    for name in mine + theirs:
+        (tmp_path / name).touch()
+    found = sorted(str(p.relative_to(tmp_path)) for p in layout.own_temporaries())
+    assert found == sorted(mine)

@@ -199,7 +199,35 @@ def test_a_stale_temporary_link_is_not_a_checkpoint_and_does_not_stop_the_next_c
     commit(root, 3, keep_last=1)
     assert os.readlink(root / LINK) == str(root / ckpt(3))
     assert latest_without_warning(root) == root / ckpt(3)
-    assert [e for e in entries(root) if not e.startswith(".")] == [LINK, ckpt(3)]
+    assert entries(root) == [LINK, ckpt(3)]
+    assert (root / ckpt(0)).exists() is False
+
+
+def test_leftovers_of_a_writer_killed_mid_removal_are_cleared_by_the_next_commit_only_its_own(
+        root: Path, outside: Path) -> None:
+    before = tree_digest(outside)
+    half_deleted = root / f".{ckpt(1)}{TEMP_MARKER}0123456789ab"
+    os.rename(root / ckpt(1), half_deleted)
+    (half_deleted / "model.pt").unlink()
+    os.symlink(outside, half_deleted / "escape")
+    record_temporary = root / ".cycler" / f".{PREFIX}.last_index{TEMP_MARKER}0123456789ab"
+    record_temporary.write_text("7")
+    linked_out = root / f".{ckpt(0, pinned=True)}{TEMP_MARKER}0123456789ab"
+    os.symlink(outside / ckpt(7), linked_out)
+    others = [root / f".Other_checkpoint_1{TEMP_MARKER}0123456789ab",
+              root / f".model.pt{TEMP_MARKER}0123456789ab",
+              root / f".{PREFIX}_checkpoint_01{TEMP_MARKER}0123456789ab",
+              root / ".cycler" / f".Other.last_index{TEMP_MARKER}0123456789ab"]
+    for other in others:
+        other.write_text("not this saver's")
+    assert latest_without_warning(root) == root / ckpt(2)
+    assert states(root) == {ckpt(0): "valid", ckpt(2): "latest"}
+    commit(root, 3, keep_last=2)
+    assert sorted(p.name for p in root.iterdir() if p.name != ".cycler") == sorted(
+        [LINK, ckpt(2), ckpt(3)] + [o.name for o in others if o.parent == root])
+    assert not record_temporary.exists()
+    assert all(other.read_text() == "not this saver's" for other in others)
+    assert tree_digest(outside) == before
 
 
 def test_a_missing_link_beside_valid_directories_uses_the_newest_and_deletes_nothing_early(
