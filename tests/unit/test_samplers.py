@@ -176,10 +176,21 @@ def test_two_world_size_changes_in_one_epoch_still_cover_it_once() -> None:
     assert sorted(covered) == list(range(41))
 
 
-def test_a_finished_epoch_yields_nothing_more_at_another_world_size() -> None:
-    running = ranks(10, 3, drop_last=True)
+@pytest.mark.parametrize(("n", "drop_last"), [(11, True), (10, False)])
+def test_a_finished_epoch_yields_nothing_more_at_another_world_size(
+    n: int, drop_last: bool
+) -> None:
+    running = ranks(n, 3, drop_last=drop_last)
     consume(running, running[0].epoch_length)
-    assert reloaded(running[0].state_dict(), 2, drop_last=True) == [[], []]
+    assert running[0].state_dict()["consumed"] == n
+    assert reloaded(running[0].state_dict(), 2, drop_last=drop_last) == [[], []]
+
+
+def test_an_epoch_with_no_share_for_the_old_ranks_is_whole_for_the_new_ones() -> None:
+    # 2 items over 3 ranks with drop_last: every old rank gets none, yet nothing was consumed.
+    running = ranks(2, 3, drop_last=True, shuffle=False)
+    assert running[0].state_dict()["consumed"] == 0
+    assert reloaded(running[0].state_dict(), 1, drop_last=True, shuffle=False) == [[0, 1]]
 
 
 @pytest.mark.parametrize(
