@@ -1,11 +1,16 @@
 """The processes of one job: torchrun's tree, its stderr, and the watchdog that outlives us.
 
 No process of the job may outlive the supervisor, even when the supervisor is killed with
-SIGKILL and runs no cleanup at all. torchrun is started in its own session, so its process group
-holds torchrun and every worker; a tiny watchdog process (plain Python, no imports beyond ``os``,
-``signal`` and ``sys``) holds the read end of a pipe whose write end only the supervisor has. When
-the supervisor dies for any reason the kernel closes that end, the watchdog reads end-of-file and
-SIGKILLs every process group it was told about.
+SIGKILL and runs no cleanup at all. torchrun starts every worker in a session of its own, so no
+single process group holds the job. Two mechanisms cover it:
+
+- While the supervisor lives, it is a child subreaper (``PR_SET_CHILD_SUBREAPER``): a worker's
+  child orphaned by a crash is re-parented to the supervisor instead of init, so "every
+  descendant of the supervisor" is always the whole job and can be signalled and reaped.
+- A tiny watchdog process (plain Python, only ``os``, ``signal`` and ``sys``) holds the read end
+  of a pipe whose write end only the supervisor has. When the supervisor dies for any reason the
+  kernel closes that end; the watchdog reads end-of-file, walks ``/proc`` from each registered
+  torchrun to all its descendants and everything in their sessions, and SIGKILLs them.
 
 ``PR_SET_PDEATHSIG`` is not used: it needs a ``preexec_fn``, which is unsafe once the supervisor
 runs threads (the stderr pump), and it would only reach torchrun, not torchrun's workers.
@@ -15,38 +20,66 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import IO
 
 import psutil
 
 STDERR_TAIL_BYTES = 64 * 1024
 """How much of torchrun's stderr is kept for the failure report."""
+_PR_SET_CHILD_SUBREAPER = 36
 
 _WATCHDOG_SOURCE = """
 import os, signal, sys
 for number in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
     signal.signal(number, signal.SIG_IGN)
-groups = set()
+roots = set()
 for line in sys.stdin:
     if line[:1] == "+":
-        groups.add(int(line[1:]))
+        roots.add(int(line[1:]))
     elif line[:1] == "-":
-        groups.discard(int(line[1:]))
-for group in groups:
+        roots.discard(int(line[1:]))
+parents, sessions = {}, {}
+for name in os.listdir("/proc"):
+    if name.isdigit():
+        try:
+            with open("/proc/" + name + "/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        parents[int(name)], sessions[int(name)] = int(fields[1]), int(fields[3])
+doomed, frontier = set(), set(roots)
+while frontier:
+    doomed |= frontier
+    frontier = {pid for pid, parent in parents.items() if parent in frontier} - doomed
+own_sessions = {sessions[pid] for pid in doomed if pid in sessions} & doomed
+doomed |= {pid for pid, session in sessions.items() if session in own_sessions}
+doomed.discard(os.getpid())
+for pid in doomed:
     try:
-        os.killpg(group, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
     except OSError:
         pass
 """
 
 
+def become_subreaper() -> bool:
+    """Make orphaned descendants re-parent to this process (Linux); whether it worked."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
 class Watchdog:
-    """Kills the registered process groups as soon as this process is gone, however it died."""
+    """Kills the registered torchrun trees as soon as this process is gone, however it died."""
 
     def __init__(self, python: str = sys.executable) -> None:
         # -I -S: no site, no user paths; it starts in milliseconds and imports nothing of ours.
@@ -59,11 +92,12 @@ class Watchdog:
     def pid(self) -> int:
         return self._process.pid
 
-    def watch(self, process_group: int) -> None:
-        self._send(f"+{process_group}\n")
+    def watch(self, pid: int) -> None:
+        """Kill ``pid``'s tree and sessions if this process dies."""
+        self._send(f"+{pid}\n")
 
-    def forget(self, process_group: int) -> None:
-        self._send(f"-{process_group}\n")
+    def forget(self, pid: int) -> None:
+        self._send(f"-{pid}\n")
 
     def _send(self, line: str) -> None:
         stdin = self._process.stdin
@@ -74,7 +108,7 @@ class Watchdog:
             stdin.flush()
 
     def close(self) -> None:
-        """End the watchdog; it kills whatever is still registered on its way out."""
+        """End the watchdog; it kills what is still registered on its way out."""
         if self._process.stdin is not None:
             with contextlib.suppress(OSError):
                 self._process.stdin.close()
@@ -124,27 +158,62 @@ class WorkerTree:
     def __init__(self, process: subprocess.Popen[bytes], watchdog: Watchdog,
                  echo_fd: int = 2) -> None:
         self.process = process
-        self.process_group = process.pid  # start_new_session: torchrun leads its own group
         self._watchdog = watchdog
-        watchdog.watch(self.process_group)
+        watchdog.watch(process.pid)
         assert process.stderr is not None, "torchrun must be started with stderr=PIPE"
         self.stderr = StderrTail(process.stderr, echo_fd)
 
+    def members(self) -> list[psutil.Process]:
+        """torchrun and every process below it, orphans re-parented to the supervisor included.
+
+        As a subreaper the supervisor inherits orphans of the job, so its descendants (minus
+        the watchdog) are the job, even after torchrun itself is gone.
+        """
+        job = _descendants(os.getpid())
+        return [member for member in job if member.pid != self._watchdog.pid]
+
     def signal(self, number: signal.Signals) -> None:
-        """Send ``number`` to torchrun, its process group and any descendant that left it."""
-        descendants = _descendants(self.process.pid)
-        with contextlib.suppress(OSError):
-            os.killpg(self.process_group, number)
-        for child in descendants:
+        """Send ``number`` to every member of the job."""
+        for member in self.members():
             with contextlib.suppress(psutil.Error):
-                child.send_signal(number)
+                member.send_signal(number)
 
     def reap(self) -> None:
-        """After torchrun exited: SIGKILL anything left in its group, then stop watching it."""
-        self.signal(signal.SIGKILL)
+        """SIGKILL whatever is left of the job, collect the exits, stop watching torchrun."""
+        members = self.members()
+        for member in members:
+            with contextlib.suppress(psutil.Error):
+                member.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=5)
-        self._watchdog.forget(self.process_group)
+        deadline = time.monotonic() + 5
+        while any(_running(member) for member in members) and time.monotonic() < deadline:
+            self._reap_orphans()
+            time.sleep(0.01)
+        self._reap_orphans()
+        self._watchdog.forget(self.process.pid)
+
+    def _reap_orphans(self) -> None:
+        """Collect exited orphans the subreaper inherited (torchrun is Popen's to collect)."""
+        mine = {self.process.pid, self._watchdog.pid}
+        for child in _children_of_this_process():
+            if child.pid not in mine and not _running(child):
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(child.pid, os.WNOHANG)
+
+
+def _children_of_this_process() -> list[psutil.Process]:
+    try:
+        return psutil.Process().children()
+    except psutil.Error:
+        return []
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _descendants(pid: int) -> list[psutil.Process]:

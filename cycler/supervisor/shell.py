@@ -32,7 +32,7 @@ from cycler.lock import SupervisorLock
 from cycler.supervisor import core
 from cycler.supervisor.failure import failure_report
 from cycler.supervisor.options import RunOptions
-from cycler.supervisor.processes import Watchdog, WorkerTree, start_torchrun
+from cycler.supervisor.processes import Watchdog, WorkerTree, become_subreaper, start_torchrun
 from cycler.supervisor.requeue import RequeueResult, requeue_job
 from cycler.supervisor.torchrun import LaunchPlan, full_environment, launch_plan
 
@@ -146,6 +146,8 @@ class Supervisor:
         with ExitStack() as stack:
             stack.enter_context(self._locked())
             stack.enter_context(self._signals_trapped())
+            if not become_subreaper():
+                log.debug("not a subreaper: orphans of crashed workers may escape the tree")
             self._watchdog = Watchdog()
             stack.callback(self._watchdog.close)
             stack.callback(self._reap)

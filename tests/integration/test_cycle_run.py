@@ -1,0 +1,458 @@
+"""``cycle run`` with real torchrun workers, real signals and real kills.
+
+The workers are a small script written into the test's directory: they announce themselves with
+files, poll the control file every 0.05 s step, and on ``checkpoint_and_exit`` rank 0 commits a
+checkpoint with AtomicDirectory and every rank exits 0. ``--mode`` makes them crash, ignore the
+request, or spawn a grandchild. Process checks use psutil on the real process tree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+from cycler.checkpoints import latest_checkpoint
+from cycler.control import Action, read_control
+from cycler.events import read_events
+from cycler.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS, EXIT_USAGE
+from cycler.layout import CheckpointLayout
+from cycler.lock import SupervisorLock
+from cycler_cli.main import app
+
+STARTUP_TIMEOUT = 90.0  # torch imports are slow on a loaded 2-core machine
+
+WORKER = r'''
+import argparse, os, signal, subprocess, sys, time
+from pathlib import Path
+
+from cycler.atomic_directory import AtomicDirectory
+from cycler.control import Action, ControlFileWatcher
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--mode", default="stop")
+parser.add_argument("--dir", required=True)
+parser.add_argument("--steps", type=int, default=100000)
+args = parser.parse_args()
+rank = int(os.environ["RANK"])
+start = int(os.environ["CYCLER_RESTART_COUNT"])
+out = Path(args.dir)
+(out / f"pid-{rank}-{start}").write_text(str(os.getpid()))
+if args.mode == "ignore":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if args.mode == "grandchild":
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    (out / f"grandchild-{rank}").write_text(str(child.pid))
+last_rank = int(os.environ["WORLD_SIZE"]) - 1
+if args.mode == "always-crash" or (args.mode == "crash-once" and start == 0 and rank == last_rank):
+    raise RuntimeError(f"deliberate failure on rank {rank}")
+watcher = ControlFileWatcher(os.environ["CYCLER_CONTROL_FILE"])
+saver = AtomicDirectory(os.environ["CYCLER_CHECKPOINT_DIR"], is_master=rank == 0,
+                        strategy="offline")
+(out / f"ready-{rank}-{start}").write_text("")
+for step in range(args.steps):
+    request = watcher.poll()
+    if request is not None and request.action is Action.CHECKPOINT_AND_EXIT:
+        if args.mode != "ignore":
+            if rank == 0:
+                path = saver.prepare_checkpoint_directory()
+                Path(path, "state.txt").write_text(str(step))
+                saver.symlink_latest(path, {"step": step})
+            (out / f"stopped-{rank}").write_text(str(step))
+            sys.exit(0)
+    time.sleep(0.05)
+(out / f"finished-{rank}").write_text("")
+'''
+
+
+class Job:
+    """One ``cycle run`` process with its directories and output files."""
+
+    def __init__(self, tmp_path: Path, *flags: str, mode: str = "stop", steps: int | None = None,
+                 nproc: int = 1, env: dict[str, str] | None = None) -> None:
+        self.dir = tmp_path
+        self.root = tmp_path / "ck"
+        self.layout = CheckpointLayout(self.root)
+        script = tmp_path / "worker.py"
+        script.write_text(WORKER)
+        script_args = ["--mode", mode, "--dir", str(tmp_path)]
+        script_args += [] if steps is None else ["--steps", str(steps)]
+        command = [sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", str(nproc),
+                   "--checkpoint-dir", str(self.root), *flags, str(script), *script_args]
+        self.stdout = (tmp_path / "stdout.txt").open("wb")
+        self.stderr = (tmp_path / "stderr.txt").open("wb")
+        environment = {key: value for key, value in os.environ.items()
+                       if not key.startswith(("SLURM_", "CYCLER_"))}
+        self.process = subprocess.Popen(command, stdout=self.stdout, stderr=self.stderr,
+                                        env={**environment, **(env or {})}, cwd=tmp_path)
+
+    def wait_ready(self, nproc: int = 1, start: int = 0) -> None:
+        wait_for(lambda: all((self.dir / f"ready-{rank}-{start}").exists()
+                             for rank in range(nproc)), "workers ready", self)
+
+    def wait(self, timeout: float = 60.0) -> int:
+        try:
+            return self.process.wait(timeout)
+        finally:
+            self.stdout.close()
+            self.stderr.close()
+
+    def send(self, number: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.process.send_signal(number)
+
+    def tree(self) -> list[psutil.Process]:
+        """Every process below the supervisor: torchrun, workers, their children, the watchdog."""
+        return psutil.Process(self.process.pid).children(recursive=True)
+
+    def events(self) -> list[dict]:
+        return read_events(self.layout.events_path(0))
+
+    def event_names(self) -> list[str]:
+        return [event["event"] for event in self.events()]
+
+    def output(self) -> str:
+        return (self.dir / "stderr.txt").read_text(errors="replace")
+
+
+def wait_for(condition: Callable[[], bool], what: str, job: Job | None = None,
+             timeout: float = STARTUP_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if job is not None and job.process.poll() is not None:
+            raise AssertionError(f"cycle run exited {job.process.returncode} while waiting for "
+                                 f"{what}:\n{job.output()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def assert_all_gone(processes: list[psutil.Process], within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    alive = processes
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if _running(p)]
+        time.sleep(0.05)
+    assert not alive, f"survivors: {[(p.pid, _cmdline(p)) for p in alive]}"
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _cmdline(process: psutil.Process) -> str:
+    with contextlib.suppress(psutil.Error):
+        return " ".join(process.cmdline())[:120]
+    return "?"
+
+
+@pytest.fixture
+def jobs() -> Iterator[list[Job]]:
+    """Jobs started by a test; any still running at the end are killed with their trees."""
+    started: list[Job] = []
+    yield started
+    for job in started:
+        if job.process.poll() is None:
+            for process in [*job.tree(), psutil.Process(job.process.pid)]:
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
+            job.wait()
+
+
+# --- stopping on request ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_sigterm_checkpoints_and_exits_75_with_the_stop_recorded(tmp_path: Path, jobs: list[Job],
+                                                                   nproc: int):
+    job = Job(tmp_path, "--grace", "30", nproc=nproc)
+    jobs.append(job)
+    job.wait_ready(nproc)
+    tree = job.tree()
+    job.send(signal.SIGTERM)
+    assert job.wait() == EXIT_REQUEUE, job.output()
+    checkpoint = latest_checkpoint(job.root)
+    assert checkpoint is not None and (checkpoint / "state.txt").exists()
+    assert all((tmp_path / f"stopped-{rank}").exists() for rank in range(nproc))
+    request = read_control(job.layout.control_path(0))
+    assert request is not None and request.action is Action.CHECKPOINT_AND_EXIT
+    assert request.reason == "SIGTERM" and request.deadline is not None
+    names = job.event_names()
+    for expected in ("start", "workers_started", "signal", "stop_requested",
+                     "checkpoint_committed", "workers_exited", "exit"):
+        assert expected in names
+    assert names.index("checkpoint_committed") < names.index("exit")
+    assert job.events()[-1]["code"] == EXIT_REQUEUE
+    assert_all_gone(tree, within=2.0)
+
+
+def test_sigcont_is_logged_and_the_job_runs_on_to_finish(tmp_path: Path, jobs: list[Job]):
+    job = Job(tmp_path, mode="finish", steps=40)
+    jobs.append(job)
+    job.wait_ready()
+    job.send(signal.SIGCONT)
+    assert job.wait() == EXIT_SUCCESS, job.output()
+    assert (tmp_path / "finished-0").exists()
+    signals = [e for e in job.events() if e["event"] == "signal"]
+    assert signals == [{**signals[0], "signal": "SIGCONT", "effect": "ignored"}]
+    request = read_control(job.layout.control_path(0))
+    assert request is not None and request.action is Action.RUN
+
+
+# --- failures ---------------------------------------------------------------------------------
+
+
+def test_a_worker_that_crashes_once_is_restarted_and_the_run_completes(tmp_path: Path,
+                                                                        jobs: list[Job]):
+    job = Job(tmp_path, "--restart-delay", "0.1", mode="crash-once", steps=10, nproc=2)
+    jobs.append(job)
+    assert job.wait(timeout=120) == EXIT_SUCCESS, job.output()
+    assert (tmp_path / "finished-0").exists() and (tmp_path / "finished-1").exists()
+    assert (tmp_path / "pid-0-1").exists(), "the restart sees CYCLER_RESTART_COUNT=1"
+    names = job.event_names()
+    assert names.count("workers_started") == 2 and "restart_scheduled" in names
+
+
+def test_a_worker_that_always_crashes_ends_with_exit_1_and_its_error(tmp_path: Path,
+                                                                     jobs: list[Job]):
+    job = Job(tmp_path, "--restart-delay", "0.1", "--max-restarts", "1", mode="always-crash")
+    jobs.append(job)
+    assert job.wait(timeout=120) == EXIT_FAILURE
+    output = job.output()
+    report = output[output.rindex("cycle: error:"):]
+    assert "restarts (--max-restarts) are used up" in report
+    assert "rank 0 (local_rank: 0) failed with exit code 1" in report
+    assert "RuntimeError: deliberate failure on rank 0" in report
+    assert "ChildFailedError" not in report
+    assert job.event_names().count("workers_started") == 2
+
+
+# --- nothing survives -------------------------------------------------------------------------
+
+
+def test_kill_9_of_the_supervisor_leaves_no_worker_or_grandchild(tmp_path: Path,
+                                                                 jobs: list[Job]):
+    job = Job(tmp_path, mode="grandchild", nproc=2)
+    jobs.append(job)
+    job.wait_ready(2)
+    wait_for(lambda: (tmp_path / "grandchild-1").exists(), "grandchildren")
+    tree = job.tree()
+    grandchildren = [int((tmp_path / f"grandchild-{r}").read_text()) for r in range(2)]
+    assert set(grandchildren) <= {p.pid for p in tree}
+    assert len(tree) >= 6, "torchrun, 2 workers, 2 grandchildren and the watchdog"
+    job.send(signal.SIGKILL)
+    job.wait()
+    assert_all_gone(tree, within=5.0)
+
+
+def test_a_second_sigint_stops_at_once(tmp_path: Path, jobs: list[Job]):
+    job = Job(tmp_path, "--grace", "60", mode="ignore", nproc=2)
+    jobs.append(job)
+    job.wait_ready(2)
+    tree = job.tree()
+    job.send(signal.SIGINT)
+    wait_for(lambda: "stop_requested" in job.event_names(), "the stop request", job)
+    started = time.monotonic()
+    job.send(signal.SIGINT)
+    code = job.wait(timeout=30)
+    assert time.monotonic() - started < 15, "long before the 60 s grace"
+    assert code == EXIT_FAILURE, "no checkpoint exists to resume from"
+    effects = [e.get("effect") for e in job.events() if e["event"] == "signal"]
+    assert effects == ["checkpoint_and_exit", "stop now"]
+    assert_all_gone(tree, within=2.0)
+
+
+def test_workers_that_ignore_the_request_are_killed_after_the_grace(tmp_path: Path,
+                                                                    jobs: list[Job]):
+    job = Job(tmp_path, "--grace", "1", mode="ignore")
+    jobs.append(job)
+    job.wait_ready()
+    tree = job.tree()
+    started = time.monotonic()
+    job.send(signal.SIGTERM)
+    job.wait(timeout=30)
+    elapsed = time.monotonic() - started
+    assert 1.0 <= elapsed < 12, elapsed
+    names = job.event_names()
+    assert names.index("grace_expired") < names.index("workers_exited")
+    sent = [e["signal"] for e in job.events() if e["event"] == "signal_sent"]
+    assert sent == ["SIGTERM", "SIGKILL"], "the worker ignores SIGTERM, so SIGKILL follows"
+    assert_all_gone(tree, within=2.0)
+
+
+# --- requeue ----------------------------------------------------------------------------------
+
+
+def fake_scontrol(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """A ``scontrol`` on PATH that records its arguments, one call per line."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "scontrol-calls.txt"
+    fake = bin_dir / "scontrol"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {record}\n')
+    fake.chmod(0o755)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}, record
+
+
+def test_cont_and_term_twice_under_slurm_requeue_the_job_once(tmp_path: Path, jobs: list[Job]):
+    path_env, record = fake_scontrol(tmp_path)
+    job = Job(tmp_path, env={**path_env, "SLURM_JOB_ID": "9876", "SLURM_RESTART_COUNT": "1"})
+    jobs.append(job)
+    job.wait_ready(start=1)
+    for _ in range(2):
+        job.send(signal.SIGCONT)
+        job.send(signal.SIGTERM)
+        time.sleep(0.1)
+    assert job.wait() == EXIT_REQUEUE, job.output()
+    assert record.read_text().splitlines() == ["requeue 9876"]
+    requeue = [e for e in job.events() if e["event"] == "requeue"]
+    assert len(requeue) == 1 and requeue[0]["accepted"] is True
+
+
+def test_requeues_stop_at_max_requeues_counted_by_slurm_restart_count(tmp_path: Path,
+                                                                      jobs: list[Job]):
+    path_env, record = fake_scontrol(tmp_path)
+    job = Job(tmp_path, "--max-requeues", "3",
+              env={**path_env, "SLURM_JOB_ID": "9876", "SLURM_RESTART_COUNT": "3"})
+    jobs.append(job)
+    job.wait_ready(start=3)
+    job.send(signal.SIGTERM)
+    assert job.wait() == EXIT_REQUEUE, job.output()
+    assert not record.exists(), "scontrol was not called"
+    assert "requeue_skipped" in job.event_names()
+
+
+# --- usage errors, dry run and config (in-process, nothing started) ----------------------------
+
+runner = CliRunner()
+
+
+def invoke(*args: str, env: dict[str, str] | None = None):  # noqa: ANN201
+    return runner.invoke(app, ["run", *args], env=env)
+
+
+def test_dry_run_prints_the_torchrun_command_and_the_added_environment(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    result = invoke("--dry-run", "--nproc-per-node", "2", "--checkpoint-dir", str(tmp_path / "c"),
+                    str(script), "--grace", "3", "--lr=0.1")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert f"CYCLER_CHECKPOINT_DIR={tmp_path / 'c'}" in lines
+    assert f"CYCLER_CONTROL_FILE={tmp_path / 'c' / '.cycler' / 'control-node0.json'}" in lines
+    assert "CYCLER_RESTART_COUNT=0" in lines
+    command = lines[-1]
+    assert " -m torch.distributed.run --nproc-per-node 2 --nnodes 1 --max-restarts 0 " in command
+    assert command.endswith(f"{script} --grace 3 --lr=0.1")
+    assert not (tmp_path / "c").exists(), "a dry run creates nothing"
+
+
+def test_dry_run_under_slurm_uses_the_first_host_and_the_node_id(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    env = {"SLURM_JOB_ID": "55", "SLURM_NNODES": "2", "SLURM_NODEID": "1",
+           "SLURM_JOB_NODELIST": "node[07-08]", "SLURM_RESTART_COUNT": "2"}
+    result = invoke("--dry-run", "--checkpoint-dir", str(tmp_path), str(script), env=env)
+    assert result.exit_code == 0, result.output
+    assert "--nnodes 2 --max-restarts 0 --node-rank 1 --master-addr node07 --master-port 20055" \
+        in result.stdout
+    assert "CYCLER_RESTART_COUNT=2" in result.stdout
+    assert "CYCLER_CONTROL_FILE=" in result.stdout and "control-node1.json" in result.stdout
+
+
+def assert_usage_error(result, fragment: str) -> None:  # noqa: ANN001
+    assert result.exit_code == EXIT_USAGE, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cycle: error:"), result.stderr
+    assert fragment in lines[0]
+
+
+@pytest.mark.parametrize(("flags", "fragment"), [
+    (["--grace", "0"], "grace must be more than 0"),
+    (["--nproc-per-node", "0"], "nproc-per-node must be at least 1"),
+    (["--max-restarts", "-1"], "max-restarts must be 0 or more"),
+    (["--signals", "KILL"], "not a signal the supervisor can use"),
+    (["--resume-from", "AtomicDirectory_checkpoint_4"], "--resume-from: no checkpoint named"),
+])
+def test_bad_flag_values_exit_2_with_one_line_and_start_nothing(tmp_path: Path,
+                                                                 flags: list[str], fragment: str):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    root = tmp_path / "ck"
+    assert_usage_error(invoke(*flags, "--checkpoint-dir", str(root), str(script)), fragment)
+    assert not (root / ".cycler").exists() or not list((root / ".cycler").glob("events-*"))
+
+
+def test_a_missing_script_exits_2_before_anything_is_created(tmp_path: Path):
+    root = tmp_path / "ck"
+    result = invoke("--checkpoint-dir", str(root), str(tmp_path / "nope.py"))
+    assert_usage_error(result, "does not exist")
+    assert not root.exists()
+
+
+def test_an_unwritable_checkpoint_directory_exits_2(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = invoke("--checkpoint-dir", str(blocker / "ck"), str(script))
+    assert_usage_error(result, "cannot write to the checkpoint directory")
+
+
+def test_a_second_cycle_run_on_the_same_root_and_node_exits_2(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    root = tmp_path / "ck"
+    lock = SupervisorLock(CheckpointLayout(root).lock_path(0))
+    lock.acquire()
+    try:
+        assert_usage_error(invoke("--checkpoint-dir", str(root), str(script)), "in use")
+    finally:
+        lock.release()
+    assert not CheckpointLayout(root).events_path(0).exists(), "nothing was started"
+
+
+def test_a_config_file_sets_options_and_flags_win(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    config = tmp_path / "cycle.yaml"
+    config.write_text(f"nproc-per-node: 3\ngrace: 7\ncheckpoint_dir: {tmp_path / 'fromfile'}\n")
+    result = invoke("--config", str(config), "--nproc-per-node", "2", "--dry-run", str(script))
+    assert result.exit_code == 0, result.output
+    assert "--nproc-per-node 2 " in result.stdout
+    assert f"CYCLER_CHECKPOINT_DIR={tmp_path / 'fromfile'}" in result.stdout
+    assert "TORCH_ELASTIC_SHUTDOWN_TIMEOUT=17" in result.stdout, "grace 7 s + 10 s margin"
+
+
+def test_config_file_errors_exit_2_naming_the_key_and_the_file(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    config = tmp_path / "cycle.yaml"
+    config.write_text("max_restarts: lots\n")
+    result = invoke("--config", str(config), "--dry-run", str(script))
+    assert_usage_error(result, f"config file {config}: max_restarts must be int")
+    config.write_text("restarts: 3\n")
+    assert_usage_error(invoke("--config", str(config), str(script)), "unknown key 'restarts'")
+
+
+def test_the_events_log_is_json_lines_with_one_exit(tmp_path: Path, jobs: list[Job]):
+    job = Job(tmp_path, mode="finish", steps=2)
+    jobs.append(job)
+    assert job.wait() == EXIT_SUCCESS, job.output()
+    lines = job.layout.events_path(0).read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["event"] for r in records].count("exit") == 1
+    assert records[-1] == {**records[-1], "event": "exit", "code": 0}
