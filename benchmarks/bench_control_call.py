@@ -5,9 +5,17 @@ Goals: <= 5 us per step on one rank, <= 20 us per step (amortized) on two ranks.
     python benchmarks/bench_control_call.py [--steps 2000] [--repeats 3] [--size 256]
 
 Each variant runs the same loop of one ``size`` x ``size`` matmul per step (about half a
-millisecond at 256 on one core: a tiny model's step, long enough for the exchange to overlap).
-A variant's cost is its time minus the compute-only loop's, per step, taking the best of
-``--repeats`` interleaved runs to shed noise.
+millisecond at 256 on one core: a tiny model's step, long enough for an exchange to overlap),
+then, with two ranks, a blocking all_reduce of a 4 KiB "gradient" as DDP does (it keeps the ranks
+in step as in real training; without it the ranks drift apart and the first wait of any
+collective absorbs the drift), then the per-step call. Two figures per variant, best of
+``--repeats`` interleaved runs:
+
+- ``in call``: time the training thread spent inside the call, per step (waits included). This
+  is the cost the call adds to a step, and it is stable on a busy machine.
+- ``loop``: the whole loop's time per step minus the compute-only loop's. It also shows work the
+  collective's background threads take from the compute; on a shared 2-core machine it is noisy
+  (tens of microseconds either way).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -25,78 +34,104 @@ import torch.multiprocessing as mp
 
 from cycler.step_control import StepControl
 
-SYNC_EVERY_CHOICES = (1, 4, 8, 16)
+SYNC_EVERY_CHOICES: tuple[int | None, ...] = (None, 1, 8, 32)
+"""``None`` is the default: the period adapts to the step time."""
+
+COMPUTE_ONLY = "compute only"
+BLOCKING = "blocking all_reduce per step"
 
 
-def tiny_compute(weights: torch.Tensor) -> None:
-    torch.mm(weights, weights)
+@dataclass(frozen=True)
+class Timing:
+    loop: float
+    """Seconds per step of the whole loop."""
+    in_call: float
+    """Seconds per step spent inside the per-step call."""
 
 
-def time_loop(steps: int, weights: torch.Tensor, per_step: Callable[[], object] | None) -> float:
-    start = time.perf_counter()
+def time_loop(steps: int, weights: torch.Tensor, per_step: Callable[[], object] | None) -> Timing:
+    clock = time.perf_counter
+    gradient = torch.zeros(1024) if dist.is_initialized() else None
+    in_call = 0.0
+    start = clock()
     for _ in range(steps):
-        tiny_compute(weights)
+        torch.mm(weights, weights)
+        if gradient is not None:
+            dist.all_reduce(gradient)
         if per_step is not None:
+            before = clock()
             per_step()
-    return time.perf_counter() - start
+            in_call += clock() - before
+    return Timing(loop=(clock() - start) / steps, in_call=in_call / steps)
 
 
 def blocking_all_reduce() -> None:
-    dist.all_reduce(torch.zeros(3, dtype=torch.int32), op=dist.ReduceOp.MAX)
+    dist.all_reduce(torch.zeros(4, dtype=torch.int32), op=dist.ReduceOp.MAX)
 
 
-def variants(control_file: str) -> dict[str, Callable[[], Callable[[], object] | None]]:
-    """Name -> factory of the per-step call (built fresh for every run)."""
-    found: dict[str, Callable[[], Callable[[], object] | None]] = {"compute only": lambda: None}
+def build_control(control_file: str, sync_every: int | None) -> StepControl:
+    return StepControl(
+        control_file=control_file, every_steps=10**9, every_seconds=1e9, sync_every=sync_every
+    )
+
+
+def run_variant(name: str, steps: int, weights: torch.Tensor, control_file: str) -> Timing:
+    if name == COMPUTE_ONLY:
+        return time_loop(steps, weights, None)
+    if name == BLOCKING:
+        return time_loop(steps, weights, blocking_all_reduce)
+    sync_every = None if name.endswith("adaptive (default)") else int(name.rsplit("=", 1)[1])
+    with build_control(control_file, sync_every) as control:
+        return time_loop(steps, weights, control.step)
+
+
+def variant_names() -> list[str]:
+    names = [COMPUTE_ONLY]
     for sync_every in SYNC_EVERY_CHOICES:
-        found[f"step() sync_every={sync_every}"] = _control_factory(control_file, sync_every)
-    if dist.is_initialized():
-        found["blocking all_reduce"] = lambda: blocking_all_reduce
-    return found
-
-
-def _control_factory(control_file: str, sync_every: int) -> Callable[[], Callable[[], object]]:
-    def build() -> Callable[[], object]:
-        control = StepControl(
-            control_file=control_file, every_steps=10**9, every_seconds=1e9, sync_every=sync_every
+        names.append(
+            f"step() sync_every={'adaptive (default)' if sync_every is None else sync_every}"
         )
-        return control.step
+    if dist.is_initialized():
+        names.append(BLOCKING)
+    return names
 
-    return build
 
-
-def measure(steps: int, repeats: int, size: int, control_file: str) -> dict[str, float]:
-    """Best seconds per step of every variant, interleaved so that noise hits them alike."""
+def measure(steps: int, repeats: int, size: int, control_file: str) -> dict[str, Timing]:
+    """Best timing of every variant, interleaved so that noise hits them alike."""
     torch.set_num_threads(1)
     weights = torch.randn(size, size)
-    best: dict[str, float] = {}
+    best: dict[str, Timing] = {}
     for _ in range(repeats):
-        for name, factory in variants(control_file).items():
+        for name in variant_names():
             if dist.is_initialized():
                 dist.barrier()
-            seconds = time_loop(steps, weights, factory()) / steps
-            best[name] = min(best.get(name, seconds), seconds)
+            timing = run_variant(name, steps, weights, control_file)
+            previous = best.get(name, timing)
+            best[name] = Timing(
+                min(previous.loop, timing.loop), min(previous.in_call, timing.in_call)
+            )
     return best
 
 
-def report(title: str, best: dict[str, float]) -> None:
-    base = best["compute only"]
+def report(title: str, best: dict[str, Timing]) -> None:
+    base = best[COMPUTE_ONLY].loop
     print(f"\n{title}: compute alone {base * 1e6:.1f} us/step")
-    blocking = best.get("blocking all_reduce")
-    for name, seconds in best.items():
-        if name == "compute only":
+    blocking = best.get(BLOCKING)
+    for name, timing in best.items():
+        if name == COMPUTE_ONLY:
             continue
-        overhead = (seconds - base) * 1e6
-        line = f"  {name:<26} {overhead:8.2f} us/step over compute"
-        if blocking is not None and name != "blocking all_reduce":
-            ratio = (blocking - base) / max(seconds - base, 1e-9)
-            line += f"   ({ratio:.0f}x cheaper than blocking)"
+        line = (
+            f"  {name:<38} in call {timing.in_call * 1e6:8.2f} us/step"
+            f"   loop {(timing.loop - base) * 1e6:+9.2f} us/step"
+        )
+        if blocking is not None and name != BLOCKING:
+            line += f"   {blocking.in_call / max(timing.in_call, 1e-9):6.0f}x less than blocking"
         print(line)
 
 
-def single_call_cost(calls: int, control_file: str) -> float:
+def bare_call_cost(calls: int, control_file: str) -> float:
     """Seconds per bare ``step()`` call with no compute, one rank."""
-    control = StepControl(control_file=control_file, every_steps=10**9, every_seconds=1e9)
+    control = build_control(control_file, None)
     start = time.perf_counter()
     for _ in range(calls):
         control.step()
@@ -116,7 +151,7 @@ def two_rank_worker(
     try:
         best = measure(steps, repeats, size, os.path.join(directory, f"control-{rank}.json"))
         if rank == 0:
-            report("two gloo ranks", best)
+            report("two gloo ranks (rank 0)", best)
     finally:
         dist.destroy_process_group()
 
@@ -129,7 +164,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
         control_file = os.path.join(directory, "control.json")
-        bare = min(single_call_cost(100_000, control_file) for _ in range(args.repeats))
+        bare = min(bare_call_cost(100_000, control_file) for _ in range(args.repeats))
         print(f"one rank: bare step() call {bare * 1e6:.2f} us (no compute, no process group)")
         report("one rank", measure(args.steps, args.repeats, args.size, control_file))
         mp.spawn(

@@ -56,10 +56,11 @@ from cycler.errors import ConfigError, CyclerError, StateMismatch
 
 STEP_CONTROL_STATE_VERSION = 1
 
-DEFAULT_SYNC_SECONDS = 0.05
+DEFAULT_SYNC_SECONDS = 0.2
 """Target time between two exchanges with several ranks (``sync_every=None``). An exchange costs
-the training thread tens of microseconds to a millisecond (``benchmarks/bench_control_call.py``):
-well under 1% every 50 ms, and a decision comes about 0.1 s (or two steps) after a request."""
+the training thread from tens of microseconds to a millisecond on a busy machine
+(``benchmarks/bench_control_call.py``): under 0.5% every 0.2 s, while a decision still comes
+within about 0.4 s (or two steps) of a request, far inside any grace period."""
 
 MAX_SYNC_EVERY = 1024
 """Most steps between two exchanges, whatever the step time."""
