@@ -20,16 +20,14 @@ signal. The answer comes from three sources:
   stop jobs with no warning). Clocks differ per rank, so any rank's expired timer counts.
 
 Latency: with several ranks, the local answers are combined by a non-blocking ``all_reduce``
-that is started at one step and read at the next exchange step, so it overlaps with training. A
-request first seen at an exchange step is decided at the next exchange step; one that arrives in
-between waits for the next exchange step to be seen. So a request is decided within two exchange
-periods: with ``sync_every=k``, exchanges happen on multiples of ``k`` and the decision comes at
-most ``2 * k`` steps after the request (exactly: the next multiple of ``k`` after it, plus ``k``).
-By default (``sync_every=None``) the period adapts to the step time the ranks measured together,
-to exchange about every ``DEFAULT_SYNC_SECONDS`` and at least every step: short steps share the
-exchange's cost, long steps never wait many steps for a decision. With one rank the decision is
-taken at the step that first sees the request. The control file is looked at (one ``os.stat``)
-at most once every ``poll_interval`` seconds.
+started at one exchange step and read at the next, so it overlaps with training. A request
+present when step ``s`` is called is seen at the first exchange step at or after ``s`` and decided
+at the one after that. With ``sync_every=k`` exchange steps are the multiples of ``k``: the
+decision comes at most ``2 * k`` steps after the request. By default (``sync_every=None``) the
+period follows the slowest rank's measured step time, about ``DEFAULT_SYNC_SECONDS`` and at least
+one step: a decision within about 0.4 s, or two steps when steps are longer. With one rank the
+step that sees the request decides. The control file costs one ``os.stat`` at most every
+``poll_interval`` seconds.
 
 No signal handler is installed and no decision is taken in one. Under ``cycle run`` the supervisor
 writes the control file and forwards no signal until the grace period runs out, so workers keep
