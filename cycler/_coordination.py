@@ -77,7 +77,7 @@ class Coordinator:
             self._store.wait(list(keys), self.timeout)
         except Exception as error:  # the store raises a bare RuntimeError/DistStoreError
             raise CoordinationTimeout(
-                f"rank {self.rank} waited {self.timeout.total_seconds():.0f} s for {what} "
+                f"rank {self.rank} waited {self.timeout.total_seconds():g} s for {what} "
                 f"at {keys[0].rsplit('/rank/', 1)[0]} ({error}); is a rank dead or skipping "
                 "a call that every rank must make?"
             ) from None
