@@ -113,7 +113,11 @@ def seal(directory: Path, *, index: int, metadata: Mapping[str, Any] | None = No
         checksums = dict(zip(names, crcs, strict=True))
         for future in synced:
             future.result()
-    for parent in {(directory / name).parent for name in names} | {directory}:
+    # The checkpoint directory itself is fsynced once, after the manifest's rename: that one
+    # fsync makes its files' entries and the manifest durable before any link can name it, and
+    # a crash before it leaves a directory whose missing entries fail validation. One fsync
+    # fewer per commit (5-7 ms on a busy disk, as much as checksumming 10 MB).
+    for parent in {(directory / name).parent for name in names} - {directory}:
         fsync_directory(parent)
     manifest = _make_manifest(directory, names, checksums, index=index, world_size=world_size,
                               metadata=dict(metadata or {}), version=version)
