@@ -46,6 +46,9 @@ class WorkersExited:
 
     code: int
     now: float
+    stopped_elsewhere: bool = False
+    """Another node's supervisor asked for ``checkpoint_and_exit`` during this run: the workers
+    stopped together with that node's, which is a stop, not the end of training."""
 
 
 @dataclass(frozen=True)
@@ -264,6 +267,9 @@ class SupervisorCore:
 
     def _on_exit(self, event: WorkersExited) -> list[SupervisorAction]:
         log = Log("workers_exited", {"code": event.code, "phase": self.phase.value})
+        if event.stopped_elsewhere and not self.stop_requested:
+            self._checkpoint_at_stop = self.config.initial_checkpoint
+            return [log, Log("stopped_by_another_node", {}), *self._finish_stop(clean=True)]
         if self.stop_requested:
             clean = self.phase is Phase.STOPPING and event.code == 0
             return [log, *self._finish_stop(clean)]

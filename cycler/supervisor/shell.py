@@ -24,10 +24,10 @@ from types import FrameType
 from typing import Any
 
 from cycler.checkpoints import find_checkpoint, inspect_checkpoint, list_checkpoints
-from cycler.control import read_control, write_control
+from cycler.control import Action, read_control, write_control
 from cycler.errors import CheckpointDirectoryError, ConfigError, CyclerError
 from cycler.events import EventLog
-from cycler.layout import CheckpointLayout, CheckpointName
+from cycler.layout import CONTROL_FILENAME, CheckpointLayout, CheckpointName
 from cycler.lock import SupervisorLock
 from cycler.supervisor import core
 from cycler.supervisor.failure import failure_report
@@ -110,6 +110,22 @@ def prepare_checkpoint_root(options: RunOptions) -> None:
         ) from None
 
 
+def stop_requested_elsewhere(layout: CheckpointLayout, node_rank: int, since: float) -> bool:
+    """Whether another node's supervisor asked for ``checkpoint_and_exit`` at or after ``since``.
+
+    The workers decide a stop together, so a node whose supervisor got no signal sees its
+    workers exit 0 as if training had finished; the other nodes' control files, on the shared
+    checkpoint root, tell the two apart.
+    """
+    own = layout.control_path(node_rank)
+    for path in layout.supervisor_dir.glob(CONTROL_FILENAME.format(node="*")):
+        request = read_control(path) if path != own else None
+        if (request is not None and request.action is Action.CHECKPOINT_AND_EXIT
+                and request.requested_at >= since):
+            return True
+    return False
+
+
 def newest_valid_index(layout: CheckpointLayout) -> int | None:
     """Index of the checkpoint a resume would load (the latest valid one), if any."""
     found = list_checkpoints(layout.root, layout.prefix)
@@ -136,6 +152,7 @@ class Supervisor:
         self._outcome: RunOutcome | None = None
         self._failure: str | None = None
         self._linked: CheckpointName | None = self.layout.link_target_name()
+        self._started_at = clock()
 
     def handle_signal(self, number: int, frame: FrameType | None = None) -> None:
         """Signal handler: only records the signal; the loop decides what it means."""
@@ -168,8 +185,9 @@ class Supervisor:
 
     def _core_config(self) -> core.CoreConfig:
         options = self.options
-        requeue = options.requeue and options.slurm_job_id is not None
-        if options.requeue and not requeue:
+        # One requeue per job: node 0's supervisor asks, the others only exit 75.
+        requeue = options.requeue and options.slurm_job_id is not None and options.node_rank == 0
+        if options.requeue and options.slurm_job_id is None:
             log.warning("--requeue has no effect: SLURM_JOB_ID is not set")
         previous = read_control(self.layout.control_path(options.node_rank))
         return core.CoreConfig(
@@ -226,12 +244,15 @@ class Supervisor:
         self._record("workers_started", torchrun_pid=self._tree.process.pid,
                      start=action.start_number, resume_from=action.resume_from,
                      restart_count=plan.environment["CYCLER_RESTART_COUNT"])
-        tree = self._tree
-        waiter = _Waiter(tree, self._queue, self._clock, self._on_failure)
-        waiter.start()
+        _Waiter(self._tree, self._queue, self._on_exit).start()
 
-    def _on_failure(self, tree: WorkerTree, code: int) -> None:
-        self._failure = failure_report(tree.stderr.text(), code)
+    def _on_exit(self, tree: WorkerTree, code: int) -> core.WorkersExited:
+        """The exit event, with what the report and a multi-node stop need (waiter thread)."""
+        if code != 0:
+            self._failure = failure_report(tree.stderr.text(), code)
+        elsewhere = self.options.nnodes > 1 and stop_requested_elsewhere(
+            self.layout, self.options.node_rank, self._started_at)
+        return core.WorkersExited(code, self._clock(), elsewhere)
 
     def _signal_tree(self, number: signal.Signals) -> None:
         if self._tree is not None:
@@ -281,12 +302,10 @@ class _Waiter:
     """Waits for one torchrun in a thread and reports its exit as an event."""
 
     def __init__(self, tree: WorkerTree, events: queue.SimpleQueue[core.Event],
-                 clock: Callable[[], float],
-                 on_failure: Callable[[WorkerTree, int], None]) -> None:
+                 on_exit: Callable[[WorkerTree, int], core.WorkersExited]) -> None:
         self._tree = tree
         self._events = events
-        self._clock = clock
-        self._on_failure = on_failure
+        self._on_exit = on_exit
         self._thread = threading.Thread(target=self._wait, name="cycle-waiter", daemon=True)
 
     def start(self) -> None:
@@ -296,7 +315,5 @@ class _Waiter:
         code = self._tree.process.wait()
         # The report needs every line the workers wrote before they died.
         self._tree.stderr.wait(STDERR_DRAIN_SECONDS)
-        if code != 0:
-            self._on_failure(self._tree, code)
-        self._events.put(core.WorkersExited(code, self._clock()))
+        self._events.put(self._on_exit(self._tree, code))
 

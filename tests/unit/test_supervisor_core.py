@@ -371,3 +371,19 @@ def test_any_event_sequence_keeps_the_supervisor_invariants(events: list[Event],
     stop_at = next((i for i, a in enumerate(trace) if isinstance(a, WriteControl)
                     and a.request.action is Action.CHECKPOINT_AND_EXIT), len(trace))
     assert not of_type(trace[stop_at:], StartWorkers), "no restart after a stop request"
+
+
+def test_workers_that_stop_because_another_node_asked_end_as_a_stop():
+    core = started(replace(CONFIG, initial_checkpoint=1, requeue=True))
+    core.handle(CheckpointCommitted(2))
+    actions = core.handle(WorkersExited(0, 200.0, stopped_elsewhere=True))
+    assert exit_of(actions).code == EXIT_REQUEUE
+    assert "stopped_by_another_node" in logged(actions)
+    assert "stop_without_new_checkpoint" not in logged(actions)
+    assert of_type(actions, Requeue)
+
+
+def test_a_failure_after_another_node_asked_to_stop_is_not_restarted():
+    core = started(replace(CONFIG, initial_checkpoint=1))
+    actions = core.handle(WorkersExited(1, 200.0, stopped_elsewhere=True))
+    assert exit_of(actions).code == EXIT_REQUEUE and not of_type(actions, StartWorkers)
