@@ -197,7 +197,10 @@ class StepControl:
     """Answers, once per training step and identically on every rank, "checkpoint?" and "stop?".
 
     Call :meth:`step` exactly once per step on every rank of ``process_group`` (default: the
-    default group when ``torch.distributed`` is initialized, else no communication at all).
+    default group when ``torch.distributed`` is initialized, else no communication at all), and
+    :meth:`close` it (or use ``with``) on every rank after the loop. On a pure NCCL group the
+    exchange runs on the GPU without blocking the host on queued work; a gloo or mixed group
+    (``"cpu:gloo,cuda:nccl"``) keeps it on the CPU.
     """
 
     def __init__(
