@@ -42,6 +42,25 @@ TICK_SECONDS = 0.1
 """How often the loop looks for a new checkpoint when nothing else happens."""
 STDERR_DRAIN_SECONDS = 2.0
 
+_MESSAGES = {
+    "start": "supervising {script}: {nproc_per_node} workers on node {node_rank} of {nnodes}",
+    "workers_started": "started torchrun (pid {torchrun_pid}, start {start})",
+    "signal": "{signal}: {effect}",
+    "stop_requested": "asked the workers to checkpoint and exit within {grace:g} s",
+    "checkpoint_committed": "checkpoint {index} committed",
+    "workers_exited": "workers exited with code {code}",
+    "restart_scheduled": "restarting in {delay:g} s (restart {restart} of {of})",
+    "grace_expired": "the {grace:g} s grace is over: SIGTERM to every process of the job",
+    "kill": "still running {after:g} s after SIGTERM: SIGKILL",
+    "signal_sent": "sent {signal} to the job",
+    "stop_without_new_checkpoint": "the stop made no new checkpoint; the next start resumes "
+                                   "from checkpoint {resume_from}",
+    "stopped_by_another_node": "another node asked for this stop",
+    "requeue": "scontrol requeue {job_id}: {detail}",
+    "requeue_skipped": "not requeued: {requeues} requeues reached --max-requeues {max_requeues}",
+    "exit": "exit {code}: {reason}",
+}
+
 
 @dataclass(frozen=True)
 class RunOutcome:
@@ -272,8 +291,7 @@ class Supervisor:
 
     def _record(self, event: str, warning: bool = False, **fields: Any) -> None:
         self.events.append(event, **fields)
-        details = " ".join(f"{key}={value}" for key, value in fields.items())
-        log.log(logging.WARNING if warning else logging.INFO, "%s %s", event, details)
+        log.log(logging.WARNING if warning else logging.INFO, "%s", _message(event, fields))
 
     # -- context ----------------------------------------------------------------------------
 
@@ -296,6 +314,13 @@ class Supervisor:
         finally:
             for number, handler in previous.items():
                 signal.signal(number, handler)
+
+
+def _message(event: str, fields: dict[str, Any]) -> str:
+    try:
+        return _MESSAGES[event].format_map(fields)
+    except (KeyError, ValueError):
+        return " ".join([event, *(f"{key}={value}" for key, value in fields.items())])
 
 
 class _Waiter:

@@ -36,7 +36,6 @@ WORKER = r'''
 import argparse, os, signal, subprocess, sys, time
 from pathlib import Path
 
-from cycler.atomic_directory import AtomicDirectory
 from cycler.control import Action, ControlFileWatcher
 
 parser = argparse.ArgumentParser()
@@ -57,14 +56,15 @@ last_rank = int(os.environ["WORLD_SIZE"]) - 1
 if args.mode == "always-crash" or (args.mode == "crash-once" and start == 0 and rank == last_rank):
     raise RuntimeError(f"deliberate failure on rank {rank}")
 watcher = ControlFileWatcher(os.environ["CYCLER_CONTROL_FILE"])
-saver = AtomicDirectory(os.environ["CYCLER_CHECKPOINT_DIR"], is_master=rank == 0,
-                        strategy="offline")
 (out / f"ready-{rank}-{start}").write_text("")
 for step in range(args.steps):
     request = watcher.poll()
     if request is not None and request.action is Action.CHECKPOINT_AND_EXIT:
         if args.mode != "ignore":
             if rank == 0:
+                from cycler.atomic_directory import AtomicDirectory  # torch only when saving
+
+                saver = AtomicDirectory(os.environ["CYCLER_CHECKPOINT_DIR"], strategy="offline")
                 path = saver.prepare_checkpoint_directory()
                 Path(path, "state.txt").write_text(str(step))
                 saver.symlink_latest(path, {"step": step})
