@@ -41,6 +41,7 @@ from cycler.manifest import Manifest, read_manifest  # noqa: E402
 from cycler.metrics import MetricsTracker, TimestampedTimer  # noqa: E402
 from cycler.rng import RngRestoreWarning, capture_rng_state, restore_rng_state  # noqa: E402
 from cycler.samplers import (  # noqa: E402
+    AdvancedTooFarError,
     InterruptableDistributedSampler,
     InterruptableSampler,
     InterruptibleDistributedSampler,
@@ -56,6 +57,7 @@ __all__ = [
     "EXIT_USAGE",
     "IS_TORCH_CYCLER",
     "Action",
+    "AdvancedTooFarError",
     "AtomicDirectory",
     "Checkpoint",
     "CheckpointNotFound",
