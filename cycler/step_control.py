@@ -67,8 +67,6 @@ DEFAULT_POLL_INTERVAL = 0.01
 """Seconds between two looks at the control file: well under any grace period, and it keeps the
 ``stat`` (a few microseconds locally, far more on network filesystems) off most steps."""
 
-IMPORTED_AT = time.time()
-"""Wall-clock time this module was imported: requests written before it are left-overs."""
 
 
 class _Default(enum.Enum):
@@ -214,7 +212,7 @@ class StepControl:
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         start_step: int = 0,
         clock: Callable[[], float] = time.monotonic,
-        ignore_requests_before: float = IMPORTED_AT,
+        ignore_requests_before: float | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> None:
         """Set up the sources of decisions.
@@ -225,9 +223,11 @@ class StepControl:
         ``every_steps=100`` checkpoints at 1100, 1200... ``every_seconds`` is measured with
         ``clock`` from this call or the last checkpoint. ``control_file=None`` ignores the control
         file. Requests written (``requested_at``, wall clock) before ``ignore_requests_before``
-        are left-overs of an earlier run and never acted on; the default, the time this module
-        was imported, also honours a request that arrived while the model was being built or a
-        checkpoint loaded. ``environ`` replaces ``os.environ`` for finding the control file.
+        are never acted on. By default every request is: ``cycle run`` resets the control file
+        to ``run`` before it starts workers, so what the file holds is meant for these workers,
+        including a stop that arrived before this process even imported cycler (a time-based
+        cut-off would drop exactly that one and let the grace period run out).
+        ``environ`` replaces ``os.environ`` for finding the control file.
         """
         _validate(every_steps, every_seconds, sync_every, poll_interval, start_step)
         self.every_steps = every_steps
@@ -235,7 +235,9 @@ class StepControl:
         self.sync_every = sync_every
         self.poll_interval = poll_interval
         self.control_file = _resolve_control_file(control_file, environ)
-        self.ignore_requests_before = ignore_requests_before
+        self.ignore_requests_before = (
+            float("-inf") if ignore_requests_before is None else ignore_requests_before
+        )
         self._group = _distributed_group(process_group)
         self._start = None if self._group is None else _starter(self._group)
         self._clock = clock
