@@ -156,17 +156,21 @@ def describe(work: Path) -> str:
 
 
 def print_table(results: dict[str, dict[str, list[float]]]) -> None:
-    for title, pick in (("median", statistics.median), ("best", min)):
-        print(f"\n{title} seconds per save (ratio to the baseline's {title})")
-        print(f"{'size':>6} {'baseline':>10} {'atomic_torch_save':>24} {'AtomicDirectory':>24}")
-        for size, times in results.items():
-            base = pick(times["baseline"])
-            cells = [f"{base:9.3f}s"]
-            for method in METHODS[1:]:
-                figure = pick(times[method])
-                cells.append(f"{figure:9.3f}s ({figure / base:5.3f}x)")
-            print(f"{size:>6} {cells[0]:>10} {cells[1]:>24} {cells[2]:>24}")
-    print("\nper repetition, in seconds:")
+    """Per method: median seconds, and the median of its ratios to the baseline of the same
+    repetition (paired, so that a slow minute on a shared disk cancels out), best ratio too."""
+    print(f"\n{'size':>6} {'baseline':>9} | {'atomic_torch_save':^28} | {'AtomicDirectory':^28}")
+    print(f"{'':>6} {'median':>9} | {'median':>9} {'ratio':>8} {'best':>9} | "
+          f"{'median':>9} {'ratio':>8} {'best':>9}")
+    for size, times in results.items():
+        cells = [f"{size:>6} {statistics.median(times['baseline']):8.3f}s"]
+        for method in METHODS[1:]:
+            ratios = [t / b for t, b in zip(times[method], times["baseline"], strict=True)]
+            cells.append(f"{statistics.median(times[method]):8.3f}s "
+                         f"{statistics.median(ratios):7.3f}x "
+                         f"{min(times[method]) / min(times['baseline']):8.3f}x")
+        print(" | ".join(cells))
+    print("\nratio: median of per-repetition ratios to the baseline; best: best time over the "
+          "baseline's best.\nper repetition, in seconds:")
     for size, times in results.items():
         for method in METHODS:
             print(f"  {size:>6} {method:<18} " + " ".join(f"{t:.3f}" for t in times[method]))

@@ -85,21 +85,27 @@ def kill_one_saver(root: Path, delay: float) -> tuple[list[int], list[float]]:
 
 class KillTimer:
     """Random kill delays spanning a saver's first two commits, however fast this machine is
-    right now: a fixed range would kill every saver before its first commit under load."""
+    right now: a fixed range would kill every saver before its first commit under load, and
+    torn directories would pile up until the one commit that clears them never finishes."""
 
     def __init__(self, seed: int) -> None:
         self.chooser = random.Random(seed)
-        self.second_commits = [0.150]
+        self.spans = [0.150]
 
     def delay(self) -> float:
-        recent = sorted(self.second_commits[-15:])
-        return self.chooser.uniform(0.005, recent[len(recent) // 2])
+        return self.chooser.uniform(0.005, self.span())
+
+    def span(self) -> float:
+        recent = sorted(self.spans[-9:])
+        return recent[len(recent) // 2]
 
     def learn(self, commit_times: list[float]) -> None:
         if len(commit_times) >= 2:
-            self.second_commits.append(commit_times[1])
+            self.spans.append(commit_times[1])
         elif commit_times:
-            self.second_commits.append(2 * commit_times[0])
+            self.spans.append(2 * commit_times[0])
+        else:
+            self.spans.append(min(1.5 * self.span(), 2.0))
 
 
 def observe(root: Path) -> dict[str, Any]:

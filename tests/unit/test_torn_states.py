@@ -393,3 +393,15 @@ def test_a_root_with_only_torn_checkpoints_has_no_latest_and_no_warning(tmp_path
 def test_a_missing_root_has_no_latest_checkpoint(tmp_path: Path) -> None:
     assert latest_without_warning(tmp_path / "nothing-here") is None
     assert list_checkpoints(tmp_path / "nothing-here") == []
+
+
+def test_an_index_whose_torn_directory_was_removed_by_hand_is_never_reused(root: Path) -> None:
+    layout = CheckpointLayout(root)
+    assert layout.index_record_path.read_text() == "2\n"  # durable once the commit returned
+    saver = AtomicDirectory(root)
+    torn = Path(saver.prepare_checkpoint_directory())
+    assert torn.name == ckpt(3)
+    del saver  # the writer dies before committing; its record survives it
+    shutil.rmtree(torn)
+    assert commit(root, 3, keep_last=-1).name == ckpt(4)
+    assert layout.index_record_path.read_text() == "4\n"
