@@ -15,7 +15,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from cycler.errors import CoordinationTimeout
+from cycler.errors import CoordinationTimeout, RankFailed
 
 _ERROR_PREFIX = "error:"
 
@@ -69,7 +69,7 @@ class Coordinator:
         self._wait([f"{round_key}/outcome"], "rank 0 to finish")
         value = self._store.get(f"{round_key}/outcome").decode()
         if value.startswith(_ERROR_PREFIX):
-            raise RuntimeError(f"rank 0 failed: {value[len(_ERROR_PREFIX):]}")
+            raise RankFailed(f"rank 0 failed: {value[len(_ERROR_PREFIX):]}")
         return value
 
     def _wait(self, keys: Sequence[str], what: str) -> None:

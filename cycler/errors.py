@@ -48,6 +48,10 @@ class DirectoryInUse(CyclerError, RuntimeError):
     exit_code = EXIT_USAGE
 
 
+class RankFailed(CyclerError, RuntimeError):
+    """Another rank (usually rank 0) failed in a step that every rank takes together."""
+
+
 class StateMismatch(CyclerError, ValueError):
     """Saved resumable state does not fit the object it is loaded into (seed, length, version)."""
 

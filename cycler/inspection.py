@@ -169,11 +169,21 @@ def prune(root: str | os.PathLike[str], *, keep_last: int = -1, dry_run: bool = 
     if dry_run:
         return PruneResult(decisions, temporaries, [], True)
     doomed = [d.checkpoint.path for d in decisions if not d.keep]
+    _remember_indices(path, [d.checkpoint for d in decisions if not d.keep])
     for target in doomed:
         _fs.discard_directory(target)
     for temporary in temporaries:
         _remove_temporary(temporary)
     return PruneResult(decisions, temporaries, doomed + temporaries, False)
+
+
+def _remember_indices(root: Path, removed: list[Checkpoint]) -> None:
+    """Record the highest index about to be removed, so that no saver ever reuses it."""
+    for prefix in {c.name.prefix for c in removed}:
+        layout = CheckpointLayout(root, prefix)
+        highest = max(c.index for c in removed if c.name.prefix == prefix)
+        if highest >= layout.next_index() - 1:
+            layout.record_index(highest)
 
 
 def _refuse_if_supervised(layout: CheckpointLayout, force: bool) -> None:

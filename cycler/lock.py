@@ -39,8 +39,10 @@ class SupervisorLock:
                 f"(pid {holder.get('pid', '?')} on {holder.get('host', '?')}); stop it first"
             ) from None
         record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), **owner}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(record).encode(), 0)
+        # Write, then cut to length: truncating to zero first costs a metadata flush each time.
+        data = json.dumps(record).encode()
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
         self._fd = fd
 
     def release(self) -> None:

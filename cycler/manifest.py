@@ -161,6 +161,8 @@ def read_manifest(directory: Path) -> Manifest:
 def check_files(directory: Path, manifest: Manifest, *, checksums: bool = False) -> str | None:
     """The first way ``directory`` differs from ``manifest``, or ``None`` if it matches."""
     for name, record in manifest.files.items():
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            return f"the manifest names {name!r}, outside the checkpoint"
         path = Path(directory) / name
         try:
             size = path.lstat().st_size

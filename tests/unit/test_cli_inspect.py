@@ -188,3 +188,22 @@ def test_commands_handle_several_savers_in_one_root(tmp_path: Path, command: str
     result = runner.invoke(app, [command, str(tmp_path), "--json"])
     assert result.exit_code == 0
     assert "ema_checkpoint_0" in result.stdout
+
+
+def test_prune_remembers_removed_indices_so_they_are_never_reused(tmp_path: Path) -> None:
+    make_checkpoints(tmp_path, 2)
+    (tmp_path / "AtomicDirectory_checkpoint_7").mkdir()
+    assert runner.invoke(app, ["prune", str(tmp_path)]).exit_code == 0
+    assert not (tmp_path / "AtomicDirectory_checkpoint_7").exists()
+    assert CheckpointLayout(tmp_path).next_index() == 8
+
+
+def test_a_manifest_naming_a_file_outside_the_checkpoint_makes_it_corrupt(tmp_path: Path) -> None:
+    make_checkpoints(tmp_path, 2)
+    manifest = tmp_path / "AtomicDirectory_checkpoint_1" / "cycler_manifest.json"
+    record = json.loads(manifest.read_text())
+    record["files"] = {"../AtomicDirectory_checkpoint_0/model.pt": record["files"]["model.pt"]}
+    manifest.write_text(json.dumps(record))
+    rows = status_json(tmp_path)["checkpoints"]
+    assert rows[1]["state"] == "corrupt" and "outside the checkpoint" in rows[1]["problem"]
+    assert rows[0]["state"] == "latest"
