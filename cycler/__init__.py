@@ -1,54 +1,114 @@
 """cycler: make PyTorch training survive preemption.
 
-This module only wires the public API together; see README.md for how to use it.
+This module only wires the public API together; see README.md for how to use it. Names are
+imported on first use (PEP 562), so ``cycle`` and ``import cycler.control`` do not pay for
+importing torch: the supervisor's start-up stays close to bare torchrun's.
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 IS_TORCH_CYCLER = True
 """Marker that tells torch-cycler apart from matplotlib's ``cycler`` package of the same name."""
 
-from cycler.atomic_directory import AtomicDirectory  # noqa: E402
-from cycler.checkpoints import (  # noqa: E402
-    Checkpoint,
-    CheckpointState,
-    CheckpointWarning,
-    find_checkpoint,
-    latest_checkpoint,
-    list_checkpoints,
-)
-from cycler.control import Action, ControlRequest  # noqa: E402
-from cycler.datasets import DistributedShardedDataset  # noqa: E402
-from cycler.environment import default_checkpoint_root  # noqa: E402
-from cycler.epochs import (  # noqa: E402
-    EpochLoop,
-    current_epoch,
-    finished_epochs,
-    remaining_epochs_until,
-)
-from cycler.errors import (  # noqa: E402
-    CheckpointNotFound,
-    ConfigError,
-    CoordinationTimeout,
-    CorruptCheckpoint,
-    CyclerError,
-    DatasetNotFound,
-    StateMismatch,
-)
-from cycler.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS, EXIT_USAGE  # noqa: E402
-from cycler.manifest import Manifest, read_manifest  # noqa: E402
-from cycler.metrics import MetricsTracker, TimestampedTimer  # noqa: E402
-from cycler.rng import RngRestoreWarning, capture_rng_state, restore_rng_state  # noqa: E402
-from cycler.samplers import (  # noqa: E402
-    AdvancedTooFarError,
-    InterruptableDistributedSampler,
-    InterruptableSampler,
-    InterruptibleDistributedSampler,
-    InterruptibleSampler,
-)
-from cycler.saving import atomic_torch_save  # noqa: E402
-from cycler.step_control import StepControl, StepDecision  # noqa: E402
+if TYPE_CHECKING:
+    from cycler.atomic_directory import AtomicDirectory
+    from cycler.checkpoints import (
+        Checkpoint,
+        CheckpointState,
+        CheckpointWarning,
+        find_checkpoint,
+        latest_checkpoint,
+        list_checkpoints,
+    )
+    from cycler.control import Action, ControlRequest
+    from cycler.datasets import DistributedShardedDataset
+    from cycler.environment import default_checkpoint_root
+    from cycler.epochs import EpochLoop, current_epoch, finished_epochs, remaining_epochs_until
+    from cycler.errors import (
+        CheckpointNotFound,
+        ConfigError,
+        CoordinationTimeout,
+        CorruptCheckpoint,
+        CyclerError,
+        DatasetNotFound,
+        StateMismatch,
+    )
+    from cycler.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS, EXIT_USAGE
+    from cycler.manifest import Manifest, read_manifest
+    from cycler.metrics import MetricsTracker, TimestampedTimer
+    from cycler.rng import RngRestoreWarning, capture_rng_state, restore_rng_state
+    from cycler.samplers import (
+        AdvancedTooFarError,
+        InterruptableDistributedSampler,
+        InterruptableSampler,
+        InterruptibleDistributedSampler,
+        InterruptibleSampler,
+    )
+    from cycler.saving import atomic_torch_save
+    from cycler.step_control import StepControl, StepDecision
+
+_PUBLIC = {
+    "Action": "cycler.control",
+    "AdvancedTooFarError": "cycler.samplers",
+    "AtomicDirectory": "cycler.atomic_directory",
+    "Checkpoint": "cycler.checkpoints",
+    "CheckpointNotFound": "cycler.errors",
+    "CheckpointState": "cycler.checkpoints",
+    "CheckpointWarning": "cycler.checkpoints",
+    "ConfigError": "cycler.errors",
+    "ControlRequest": "cycler.control",
+    "CoordinationTimeout": "cycler.errors",
+    "CorruptCheckpoint": "cycler.errors",
+    "CyclerError": "cycler.errors",
+    "DatasetNotFound": "cycler.errors",
+    "DistributedShardedDataset": "cycler.datasets",
+    "EXIT_FAILURE": "cycler.exit_codes",
+    "EXIT_REQUEUE": "cycler.exit_codes",
+    "EXIT_SUCCESS": "cycler.exit_codes",
+    "EXIT_USAGE": "cycler.exit_codes",
+    "EpochLoop": "cycler.epochs",
+    "InterruptableDistributedSampler": "cycler.samplers",
+    "InterruptableSampler": "cycler.samplers",
+    "InterruptibleDistributedSampler": "cycler.samplers",
+    "InterruptibleSampler": "cycler.samplers",
+    "Manifest": "cycler.manifest",
+    "MetricsTracker": "cycler.metrics",
+    "RngRestoreWarning": "cycler.rng",
+    "StateMismatch": "cycler.errors",
+    "StepControl": "cycler.step_control",
+    "StepDecision": "cycler.step_control",
+    "TimestampedTimer": "cycler.metrics",
+    "atomic_torch_save": "cycler.saving",
+    "capture_rng_state": "cycler.rng",
+    "current_epoch": "cycler.epochs",
+    "default_checkpoint_root": "cycler.environment",
+    "find_checkpoint": "cycler.checkpoints",
+    "finished_epochs": "cycler.epochs",
+    "latest_checkpoint": "cycler.checkpoints",
+    "list_checkpoints": "cycler.checkpoints",
+    "read_manifest": "cycler.manifest",
+    "remaining_epochs_until": "cycler.epochs",
+    "restore_rng_state": "cycler.rng",
+}
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module = _PUBLIC[name]
+    except KeyError:
+        raise AttributeError(f"module 'cycler' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "EXIT_FAILURE",
