@@ -299,13 +299,15 @@ def test_workers_that_ignore_the_request_are_killed_after_the_grace(tmp_path: Pa
 # --- requeue ----------------------------------------------------------------------------------
 
 
-def fake_scontrol(tmp_path: Path) -> tuple[dict[str, str], Path]:
-    """A ``scontrol`` on PATH that records its arguments, one call per line."""
+def fake_scontrol(tmp_path: Path, job_state: str = "RUNNING") -> tuple[dict[str, str], Path]:
+    """A ``scontrol`` on PATH: answers ``show job`` with ``job_state``, records other calls."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     record = tmp_path / "scontrol-calls.txt"
     fake = bin_dir / "scontrol"
-    fake.write_text(f'#!/bin/sh\necho "$@" >> {record}\n')
+    fake.write_text('#!/bin/sh\n'
+                    f'if [ "$1" = show ]; then echo "JobId=$4 JobState={job_state}"; exit 0; fi\n'
+                    f'echo "$@" >> {record}\n')
     fake.chmod(0o755)
     return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}, record
 
@@ -336,6 +338,23 @@ def test_requeues_stop_at_max_requeues_counted_by_slurm_restart_count(tmp_path: 
     assert job.wait() == EXIT_REQUEUE, job.output()
     assert not record.exists(), "scontrol was not called"
     assert "requeue_skipped" in job.event_names()
+
+
+def test_a_stop_while_slurm_is_already_ending_the_job_does_not_requeue_it(tmp_path: Path,
+                                                                         jobs: list[Job]):
+    # scancel, preemption and outside requeues find the job COMPLETING; requeueing then would
+    # turn every scancel into another requeue.
+    path_env, record = fake_scontrol(tmp_path, job_state="COMPLETING")
+    job = Job(tmp_path, env={**path_env, "SLURM_JOB_ID": "9876"})
+    jobs.append(job)
+    job.wait_ready(start=0)
+    job.send(signal.SIGCONT)
+    job.send(signal.SIGTERM)
+    assert job.wait() == EXIT_REQUEUE, job.output()
+    assert not record.exists(), "scontrol requeue must not run"
+    requeue = [e for e in job.events() if e["event"] == "requeue"]
+    assert len(requeue) == 1 and requeue[0]["accepted"] is False
+    assert "COMPLETING" in requeue[0]["detail"]
 
 
 # --- usage errors, dry run and config (in-process, nothing started) ----------------------------
