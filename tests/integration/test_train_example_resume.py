@@ -25,10 +25,10 @@ TRAIN_ARGS = ["--epochs", "2", "--samples", "2048", "--batch-size", "16", "--hid
               "--checkpoint-every", "40", "--step-delay", "0.01"]
 
 
-def start(root: Path, nproc: int, final: Path) -> subprocess.Popen[str]:
+def start(root: Path, nproc: int, final: Path, workers: int) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", str(nproc),
                "--checkpoint-dir", str(root), "--grace", "60", "--no-requeue",
-               str(EXAMPLE), *TRAIN_ARGS, "--final-weights", str(final)]
+               str(EXAMPLE), *TRAIN_ARGS, "--workers", str(workers), "--final-weights", str(final)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, cwd=root.parent)
@@ -39,20 +39,20 @@ def committed_steps(root: Path) -> list[int]:
             if c.valid and c.manifest is not None and c.manifest.step is not None]
 
 
-def run_to_the_end(root: Path, nproc: int, final: Path) -> str:
-    process = start(root, nproc, final)
+def run_to_the_end(root: Path, nproc: int, final: Path, workers: int) -> str:
+    process = start(root, nproc, final, workers)
     output, _ = process.communicate(timeout=300)
     assert process.returncode == EXIT_SUCCESS, output
     return output
 
 
-def run_with_random_stops(root: Path, nproc: int, final: Path, stops: int,
+def run_with_random_stops(root: Path, nproc: int, final: Path, workers: int, stops: int,
                           rng: random.Random) -> list[int]:
     """Send SIGTERM `stops` times at random moments, each time after training has begun."""
     codes = []
     for _ in range(stops):
         before = max(committed_steps(root), default=-1)
-        process = start(root, nproc, final)
+        process = start(root, nproc, final, workers)
         assert process.stdout is not None
         for line in process.stdout:  # wait for the first training line, then a random delay
             if line.startswith("[train] training from step"):
@@ -68,17 +68,20 @@ def run_with_random_stops(root: Path, nproc: int, final: Path, stops: int,
             # The signal came after the last step: the workers finished and exited 0, and the
             # supervisor, seeing no new checkpoint, asks to be run again rather than guess.
             assert final.exists(), f"a stop must commit a new checkpoint:\n{output}"
-    run_to_the_end(root, nproc, final)
+    run_to_the_end(root, nproc, final, workers)
     return codes + [EXIT_SUCCESS]
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_stopped_and_resumed_training_ends_bit_identical(tmp_path: Path, nproc: int) -> None:
+# One worker reads through DataLoader(num_workers=2), so prefetching workers are part of the
+# proof; two gloo workers exercise the agreement on a common stop step.
+@pytest.mark.parametrize(("nproc", "loader_workers"), [(1, 2), (2, 0)])
+def test_stopped_and_resumed_training_ends_bit_identical(tmp_path: Path, nproc: int,
+                                                         loader_workers: int) -> None:
     reference = tmp_path / "reference-weights.pt"
-    run_to_the_end(tmp_path / "uninterrupted", nproc, reference)
+    run_to_the_end(tmp_path / "uninterrupted", nproc, reference, loader_workers)
     resumed = tmp_path / "resumed-weights.pt"
-    codes = run_with_random_stops(tmp_path / "stopped", nproc, resumed, stops=3,
-                                  rng=random.Random(nproc))
+    codes = run_with_random_stops(tmp_path / "stopped", nproc, resumed, loader_workers,
+                                  stops=3, rng=random.Random(nproc))
     assert codes.count(EXIT_REQUEUE) >= 2, codes
     expected = torch.load(reference)
     actual = torch.load(resumed)
