@@ -324,8 +324,10 @@ class SupervisorCore:
     # -- helpers ----------------------------------------------------------------------------
 
     def _start_workers(self) -> list[SupervisorAction]:
-        # --resume-from only applies until this run commits a checkpoint of its own.
-        resume = self.config.resume_from
+        # --resume-from only applies until this run commits a checkpoint of its own, and only
+        # to the job's first run: a requeued job reruns the same command line, and going back
+        # to the named checkpoint again would throw away everything since.
+        resume = self.config.resume_from if self.config.requeue_count == 0 else None
         if self.latest_checkpoint != self.config.initial_checkpoint:
             resume = None
         action = StartWorkers(self._starts, resume)

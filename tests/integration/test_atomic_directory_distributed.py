@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_ranks import run_on_every_rank
 
 from cycler.atomic_directory import AtomicDirectory
 from cycler.checkpoints import latest_checkpoint
@@ -21,29 +20,6 @@ from cycler.saving import atomic_torch_save
 
 WORLD_SIZE = 2
 SHORT = datetime.timedelta(seconds=1.5)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def run_on_every_rank(root: Path, *check_names: str) -> None:
-    """Run the module-level functions ``check_names`` in 2 gloo ranks; fail if any rank fails."""
-    mp.spawn(_rank_main, args=(root, check_names, free_port()), nprocs=WORLD_SIZE, join=True)
-
-
-def _rank_main(rank: int, root: Path, check_names: tuple[str, ...], port: int) -> None:
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE
-    )
-    try:
-        for name in check_names:
-            globals()[name](root / name)
-            dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 def every_rank(value: object) -> list[object]:
@@ -151,17 +127,19 @@ def check_a_failed_commit_on_rank_0_is_reported_to_rank_1_instead_of_hanging(
 
 def test_two_gloo_ranks_share_one_directory_per_save_and_agree_on_pins(tmp_path: Path) -> None:
     run_on_every_rank(
-        tmp_path,
+        __name__,
         "check_ranks_save_into_one_directory_and_the_commit_covers_every_rank",
         "check_force_save_pins_if_any_rank_asks_under_sync_any_and_only_if_all_ask_under_sync_all",
+        root=tmp_path,
     )
 
 
 def test_a_rank_that_never_commits_or_fails_makes_the_other_fail_instead_of_hanging(
         tmp_path: Path) -> None:
     run_on_every_rank(
-        tmp_path,
+        __name__,
         "check_rank_0_fails_within_the_timeout_when_rank_1_never_commits",
         "check_rank_1_fails_within_the_timeout_when_rank_0_never_commits",
         "check_a_failed_commit_on_rank_0_is_reported_to_rank_1_instead_of_hanging",
+        root=tmp_path,
     )

@@ -3,36 +3,10 @@ ranks inserted them in and whichever keys a rank lacks."""
 
 from __future__ import annotations
 
-import socket
-
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_ranks import run_on_every_rank
 
 from cycler.metrics import MetricsTracker
-
-WORLD_SIZE = 2
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def run_on_every_rank(*check_names: str) -> None:
-    """Run the module-level functions ``check_names`` in 2 gloo ranks; fail if any rank fails."""
-    mp.spawn(_rank_main, args=(check_names, free_port()), nprocs=WORLD_SIZE, join=True)
-
-
-def _rank_main(rank: int, check_names: tuple[str, ...], port: int) -> None:
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE
-    )
-    try:
-        for name in check_names:
-            globals()[name]()
-    finally:
-        dist.destroy_process_group()
 
 
 def check_keys_in_different_orders_and_one_missing_reduce_by_name() -> None:
@@ -64,6 +38,7 @@ def check_counts_past_two_to_the_24_stay_exact() -> None:
 
 def test_metrics_reduce_by_name_across_two_gloo_ranks() -> None:
     run_on_every_rank(
+        __name__,
         "check_keys_in_different_orders_and_one_missing_reduce_by_name",
         "check_an_empty_tracker_reduces_beside_a_non_empty_one",
         "check_counts_past_two_to_the_24_stay_exact",

@@ -3,38 +3,15 @@ compare the next items on every rank, bare and behind a DataLoader with worker p
 
 from __future__ import annotations
 
-import socket
-
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_ranks import run_on_every_rank
 from torch.utils.data import DataLoader, TensorDataset
 
 from cycler.samplers import InterruptableDistributedSampler
 
 WORLD_SIZE = 2
 BATCH_SIZE = 4
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def run_on_every_rank(check_name: str) -> None:
-    """Run the module-level function ``check_name`` in 2 gloo ranks; fail if any rank fails."""
-    mp.spawn(_rank_main, args=(check_name, free_port()), nprocs=WORLD_SIZE, join=True)
-
-
-def _rank_main(rank: int, check_name: str, port: int) -> None:
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE
-    )
-    try:
-        globals()[check_name]()
-    finally:
-        dist.destroy_process_group()
 
 
 def check_resume_after_k_items() -> None:
@@ -94,8 +71,8 @@ def _assert_all_ranks_differ(items: list[int]) -> None:
 
 
 def test_resume_after_k_items_yields_the_same_next_items_on_every_gloo_rank() -> None:
-    run_on_every_rank("check_resume_after_k_items")
+    run_on_every_rank(__name__, "check_resume_after_k_items")
 
 
 def test_resume_behind_a_dataloader_with_workers_yields_the_same_next_batches() -> None:
-    run_on_every_rank("check_resume_behind_a_dataloader_with_workers")
+    run_on_every_rank(__name__, "check_resume_behind_a_dataloader_with_workers")

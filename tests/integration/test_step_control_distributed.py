@@ -8,7 +8,6 @@ to the cost of starting two processes once.
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_ranks import free_port
 
 from cycler.control import Action, ControlRequest, write_control
 from cycler.step_control import MAX_SYNC_EVERY, StepControl
@@ -25,12 +25,6 @@ MAX_STEPS = 60
 
 Checkpoints = list[list[object]]
 """One ``[step, stop, reason]`` per checkpoint decision."""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def run_loop(

@@ -1,0 +1,44 @@
+"""Run test functions in real gloo process groups (2 ranks on 127.0.0.1 unless told otherwise)."""
+
+from __future__ import annotations
+
+import importlib
+import socket
+from pathlib import Path
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def run_on_every_rank(module: str, *check_names: str, root: Path | None = None,
+                      world_size: int = 2) -> None:
+    """Call ``module.<name>()`` for each name on every rank of a fresh gloo group.
+
+    With ``root``, each check gets its own ``root / name`` and the ranks meet at a barrier
+    after it. Any rank's failure fails the caller (``mp.spawn`` re-raises it).
+    """
+    mp.spawn(_rank_main, args=(module, check_names, root, world_size, free_port()),
+             nprocs=world_size, join=True)
+
+
+def _rank_main(rank: int, module: str, check_names: tuple[str, ...], root: Path | None,
+               world_size: int, port: int) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size)
+    checks = importlib.import_module(module)
+    try:
+        for name in check_names:
+            if root is None:
+                getattr(checks, name)()
+            else:
+                getattr(checks, name)(root / name)
+                dist.barrier()
+    finally:
+        dist.destroy_process_group()
