@@ -199,6 +199,12 @@ class SupervisorCore:
     def stop_requested(self) -> bool:
         return bool(self._stop_signals)
 
+    @property
+    def stop_checkpoint_made(self) -> bool:
+        """Whether a checkpoint was committed since the stop was requested."""
+        return (self.phase is Phase.STOPPING and self.latest_checkpoint is not None
+                and self.latest_checkpoint != self._checkpoint_at_stop)
+
     # -- signals ----------------------------------------------------------------------------
 
     def _on_signal(self, event: SignalReceived) -> list[SupervisorAction]:

@@ -172,6 +172,16 @@ class WorkerTree:
         job = _descendants(os.getpid())
         return [member for member in job if member.pid != self._watchdog.pid]
 
+    def only_torchrun_left(self) -> bool:
+        """Whether torchrun is still running but every worker below it has exited."""
+        if self.process.poll() is not None:
+            return False
+        try:
+            workers = psutil.Process(self.process.pid).children()
+        except psutil.Error:
+            return False
+        return not any(_running(worker) for worker in workers)
+
     def signal(self, number: signal.Signals) -> None:
         """Send ``number`` to every member of the job."""
         for member in self.members():

@@ -377,7 +377,7 @@ def test_dry_run_prints_the_torchrun_command_and_the_added_environment(tmp_path:
     assert f"CYCLER_CONTROL_FILE={tmp_path / 'c' / '.cycler' / 'control-node0.json'}" in lines
     assert "CYCLER_RESTART_COUNT=0" in lines
     command = lines[-1]
-    assert " -m torch.distributed.run --nproc-per-node 2 --nnodes 1 --max-restarts 0 " in command
+    assert " -m torch.distributed.run --nproc-per-node 2 --nnodes 1 --max-restarts 0 --monitor-interval 0.02 " in command
     assert command.endswith(f"{script} --grace 3 --lr=0.1")
     assert not (tmp_path / "c").exists(), "a dry run creates nothing"
 
@@ -389,7 +389,7 @@ def test_dry_run_under_slurm_uses_the_first_host_and_the_node_id(tmp_path: Path)
            "SLURM_JOB_NODELIST": "node[07-08]", "SLURM_RESTART_COUNT": "2"}
     result = invoke("--dry-run", "--checkpoint-dir", str(tmp_path), str(script), env=env)
     assert result.exit_code == 0, result.output
-    assert "--nnodes 2 --max-restarts 0 --node-rank 1 --master-addr node07 --master-port 20055" \
+    assert "--nnodes 2 --max-restarts 0 --monitor-interval 0.02 --node-rank 1 --master-addr node07 --master-port 20055" \
         in result.stdout
     assert "CYCLER_RESTART_COUNT=2" in result.stdout
     assert "CYCLER_CONTROL_FILE=" in result.stdout and "control-node1.json" in result.stdout

@@ -393,3 +393,14 @@ def test_a_failure_after_another_node_asked_to_stop_is_not_restarted():
     core = started(replace(CONFIG, initial_checkpoint=1))
     actions = core.handle(WorkersExited(1, 200.0, stopped_elsewhere=True))
     assert exit_of(actions).code == EXIT_REQUEUE and not of_type(actions, StartWorkers)
+
+
+def test_the_stop_checkpoint_counts_as_made_only_once_a_newer_one_is_committed():
+    core = started(replace(CONFIG, initial_checkpoint=4))
+    assert not core.stop_checkpoint_made
+    core.handle(SignalReceived("SIGTERM", 150.0))
+    assert not core.stop_checkpoint_made
+    core.handle(CheckpointCommitted(4))
+    assert not core.stop_checkpoint_made
+    core.handle(CheckpointCommitted(5))
+    assert core.stop_checkpoint_made
