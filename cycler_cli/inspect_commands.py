@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
 from cycler.environment import default_checkpoint_root
 from cycler.inspection import RootStatus, collect_status, prune, total_size
@@ -39,6 +38,9 @@ def _collect(root: Path, verify: bool, events: int, show_progress: bool) -> Root
     size = total_size(root) if verify and show_progress else 0
     if size < _PROGRESS_THRESHOLD:
         return collect_status(root, verify=verify, events=events)
+    # Imported here: every `cycle run` start would pay for it otherwise.
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
     columns = (BarColumn(), DownloadColumn(), TimeRemainingColumn())
     with Progress(*columns, console=render.console, transient=True) as progress:
         task = progress.add_task("verifying", total=size)

@@ -15,8 +15,6 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from cycler.environment import default_checkpoint_root
 from cycler.errors import ConfigError
 from cycler.layout import DEFAULT_PREFIX
@@ -132,6 +130,8 @@ CONFIG_KEYS = tuple(sorted(_CONFIG_TYPES))
 
 def load_config_file(path: Path) -> dict[str, Any]:
     """The options set in a YAML file, keys normalised to underscores; ConfigError if invalid."""
+    import yaml  # only runs with --config: every start of cycle run would pay for it
+
     try:
         loaded = yaml.safe_load(Path(path).read_text())
     except OSError as error:
