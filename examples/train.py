@@ -40,8 +40,8 @@ from cycler import (
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--samples", type=int, default=8192, help="synthetic dataset size")
+    parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--samples", type=int, default=65536, help="synthetic dataset size")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--lr", type=float, default=0.05)
