@@ -109,3 +109,21 @@ def discard_directory(path: Path) -> None:
     os.rename(path, doomed)
     fsync_directory(path.parent)
     shutil.rmtree(doomed)
+
+
+def remove_leftover(path: Path) -> None:
+    """Remove a temporary left by a writer that died, without following it.
+
+    Links and files are unlinked (never their targets); directories are deleted by
+    ``shutil.rmtree``, which removes symlinks inside without following them.
+    """
+    import shutil
+    import stat
+
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass

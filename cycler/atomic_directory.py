@@ -13,8 +13,6 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import shutil
-import stat
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -187,7 +185,7 @@ class AtomicDirectory:
         # reader lists: without this, every such kill would leak up to a checkpoint of disk.
         for temporary in self.layout.own_temporaries():
             log.debug("removing %s: left by a writer that died", temporary.name)
-            _remove_temporary(temporary)
+            _fs.remove_leftover(temporary)
 
     def latest_checkpoint(self, verify: bool = False) -> str | None:
         """The newest valid checkpoint of this saver (see :func:`cycler.latest_checkpoint`)."""
@@ -205,17 +203,6 @@ def _ensure_root(root: Path) -> None:
         ) from None
     if not os.access(root, os.W_OK | os.X_OK):
         raise CheckpointDirectoryError(f"{root} is not writable; choose a writable location")
-
-
-def _remove_temporary(path: Path) -> None:
-    """Remove a leftover temporary without following it: links and files are unlinked."""
-    try:
-        if stat.S_ISDIR(os.lstat(path).st_mode):
-            shutil.rmtree(path)
-        else:
-            path.unlink()
-    except FileNotFoundError:
-        pass
 
 
 def _nothing() -> None:

@@ -173,7 +173,7 @@ def prune(root: str | os.PathLike[str], *, keep_last: int = -1, dry_run: bool = 
     for target in doomed:
         _fs.discard_directory(target)
     for temporary in temporaries:
-        _remove_temporary(temporary)
+        _fs.remove_leftover(temporary)
     return PruneResult(decisions, temporaries, doomed + temporaries, False)
 
 
@@ -209,17 +209,3 @@ def _plan(root: Path, keep_last: int) -> tuple[list[Decision], list[Path]]:
                for p in saver_prefixes(root)):
         temporaries = CheckpointLayout(root).temporaries()
     return decisions, temporaries
-
-
-def _remove_temporary(path: Path) -> None:
-    """Remove a leftover temporary: links and files are unlinked, directories deleted."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(mode):
-        import shutil
-
-        shutil.rmtree(path)
-    else:
-        os.unlink(path)
