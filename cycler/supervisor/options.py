@@ -211,6 +211,10 @@ def scheduler_defaults(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict
     _set_int(general, "nnodes", environ, "NNODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
     _set_int(general, "nproc_per_node", environ, "N_PROC", "SLURM_GPUS_ON_NODE")
     _set_int(general, "node_rank", environ, "NODE_RANK", "SLURM_NODEID")
+    if "node_rank" not in general and environ.get("NNODES") and not environ.get("LOCAL_RANK"):
+        # ISC's launch commands pass `--node_rank=$RANK`: there RANK is the node's rank. Inside
+        # a torchrun worker (LOCAL_RANK set) RANK is a process rank, so it is not used there.
+        _set_int(general, "node_rank", environ, "RANK")
     if environ.get("SLURM_JOB_ID"):
         general["slurm_job_id"] = environ["SLURM_JOB_ID"]
         general["requeue"] = True

@@ -71,6 +71,13 @@ def test_isc_variables_set_nodes_processes_rank_and_master():
     assert not options.requeue, "requeue defaults on only under Slurm"
 
 
+def test_isc_without_node_rank_takes_the_node_rank_from_rank():
+    environ = {key: value for key, value in ISC.items() if key != "NODE_RANK"}
+    assert resolve_run_options(script="train.py", environ={**environ, "RANK": "1"}).node_rank == 1
+    inside_a_worker = {**environ, "RANK": "5", "LOCAL_RANK": "1"}
+    assert resolve_run_options(script="train.py", environ=inside_a_worker).node_rank == 0
+
+
 def test_a_single_node_ignores_rendezvous_variables_and_runs_standalone():
     environ = {**SLURM, "SLURM_NNODES": "1", "SLURM_NODEID": "0"}
     options = resolve_run_options(script="train.py", environ=environ)
