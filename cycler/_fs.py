@@ -58,11 +58,13 @@ def _removed_on_failure(path: Path) -> Iterator[None]:
         raise
 
 
-def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
+def atomic_write(path: Path, write: Callable[[IO[bytes]], object], durable: bool = True) -> None:
     """Call ``write(file)`` on a temporary, then durably replace ``path`` with it.
 
     Until the rename, the previous content of ``path`` is untouched; the temporary is removed if
     ``write`` (or anything before the rename) fails, including on KeyboardInterrupt.
+    ``durable=False`` skips the fsyncs: still all-or-nothing for readers, but not guaranteed
+    to survive a power cut (for messages between live processes, not for data).
     """
     path = Path(path)
     temporary = temporary_sibling(path)
@@ -70,14 +72,16 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
         with open(temporary, "xb") as handle:
             write(handle)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.replace(temporary, path)
-    fsync_directory(path.parent)
+    if durable:
+        fsync_directory(path.parent)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Durably replace ``path`` with ``data`` (see :func:`atomic_write`)."""
-    atomic_write(path, lambda handle: handle.write(data))
+def atomic_write_bytes(path: Path, data: bytes, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` in one step (see :func:`atomic_write`)."""
+    atomic_write(path, lambda handle: handle.write(data), durable)
 
 
 def atomic_symlink(target: str | os.PathLike[str], link: Path) -> None:
