@@ -29,10 +29,9 @@ def is_temporary(name: str) -> bool:
     return TEMP_MARKER in name
 
 
-def fsync_path(path: Path) -> None:
-    """Flush a file's or directory's data and metadata to stable storage."""
-    flags = os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0)
-    fd = os.open(path, flags)
+def fsync_path(path: Path, flags: int = 0) -> None:
+    """Flush a file's data and metadata to stable storage."""
+    fd = os.open(path, os.O_RDONLY | flags)
     try:
         os.fsync(fd)
     finally:
@@ -41,11 +40,7 @@ def fsync_path(path: Path) -> None:
 
 def fsync_directory(path: Path) -> None:
     """Make the entries of a directory (renames, creations) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(path, os.O_DIRECTORY)
 
 
 @contextlib.contextmanager

@@ -8,9 +8,11 @@ never disagree about which checkpoint is valid or latest.
 from __future__ import annotations
 
 import enum
+import functools
 import os
 import stat
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,7 +99,8 @@ def list_checkpoints(root: str | os.PathLike[str], name: str = DEFAULT_PREFIX,
     """Every checkpoint of saver ``name`` under ``root`` by index, the latest one marked."""
     layout = CheckpointLayout(root, name)
     found = [inspect_checkpoint(layout, entry, verify) for entry in layout.checkpoint_names()]
-    latest, _ = _choose_latest(layout, found)
+    by_name = {c.name: c for c in found}
+    latest, _ = _choose_latest(layout, [c.name for c in found], by_name.__getitem__)
     return [_marked(c, latest) for c in found]
 
 
@@ -107,15 +110,19 @@ def _marked(checkpoint: Checkpoint, latest: Checkpoint | None) -> Checkpoint:
     return Checkpoint(checkpoint.name, checkpoint.path, checkpoint.manifest, None, True)
 
 
-def _choose_latest(layout: CheckpointLayout,
-                   found: list[Checkpoint]) -> tuple[Checkpoint | None, str | None]:
-    """The link target if valid, else the newest valid by index, with what was wrong."""
+def _choose_latest(layout: CheckpointLayout, names: list[CheckpointName],
+                   inspect: Callable[[CheckpointName], Checkpoint],
+                   ) -> tuple[Checkpoint | None, str | None]:
+    """The link target if valid, else the newest valid by index, with what was wrong.
+
+    ``inspect`` is called only as far as needed: the link target alone when it is valid,
+    else from the newest index down to the first valid one.
+    """
     target = layout.link_target_name()
-    by_name = {c.name: c for c in found}
-    linked = by_name.get(target) if target is not None else None
+    linked = inspect(target) if target in names else None
     if linked is not None and linked.valid:
         return linked, None
-    newest = next((c for c in reversed(found) if c.valid), None)
+    newest = next((c for c in map(inspect, reversed(names)) if c.valid), None)
     if newest is None:
         return None, None
     return newest, _link_problem(layout, target, linked)
@@ -152,8 +159,10 @@ def latest_checkpoint(root: str | os.PathLike[str] | None = None, name: str = DE
     requested = os.environ.get(ENV_RESUME_FROM)
     if requested and (layout.parse(requested) or _by_index(layout, requested)):
         return find_checkpoint(layout.root, requested, name, verify)
-    found = [inspect_checkpoint(layout, entry, verify) for entry in layout.checkpoint_names()]
-    latest, problem = _choose_latest(layout, found)
+    # Resuming validates the link target only, not every checkpoint (with verify=True that
+    # would read the data of all of them); older ones are inspected only if it is unusable.
+    inspect = functools.cache(lambda entry: inspect_checkpoint(layout, entry, verify))
+    latest, problem = _choose_latest(layout, layout.checkpoint_names(), inspect)
     if latest is not None and problem is not None:
         warnings.warn(f"{problem}; using {latest.path.name} instead", CheckpointWarning,
                       stacklevel=2)

@@ -198,14 +198,12 @@ def _refuse_if_supervised(layout: CheckpointLayout, force: bool) -> None:
 
 def _plan(root: Path, keep_last: int) -> tuple[list[Decision], list[Path]]:
     decisions: list[Decision] = []
-    temporaries: list[Path] = []
+    any_writing = False
     for prefix in saver_prefixes(root):
-        layout = CheckpointLayout(root, prefix)
-        writing = lock_holder(layout.writer_lock_path) is not None
-        checkpoints = list_checkpoints(root, prefix)
-        decisions += retention_decisions(checkpoints, keep_last=keep_last, remove_torn=True,
-                                         writer_active=writing)
-    if not any(lock_holder(CheckpointLayout(root, p).writer_lock_path)
-               for p in saver_prefixes(root)):
-        temporaries = CheckpointLayout(root).temporaries()
+        writing = lock_holder(CheckpointLayout(root, prefix).writer_lock_path) is not None
+        any_writing = any_writing or writing
+        decisions += retention_decisions(list_checkpoints(root, prefix), keep_last=keep_last,
+                                         remove_torn=True, writer_active=writing)
+    # A live writer's temporaries are about to be renamed into place: leave them all alone then.
+    temporaries = [] if any_writing else CheckpointLayout(root).temporaries()
     return decisions, temporaries

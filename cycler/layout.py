@@ -117,6 +117,10 @@ class CheckpointLayout:
         """Held by the rank that creates checkpoints, from prepare to commit."""
         return self.supervisor_dir / f"{self.prefix}.writer.lock"
 
+    def control_paths(self) -> list[Path]:
+        """Every node's control file."""
+        return sorted(self.supervisor_dir.glob(CONTROL_FILENAME.format(node="*")))
+
     def events_paths(self) -> list[Path]:
         """Every node's events log."""
         return sorted(self.supervisor_dir.glob(EVENTS_FILENAME.format(node="*")))

@@ -27,7 +27,7 @@ from cycler.checkpoints import find_checkpoint, inspect_checkpoint, list_checkpo
 from cycler.control import Action, read_control, write_control
 from cycler.errors import CheckpointDirectoryError, ConfigError, CyclerError
 from cycler.events import EventLog
-from cycler.layout import CONTROL_FILENAME, CheckpointLayout, CheckpointName
+from cycler.layout import CheckpointLayout, CheckpointName
 from cycler.lock import SupervisorLock
 from cycler.supervisor import core
 from cycler.supervisor.failure import failure_report
@@ -139,7 +139,7 @@ def stop_requested_elsewhere(layout: CheckpointLayout, node_rank: int, since: fl
     checkpoint root, tell the two apart.
     """
     own = layout.control_path(node_rank)
-    for path in layout.supervisor_dir.glob(CONTROL_FILENAME.format(node="*")):
+    for path in layout.control_paths():
         request = read_control(path) if path != own else None
         if (request is not None and request.action is Action.CHECKPOINT_AND_EXIT
                 and request.requested_at >= since):
