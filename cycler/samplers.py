@@ -131,9 +131,15 @@ class _ResumableSampler:
 
     @property
     def epoch_length(self) -> int:
-        """Samples this rank yields in a whole epoch at the current world size (for schedules
-        that count steps per epoch); unlike ``len()``, it ignores progress."""
+        """Samples this rank yields in a whole epoch at the current world size: torch's
+        ``num_samples``, and what ``len()`` returns, whatever the progress."""
         return _per_rank_length(self._dataset_length, self.num_replicas, self.drop_last)
+
+    @property
+    def remaining(self) -> int:
+        """How many indices ``iter(self)`` yields if started now: the rest of this epoch. It
+        shrinks with ``advance``; after a mid-epoch resume it is less than ``len()``."""
+        return self._share - self.progress
 
     @property
     def _share(self) -> int:
@@ -141,8 +147,10 @@ class _ResumableSampler:
         return _per_rank_length(remaining, self.num_replicas, self.drop_last)
 
     def __len__(self) -> int:
-        """How many indices ``iter(self)`` yields if started now: the rest of this epoch."""
-        return self._share - self.progress
+        """The whole per-rank epoch share at any progress, as in torch and cycling_utils:
+        scripts size schedulers with ``epochs * len(loader)`` and detect the last batch with
+        ``progress // batch_size + 1 == len(loader)``. ``remaining`` is what is left of it."""
+        return self.epoch_length
 
     def __iter__(self) -> Iterator[int]:
         # Eager like torch's: the iterator is fixed by the epoch and progress at iter() time.
@@ -154,9 +162,9 @@ class _ResumableSampler:
 
     def advance(self, n: int) -> None:
         """Record that the training loop consumed ``n`` more samples of this rank's epoch."""
-        if not 0 <= n <= len(self):
+        if not 0 <= n <= self.remaining:
             raise AdvancedTooFarError(
-                f"advance({n}) does not fit: {len(self)} samples remain in this rank's epoch "
+                f"advance({n}) does not fit: {self.remaining} samples remain in this rank's epoch "
                 f"(progress {self.progress}); call advance with the size of each batch the "
                 "training loop consumed, and reset_progress() or in_epoch() between epochs."
             )
@@ -309,12 +317,12 @@ class InterruptableDistributedSampler(_ResumableSampler, DistributedSampler[int]
     indices the uninterrupted run would have yielded next, on every rank, even with a different
     world size (see the module docstring).
 
-    Lengths: ``len(sampler)`` is the number of indices ``iter(sampler)`` yields if started now,
-    i.e. the rest of the epoch: the full per-rank share at an epoch's start, less after a resume,
-    so ``len(DataLoader)`` and progress bars are right for a resumed partial epoch. It shrinks as
-    ``advance`` is called, so read it before the epoch's loop, as DataLoader and tqdm do.
-    ``sampler.epoch_length`` is the full per-rank share (torch's ``num_samples``), for
-    per-epoch schedules; ``sampler.progress`` is the samples consumed so far in this epoch.
+    Lengths, as in torch and cycling_utils: ``len(sampler)`` (= ``sampler.epoch_length`` =
+    torch's ``num_samples``) is the full per-rank epoch share at any progress, so
+    ``len(DataLoader)`` is the whole epoch's batch count even after a resume.
+    ``sampler.remaining`` is what ``iter(sampler)`` yields if started now (the rest of the
+    epoch, for progress bars of a resumed partial epoch); ``sampler.progress`` is the samples
+    consumed so far in this epoch.
 
     Use ``with sampler.in_epoch(epoch):`` around each epoch (or ``set_epoch`` plus
     ``reset_progress``). ``num_samples`` and ``total_size`` keep torch's meaning (a whole epoch
@@ -342,8 +350,8 @@ class InterruptableSampler(_ResumableSampler, Sampler[int]):
 
     Each epoch yields ``torch.randperm(len(data_source))`` drawn from a generator seeded with
     ``seed + epoch``, or ``range(len(data_source))`` without shuffle. Progress, ``advance``,
-    ``in_epoch``, ``state_dict``, ``load_state_dict``, ``len()``, ``epoch_length`` and
-    ``progress`` behave as in :class:`InterruptableDistributedSampler` with one replica.
+    ``in_epoch``, ``state_dict``, ``load_state_dict``, ``len()``, ``epoch_length``,
+    ``remaining`` and ``progress`` behave as in :class:`InterruptableDistributedSampler` with one replica.
     """
 
     def __init__(self, data_source: Sized, shuffle: bool = True, seed: int = 0) -> None:

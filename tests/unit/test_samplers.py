@@ -120,8 +120,8 @@ def test_resumed_run_goes_on_into_later_epochs_like_the_uninterrupted_one() -> N
         for epoch in range(0, 3):
             with old.in_epoch(epoch), new.in_epoch(epoch):
                 assert list(new) == list(old)
-                old.advance(len(old))
-                new.advance(len(new))
+                old.advance(old.remaining)
+                new.advance(new.remaining)
 
 
 def assert_epoch_covered_once(
@@ -251,26 +251,42 @@ def test_a_cycling_utils_state_resumes_with_this_samplers_settings() -> None:
     assert [list(sampler) for sampler in fresh] == [list(sampler) for sampler in running]
 
 
-def test_len_is_what_remains_of_the_epoch_and_epoch_length_the_whole_share() -> None:
+def test_len_is_the_whole_epoch_share_at_any_progress_and_remaining_what_is_left() -> None:
     sampler = ranks(100, 3)[1]
-    assert len(sampler) == sampler.epoch_length == 34
+    assert len(sampler) == sampler.epoch_length == sampler.remaining == 34
     sampler.advance(10)
-    assert (len(sampler), sampler.epoch_length, sampler.progress) == (24, 34, 10)
+    assert (len(sampler), sampler.remaining, sampler.progress) == (34, 24, 10)
     resumed = ranks(100, 3)[1]
     resumed.load_state_dict(sampler.state_dict())
-    assert len(resumed) == len(list(resumed)) == 24
-    assert len(DataLoader(dataset(100), batch_size=5, sampler=resumed)) == 5
+    assert (len(resumed), resumed.remaining, len(list(resumed))) == (34, 24, 24)
+    assert len(DataLoader(dataset(100), batch_size=5, sampler=resumed)) == 7
 
 
-def test_len_after_a_world_size_change_counts_this_ranks_part_of_the_rest() -> None:
+def test_the_cycling_utils_last_batch_test_fires_once_on_the_last_batch_after_a_resume() -> None:
+    batch_size = 5
+    running = ranks(100, 3)[1]
+    running.advance(2 * batch_size)
+    resumed = ranks(100, 3)[1]
+    resumed.load_state_dict(running.state_dict())
+    loader = DataLoader(dataset(100), batch_size=batch_size, sampler=resumed)
+    last = []
+    for step, (batch,) in enumerate(loader):
+        if resumed.progress // batch_size + 1 == len(loader):
+            last.append(step)
+        resumed.advance(len(batch))
+    assert last == [len(loader) - 3]
+    assert resumed.remaining == 0
+
+
+def test_remaining_after_a_world_size_change_counts_this_ranks_part_of_the_rest() -> None:
     running = ranks(100, 2)
     consume(running, 20)
     resumed = ranks(100, 3)
     for sampler in resumed:
         sampler.load_state_dict(running[0].state_dict())
-    assert [len(sampler) for sampler in resumed] == [20, 20, 20]
+    assert [sampler.remaining for sampler in resumed] == [20, 20, 20]
     assert [len(list(sampler)) for sampler in resumed] == [20, 20, 20]
-    assert resumed[0].epoch_length == 34
+    assert [len(sampler) for sampler in resumed] == [34, 34, 34]
 
 
 def test_iterating_does_not_change_progress() -> None:
