@@ -38,8 +38,10 @@ if TYPE_CHECKING:
         StateMismatch,
     )
     from cycler.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS, EXIT_USAGE
+    from cycler.grouped_sampler import InterruptableDistributedGroupedBatchSampler
     from cycler.manifest import Manifest, read_manifest
     from cycler.metrics import MetricsTracker, TimestampedTimer
+    from cycler.readiness import torch_distributed_readiness
     from cycler.rng import RngRestoreWarning, capture_rng_state, restore_rng_state
     from cycler.samplers import (
         AdvancedTooFarError,
@@ -71,6 +73,7 @@ _PUBLIC = {
     "EXIT_SUCCESS": "cycler.exit_codes",
     "EXIT_USAGE": "cycler.exit_codes",
     "EpochLoop": "cycler.epochs",
+    "InterruptableDistributedGroupedBatchSampler": "cycler.grouped_sampler",
     "InterruptableDistributedSampler": "cycler.samplers",
     "InterruptableSampler": "cycler.samplers",
     "InterruptibleDistributedSampler": "cycler.samplers",
@@ -93,10 +96,25 @@ _PUBLIC = {
     "read_manifest": "cycler.manifest",
     "remaining_epochs_until": "cycler.epochs",
     "restore_rng_state": "cycler.rng",
+    "torch_distributed_readiness": "cycler.readiness",
 }
+
+_NOT_PROVIDED = {
+    "EpochHandler": "cycling_utils' Lightning callback EpochHandler is not part of cycler: in a "
+                    "Lightning module call sampler.advance(batch_size) once per training batch "
+                    "and save sampler.state_dict() with the checkpoint",
+    "HasNotResetProgressError": "cycler's samplers never raise HasNotResetProgressError: "
+                                "set_epoch keeps progress for the same epoch and resets it for "
+                                "another",
+}
+"""cycling_utils names cycler does not provide, with what to use instead."""
 
 
 def __getattr__(name: str) -> Any:
+    if name in _NOT_PROVIDED:
+        # ImportError, not AttributeError: `from cycler import X` would replace the latter
+        # with a bare "cannot import name", losing the replacement it names.
+        raise ImportError(_NOT_PROVIDED[name], name=name)
     try:
         module = _PUBLIC[name]
     except KeyError:
@@ -131,6 +149,7 @@ __all__ = [
     "DatasetNotFound",
     "DistributedShardedDataset",
     "EpochLoop",
+    "InterruptableDistributedGroupedBatchSampler",
     "InterruptableDistributedSampler",
     "InterruptableSampler",
     "InterruptibleDistributedSampler",
@@ -154,4 +173,5 @@ __all__ = [
     "read_manifest",
     "remaining_epochs_until",
     "restore_rng_state",
+    "torch_distributed_readiness",
 ]

@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 _RECORDER = ThreadPoolExecutor(1, thread_name_prefix="cycler-index-record")
 """Makes prepared indices durable in the background; one thread, started on first use."""
 
-STRATEGIES = ("sync_any", "sync_all", "async", "offline")
+STRATEGIES = ("sync_any", "sync_all", "async", "offline", "mono")
+_COORDINATED = ("sync_any", "sync_all")
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
 
 
@@ -49,19 +50,25 @@ class AtomicDirectory:
             (``force_save``) checkpoints are never removed.
         strategy: cycling_utils' ``force_save`` agreement: ``"sync_any"`` pins if any rank
             asked, ``"sync_all"`` if all did; ``"async"`` gives every rank its own saver
-            (``<name>_rank_<rank>``); ``"offline"`` ignores any process group.
+            (``<name>_rank_<rank>``); ``"offline"`` ignores any process group; ``"mono"``
+            is one saver used by one process of a job (typically ``if rank == 0``), which
+            waits for no other rank.
+        device: cycling_utils' device for its agreement tensors. Accepted and unused: the
+            ranks agree through the process group's store, which needs no device.
         timeout: the longest any rank waits for another.
     """
 
     def __init__(self, output_directory: str | os.PathLike[str], is_master: bool = False,
                  name: str = DEFAULT_PREFIX, keep_last: int = -1, strategy: str = "sync_any",
+                 device: Any = None,
                  timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
         self.strategy = strategy
         self.keep_last = keep_last
         self.is_master = is_master
-        self._coordinator = Coordinator(name, timeout, strategy in ("sync_any", "sync_all"))
+        self.device = device
+        self._coordinator = Coordinator(name, timeout, strategy in _COORDINATED)
         self.name = name if strategy != "async" else f"{name}_rank_{global_rank() or 0}"
         self.layout = CheckpointLayout(output_directory, self.name)
         self.output_directory = str(self.layout.root)
@@ -186,6 +193,14 @@ class AtomicDirectory:
         for temporary in self.layout.own_temporaries():
             log.debug("removing %s: left by a writer that died", temporary.name)
             _fs.remove_leftover(temporary)
+
+    def is_checkpoint_directory(self, path: str | os.PathLike[str]) -> str | None:
+        """cycling_utils' test: the suffix (``"3"`` or ``"3_force"``) if ``path`` is an existing
+        checkpoint directory of this saver, else ``None``. Says nothing of validity."""
+        name = self.layout.parse(Path(path).name)
+        if name is None or not Path(path).is_dir():
+            return None
+        return f"{name.index}_force" if name.pinned else str(name.index)
 
     def latest_checkpoint(self, verify: bool = False) -> str | None:
         """The newest valid checkpoint of this saver (see :func:`cycler.latest_checkpoint`)."""

@@ -63,8 +63,10 @@ class DistributedShardedDataset:
     selects files by suffix (``None``: every non-hidden file) unless ``is_valid_file`` is given.
     With ``device``, samples (tensors of one shape) and targets are stacked and moved there.
 
-    cycling_utils' names ``device_id``, ``sample_getitem_transform`` and
-    ``target_getitem_transform`` are accepted for ``device``, ``transform``, ``target_transform``.
+    The positional order is cycling_utils' (``device_id``, ``seed``, ``shuffle``, ``loader``,
+    ``extensions``, the load and getitem transforms, ``is_valid_file``); ``device``,
+    ``transform`` and ``target_transform`` are keyword-only names for ``device_id`` and the
+    getitem transforms.
 
     Attributes: ``classes``, ``class_to_idx``, ``files`` (this shard's ``(path, class_index)``
     pairs, in item order), ``samples`` and ``targets`` (loaded; tensors when on a device).
@@ -76,20 +78,20 @@ class DistributedShardedDataset:
         rank: int,
         world_size: int,
         samples_pct_per_replica: float,
-        *,
-        loader: Callable[[str], Any] | None = None,
-        transform: Transform | None = None,
-        target_transform: Transform | None = None,
-        extensions: Sequence[str] | None = DEFAULT_EXTENSIONS,
+        device_id: torch.device | str | int | None = None,
         seed: int = 0,
-        device: torch.device | str | None = None,
         shuffle: bool = True,
-        is_valid_file: Callable[[str], bool] | None = None,
+        loader: Callable[[str], Any] | None = None,
+        extensions: Sequence[str] | None = DEFAULT_EXTENSIONS,
         sample_load_transform: Transform | None = None,
         target_load_transform: Transform | None = None,
-        device_id: torch.device | str | int | None = None,
         sample_getitem_transform: Transform | None = None,
         target_getitem_transform: Transform | None = None,
+        is_valid_file: Callable[[str], bool] | None = None,
+        *,
+        transform: Transform | None = None,
+        target_transform: Transform | None = None,
+        device: torch.device | str | None = None,
     ) -> None:
         _check_shard_arguments(rank, world_size, samples_pct_per_replica)
         self.root = os.fspath(root)

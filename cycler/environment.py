@@ -21,6 +21,9 @@ ENV_RESUME_FROM = "CYCLER_RESUME_FROM"
 ENV_ISC_ARTIFACT_PATH = "CHECKPOINT_ARTIFACT_PATH"
 """ISC's checkpoint artifact directory; used when ``CYCLER_CHECKPOINT_DIR`` is not set."""
 
+ENV_ISC_LOSSY_PATH = "LOSSY_ARTIFACT_PATH"
+"""ISC's directory for logs and tensorboard files; ``cycle run`` sets it beside the root."""
+
 DEFAULT_CHECKPOINT_DIR = "checkpoints"
 
 

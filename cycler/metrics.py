@@ -201,6 +201,11 @@ class TimestampedTimer:
         self.running = running
         self._print(report or "Start", 0.0)
 
+    @property
+    def start_time(self) -> float:
+        """Wall-clock time (``time.time()``) of the last report, as cycling_utils keeps it."""
+        return self._wall_clock() - (self._clock() - self._last)
+
     def report(self, annot: str, ret: bool = False) -> float | None:
         """Print ``annot`` with the seconds since the last report; return them if ``ret``."""
         now = self._clock()

@@ -345,23 +345,26 @@ class InterruptableDistributedSampler(_ResumableSampler, DistributedSampler[int]
 
 
 class InterruptableSampler(_ResumableSampler, Sampler[int]):
-    """A one-process sampler (one machine, or one rank reading its own shard) that can be
-    stopped and resumed mid-epoch.
+    """A one-process sampler (one machine, or one rank reading its own shard, as with
+    :class:`cycler.DistributedShardedDataset`) that can be stopped and resumed mid-epoch.
 
-    Each epoch yields ``torch.randperm(len(data_source))`` drawn from a generator seeded with
-    ``seed + epoch``, or ``range(len(data_source))`` without shuffle. Progress, ``advance``,
+    Each epoch yields ``torch.randperm(len(dataset))`` drawn from a generator seeded with
+    ``seed + epoch``, or ``range(len(dataset))`` without shuffle. Progress, ``advance``,
     ``in_epoch``, ``state_dict``, ``load_state_dict``, ``len()``, ``epoch_length``,
-    ``remaining`` and ``progress`` behave as in :class:`InterruptableDistributedSampler` with one replica.
+    ``remaining`` and ``progress`` behave as in :class:`InterruptableDistributedSampler` with
+    one replica. The signature is cycling_utils': ``num_replicas``, ``rank`` and ``drop_last``
+    are accepted and, as there, unused (every index of ``dataset`` is this process's).
     """
 
-    def __init__(self, data_source: Sized, shuffle: bool = True, seed: int = 0) -> None:
-        self.data_source = data_source
-        self.dataset = data_source  # cycling_utils' name for it
+    def __init__(self, dataset: Sized, num_replicas: int | None = None, rank: int | None = None,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False) -> None:
+        self.data_source = dataset
+        self.dataset = dataset
         self.shuffle = shuffle
         self.seed = seed
         self.num_replicas, self.rank, self.drop_last = 1, 0, False
         self.epoch = 0
-        self._dataset_length = len(data_source)
+        self._dataset_length = len(dataset)
         self.reset_progress()
 
 

@@ -8,6 +8,7 @@ single-node jobs sharing a machine never collide on a port.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 from collections.abc import Mapping, Sequence
@@ -23,20 +24,28 @@ DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR2")
 # These cannot be caught (KILL, STOP) or already mean something else to the supervisor.
 _UNUSABLE_SIGNALS = {"SIGKILL", "SIGSTOP", "SIGCONT", "SIGCHLD"}
 _DEFAULT_MASTER_PORT_BASE = 20000
+NPROC_KEYWORDS = ("auto", "cpu", "gpu", "xpu")
+"""torchrun's symbolic ``--nproc-per-node`` values, passed to torchrun as they are."""
+LAUNCH_MODES = ("script", "module", "no_python", "run_path")
+"""How torchrun starts SCRIPT: ``python SCRIPT``, ``python -m SCRIPT`` (``-m``), SCRIPT itself
+(``--no-python``), or ``runpy.run_path`` (``--run-path``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class RunOptions:
     """Everything ``cycle run`` needs; every value is checked when the object is made."""
 
-    script: Path
-    """The training script torchrun starts on every worker."""
+    script: str
+    """The training script torchrun starts on every worker, as given (``./run.sh`` must not
+    become ``run.sh``, which ``--no-python`` would look up on PATH)."""
     script_args: tuple[str, ...] = ()
     """Arguments passed to the script untouched."""
-    nproc_per_node: int = 1
-    """Worker processes on this node."""
+    nproc_per_node: int | str = 1
+    """Worker processes on this node, or one of torchrun's ``auto``, ``cpu``, ``gpu``, ``xpu``."""
     nnodes: int = 1
-    """Nodes in the job."""
+    """Nodes in the job (the most, for an elastic ``MIN:MAX`` range)."""
+    min_nodes: int | None = None
+    """The fewest nodes of an elastic job (torchrun's ``--nnodes MIN:MAX``); ``None``: fixed."""
     node_rank: int = 0
     """This node's rank, ``0 <= node_rank < nnodes``."""
     master_addr: str | None = None
@@ -45,6 +54,16 @@ class RunOptions:
     """Port of node 0 for the static rendezvous."""
     rdzv_endpoint: str | None = None
     """``host:port`` of a c10d rendezvous, instead of ``master_addr``/``master_port``."""
+    rdzv_backend: str | None = None
+    """torchrun's rendezvous backend for ``rdzv_endpoint`` (``None``: c10d)."""
+    rdzv_id: str | None = None
+    """The rendezvous id every node of the job shares (``None``: the Slurm job id, else cycler)."""
+    standalone: bool = False
+    """torchrun's ``--standalone``: one node, a rendezvous on a free port (the one-node default)."""
+    launch_mode: str = "script"
+    """How torchrun starts the script: one of :data:`LAUNCH_MODES`."""
+    torchrun_args: tuple[str, ...] = ()
+    """torchrun options cycle does not own (``--log-dir``, ``--tee``, ...), passed unchanged."""
     checkpoint_dir: Path = Path("checkpoints")
     """The checkpoint root; the supervisor's record goes to its ``.cycler/``."""
     checkpoint_name: str = DEFAULT_PREFIX
@@ -70,11 +89,18 @@ class RunOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "signals", parse_signals(self.signals))
-        object.__setattr__(self, "script", Path(self.script))
+        object.__setattr__(self, "script", os.fspath(self.script))
         object.__setattr__(self, "checkpoint_dir", Path(self.checkpoint_dir))
         object.__setattr__(self, "script_args", tuple(self.script_args))
-        for name in ("nproc_per_node", "nnodes"):
-            _require(getattr(self, name) >= 1, name, "must be at least 1")
+        object.__setattr__(self, "torchrun_args", tuple(self.torchrun_args))
+        object.__setattr__(self, "nproc_per_node", parse_nproc(self.nproc_per_node))
+        _require(self.nnodes >= 1, "nnodes", "must be at least 1")
+        _require(self.min_nodes is None or 1 <= self.min_nodes <= self.nnodes, "nnodes",
+                 "must be N or MIN:MAX with 1 <= MIN <= MAX")
+        _require(self.launch_mode in LAUNCH_MODES, "launch_mode",
+                 f"must be one of {', '.join(LAUNCH_MODES)}")
+        _require(not (self.standalone and self.nnodes > 1), "standalone",
+                 "runs one node: drop --standalone or --nnodes")
         for name in ("max_restarts", "max_requeues", "requeue_count"):
             _require(getattr(self, name) >= 0, name, "must be 0 or more")
         _require(0 <= self.node_rank < self.nnodes, "node_rank",
@@ -98,6 +124,31 @@ def _require(condition: bool, name: str, fix: str) -> None:
         raise ConfigError(f"{name.replace('_', '-')} {fix}")
 
 
+def parse_nproc(value: int | str) -> int | str:
+    """``--nproc-per-node`` as torchrun takes it: a count of at least 1, or a keyword."""
+    text = str(value).strip().lower()
+    if text in NPROC_KEYWORDS:
+        return text
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if isinstance(value, bool) or count < 1:
+        raise ConfigError(f"nproc-per-node must be a number of at least 1 or one of "
+                          f"{', '.join(NPROC_KEYWORDS)}, not {value!r}")
+    return count
+
+
+def parse_nnodes(value: int | str) -> tuple[int | None, int]:
+    """torchrun's ``--nnodes``: ``N`` (fixed) or ``MIN:MAX`` (elastic) as ``(min or None, max)``."""
+    low, colon, high = str(value).partition(":")
+    try:
+        bounds = (int(low), int(high)) if colon else (None, int(low))
+    except ValueError:
+        raise ConfigError(f"nnodes must be N or MIN:MAX (whole numbers), not {value!r}") from None
+    return bounds
+
+
 def parse_signals(value: str | Sequence[str]) -> tuple[str, ...]:
     """``"TERM,int"`` or ``["SIGTERM", "INT"]`` as canonical names; ConfigError if unusable."""
     items = value.split(",") if isinstance(value, str) else list(value)
@@ -118,8 +169,9 @@ def parse_signals(value: str | Sequence[str]) -> tuple[str, ...]:
 # --- the configuration file -------------------------------------------------------------------
 
 _CONFIG_TYPES: dict[str, tuple[type, ...]] = {
-    "nproc_per_node": (int,), "nnodes": (int,), "node_rank": (int,), "master_addr": (str,),
-    "master_port": (int,), "rdzv_endpoint": (str,), "checkpoint_dir": (str,),
+    "nproc_per_node": (int, str), "nnodes": (int, str), "node_rank": (int,),
+    "master_addr": (str,), "master_port": (int,), "rdzv_endpoint": (str,),
+    "rdzv_backend": (str,), "rdzv_id": (str, int), "standalone": (bool,), "checkpoint_dir": (str,),
     "checkpoint_name": (str,), "grace": (int, float), "max_restarts": (int,),
     "restart_delay": (int, float), "requeue": (bool,), "max_requeues": (int,),
     "resume_from": (str, int), "signals": (str, list),
@@ -164,7 +216,7 @@ def _checked_value(path: Path, key: str, value: object) -> object:
         wanted = " or ".join(kind.__name__ for kind in allowed)
         raise ConfigError(f"config file {path}: {key} must be {wanted}, not "
                           f"{type(value).__name__} ({value!r})")
-    if key == "resume_from":
+    if key in ("resume_from", "rdzv_id"):
         return str(value)
     return value
 
@@ -261,13 +313,17 @@ def resolve_run_options(*, script: str | Path, script_args: Sequence[str] = (),
     given = {key: value for key, value in (flags or {}).items() if value is not None}
     _check_flag_names(given)
     merged = {**general, **from_file, **given}
+    if merged.get("standalone") and "nnodes" not in {**from_file, **given}:
+        merged.pop("nnodes", None)  # one node, whatever the scheduler's variables say
+    if "nnodes" in merged:
+        merged["min_nodes"], merged["nnodes"] = parse_nnodes(merged["nnodes"])
     if merged.get("nnodes", 1) > 1 and merged.get("rdzv_endpoint") is None:
         merged = {**rendezvous, **merged}
     if "signals" in merged:
         merged["signals"] = parse_signals(merged["signals"])
     if merged.get("resume_from") is not None:
         merged["resume_from"] = str(merged["resume_from"])
-    return RunOptions(script=Path(script), script_args=tuple(script_args), **merged)
+    return RunOptions(script=os.fspath(script), script_args=tuple(script_args), **merged)
 
 
 def _check_flag_names(given: Mapping[str, Any]) -> None:

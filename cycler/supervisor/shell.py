@@ -10,21 +10,26 @@ other nodes, so the core's clock and theirs must be the same kind.
 
 from __future__ import annotations
 
+import importlib.machinery
 import logging
 import os
 import queue
+import shutil
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from cycler.checkpoints import find_checkpoint, inspect_checkpoint, list_checkpoints
 from cycler.control import Action, read_control, write_control
+from cycler.environment import ENV_ISC_LOSSY_PATH
 from cycler.errors import CheckpointDirectoryError, ConfigError, CyclerError
 from cycler.events import EventLog
 from cycler.layout import CheckpointLayout, CheckpointName
@@ -34,7 +39,12 @@ from cycler.supervisor.failure import failure_report
 from cycler.supervisor.options import RunOptions
 from cycler.supervisor.processes import Watchdog, WorkerTree, become_subreaper, start_torchrun
 from cycler.supervisor.requeue import RequeueResult, requeue_job
-from cycler.supervisor.torchrun import LaunchPlan, full_environment, launch_plan
+from cycler.supervisor.torchrun import (
+    LaunchPlan,
+    full_environment,
+    isc_environment,
+    launch_plan,
+)
 
 log = logging.getLogger("cycler.supervisor")
 
@@ -102,9 +112,24 @@ def run_supervisor(options: RunOptions, *, clock: Callable[[], float] = time.tim
 
 
 def check_script(options: RunOptions) -> None:
-    if not options.script.is_file():
-        raise ConfigError(f"script {options.script} does not exist; give the path of your "
+    """Refuse a script torchrun could not start, before any process is started."""
+    script, mode = Path(options.script), options.launch_mode
+    if mode == "module":
+        top = str(script).split(".")[0]
+        # Found without importing it: importing the user's package here could take seconds.
+        if importlib.machinery.PathFinder.find_spec(top, [os.getcwd(), *sys.path]) is None:
+            raise ConfigError(f"module {script} cannot be found: no package {top} in the "
+                              "current directory or on sys.path")
+    elif mode == "no_python":
+        if not (script.is_file() and os.access(script, os.X_OK)) and not shutil.which(
+                options.script):
+            raise ConfigError(f"{script} is not an executable file (--no-python runs it "
+                              "directly); give an executable or drop --no-python")
+    elif not script.is_file():
+        raise ConfigError(f"script {script} does not exist; give the path of your "
                           "training script")
+    elif mode == "run_path" and not script.is_absolute():
+        raise ConfigError(f"--run-path needs an absolute script path, not {script}")
 
 
 def check_resume_from(options: RunOptions) -> None:
@@ -117,7 +142,8 @@ def check_resume_from(options: RunOptions) -> None:
 
 
 def prepare_checkpoint_root(options: RunOptions) -> None:
-    """Create the root and its ``.cycler/``, and prove a file can be written there."""
+    """Create the root and its ``.cycler/``, and prove a file can be written there; create
+    the lossy directory the workers are told about."""
     layout = CheckpointLayout(options.checkpoint_dir, options.checkpoint_name)
     probe = layout.supervisor_dir / f".probe-{socket.gethostname()}-{os.getpid()}"
     try:
@@ -129,6 +155,15 @@ def prepare_checkpoint_root(options: RunOptions) -> None:
             f"cannot write to the checkpoint directory {layout.root} ({error.strerror}); "
             "choose a writable --checkpoint-dir"
         ) from None
+    lossy = isc_environment(options, os.environ).get(ENV_ISC_LOSSY_PATH)
+    if lossy is not None:
+        try:
+            os.makedirs(lossy, exist_ok=True)
+        except OSError as error:
+            raise CheckpointDirectoryError(
+                f"cannot create {lossy} for LOSSY_ARTIFACT_PATH ({error.strerror}); set "
+                "LOSSY_ARTIFACT_PATH to a writable directory"
+            ) from None
 
 
 def stop_requested_elsewhere(layout: CheckpointLayout, node_rank: int, since: float) -> bool:

@@ -11,11 +11,15 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from cycler.environment import (
     ENV_CHECKPOINT_DIR,
     ENV_CONTROL_FILE,
+    ENV_ISC_ARTIFACT_PATH,
+    ENV_ISC_LOSSY_PATH,
     ENV_RESTART_COUNT,
     ENV_RESUME_FROM,
 )
@@ -39,25 +43,37 @@ class LaunchPlan:
 MONITOR_INTERVAL = 0.02
 
 
+_LAUNCH_FLAGS = {"script": [], "module": ["--module"], "no_python": ["--no-python"],
+                 "run_path": ["--run-path"]}
+
+
 def torchrun_command(options: RunOptions, python: str = sys.executable) -> list[str]:
-    """``python -m torch.distributed.run ...`` for ``options``, script arguments untouched."""
+    """``python -m torch.distributed.run ...`` for ``options``, script arguments untouched.
+
+    The options cycle does not own (``torchrun_args``) come after cycle's, so where both set
+    one (``--monitor-interval``), torchrun takes the user's.
+    """
+    nnodes = str(options.nnodes)
+    if options.min_nodes is not None:
+        nnodes = f"{options.min_nodes}:{options.nnodes}"
     command = [python, "-m", "torch.distributed.run",
                "--nproc-per-node", str(options.nproc_per_node),
-               "--nnodes", str(options.nnodes),
+               "--nnodes", nnodes,
                "--max-restarts", "0",
                # torchrun notices exited workers only at this interval (default 0.1 s): every
                # stop waits for it, and a 20 ms poll of a few pids costs nothing measurable.
                "--monitor-interval", str(MONITOR_INTERVAL)]
     command += _rendezvous_arguments(options)
+    command += [*options.torchrun_args, *_LAUNCH_FLAGS[options.launch_mode]]
     return command + [str(options.script), *options.script_args]
 
 
 def _rendezvous_arguments(options: RunOptions) -> list[str]:
     if options.rdzv_endpoint is not None:
-        run_id = options.slurm_job_id or "cycler"
-        return ["--rdzv-backend", "c10d", "--rdzv-endpoint", options.rdzv_endpoint,
-                "--rdzv-id", run_id]
-    if options.master_addr is None and options.master_port is None:
+        run_id = options.rdzv_id or options.slurm_job_id or "cycler"
+        return ["--rdzv-backend", options.rdzv_backend or "c10d",
+                "--rdzv-endpoint", options.rdzv_endpoint, "--rdzv-id", run_id]
+    if options.standalone or options.master_addr is None and options.master_port is None:
         return ["--standalone"]
     arguments = ["--node-rank", str(options.node_rank),
                  "--master-addr", options.master_addr or "127.0.0.1"]
@@ -66,14 +82,30 @@ def _rendezvous_arguments(options: RunOptions) -> list[str]:
     return arguments
 
 
-def worker_environment(options: RunOptions, *, start_number: int,
-                       resume_from: str | None) -> dict[str, str]:
-    """The variables ``cycle run`` adds for one start (``start_number``: earlier local starts)."""
+def lossy_directory(options: RunOptions) -> Path:
+    """ISC's ``LOSSY_ARTIFACT_PATH`` for this run: a sibling of the checkpoint root, for logs
+    and tensorboard files that need no atomic commit (``<root>-lossy``)."""
+    root = CheckpointLayout(options.checkpoint_dir, options.checkpoint_name).root
+    return root.with_name(f"{root.name}-lossy")
+
+
+def isc_environment(options: RunOptions, environ: Mapping[str, str]) -> dict[str, str]:
+    """ISC's artifact variables that scripts read, for those the user has not set."""
+    names = {ENV_ISC_ARTIFACT_PATH: CheckpointLayout(options.checkpoint_dir).root,
+             ENV_ISC_LOSSY_PATH: lossy_directory(options)}
+    return {name: str(path) for name, path in names.items() if not environ.get(name)}
+
+
+def worker_environment(options: RunOptions, *, start_number: int, resume_from: str | None,
+                       environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables ``cycle run`` adds for one start (``start_number``: earlier local starts)
+    to ``environ`` (default: this process's environment)."""
     layout = CheckpointLayout(options.checkpoint_dir, options.checkpoint_name)
     environment = {
         ENV_CONTROL_FILE: str(layout.control_path(options.node_rank)),
         ENV_CHECKPOINT_DIR: str(layout.root),
         ENV_RESTART_COUNT: str(options.requeue_count + start_number),
+        **isc_environment(options, os.environ if environ is None else environ),
     }
     if resume_from is not None:
         environment[ENV_RESUME_FROM] = resume_from
@@ -82,12 +114,13 @@ def worker_environment(options: RunOptions, *, start_number: int,
     return environment
 
 
-def launch_plan(options: RunOptions, *, start_number: int = 0,
-                resume_from: str | None = None) -> LaunchPlan:
+def launch_plan(options: RunOptions, *, start_number: int = 0, resume_from: str | None = None,
+                environ: Mapping[str, str] | None = None) -> LaunchPlan:
     """The command and added environment of one start (what ``--dry-run`` prints)."""
     resume = options.resume_from if resume_from is None and start_number == 0 else resume_from
-    return LaunchPlan(torchrun_command(options),
-                      worker_environment(options, start_number=start_number, resume_from=resume))
+    environment = worker_environment(options, start_number=start_number, resume_from=resume,
+                                     environ=environ)
+    return LaunchPlan(torchrun_command(options), environment)
 
 
 def full_environment(plan: LaunchPlan, base: dict[str, str] | None = None) -> dict[str, str]:

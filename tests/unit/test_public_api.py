@@ -10,12 +10,14 @@ EXPECTED = {
     "AtomicDirectory", "Checkpoint", "CheckpointNotFound", "CheckpointState",
     "CheckpointWarning", "ConfigError", "ControlRequest", "CoordinationTimeout",
     "CorruptCheckpoint", "CyclerError", "DatasetNotFound", "DistributedShardedDataset",
-    "EpochLoop", "InterruptableDistributedSampler", "InterruptableSampler",
+    "EpochLoop", "InterruptableDistributedGroupedBatchSampler",
+    "InterruptableDistributedSampler", "InterruptableSampler",
     "InterruptibleDistributedSampler", "InterruptibleSampler", "Manifest", "MetricsTracker",
     "RngRestoreWarning", "StateMismatch", "StepControl", "StepDecision", "TimestampedTimer",
     "__version__", "atomic_torch_save", "capture_rng_state", "current_epoch",
     "default_checkpoint_root", "find_checkpoint", "finished_epochs", "latest_checkpoint",
     "list_checkpoints", "read_manifest", "remaining_epochs_until", "restore_rng_state",
+    "torch_distributed_readiness",
 }
 
 
@@ -45,3 +47,10 @@ def test_the_library_never_imports_the_cli_or_typer() -> None:
             offenders += [f"{source.name}: {n}" for n in names
                           if n.split(".")[0] in ("typer", "cycler_cli")]
     assert offenders == []
+
+
+def test_a_cycling_utils_name_cycler_lacks_fails_in_one_line_naming_the_replacement() -> None:
+    import pytest
+
+    with pytest.raises(ImportError, match="sampler.advance"):
+        from cycler import EpochHandler  # noqa: F401

@@ -161,7 +161,7 @@ def test_a_value_from_the_file_is_validated_like_a_flag(tmp_path: Path):
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("grace", 0.0, "grace must be more than 0"),
     ("grace", -5.0, "grace must be more than 0"),
-    ("nproc_per_node", 0, "nproc-per-node must be at least 1"),
+    ("nproc_per_node", 0, "nproc-per-node must be a number of at least 1"),
     ("nnodes", 0, "nnodes must be at least 1"),
     ("node_rank", 1, "node-rank must be between 0 and nnodes - 1"),
     ("max_restarts", -1, "max-restarts must be 0 or more"),

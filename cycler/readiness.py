@@ -1,0 +1,38 @@
+"""cycling_utils' start-up check that every rank can reach every other."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from cycler.errors import CyclerError
+
+
+class DistributedNotReady(CyclerError, RuntimeError):
+    """The ranks could not all-reduce a value, or got a wrong sum."""
+
+
+def torch_distributed_readiness(backend: str | None = None) -> None:
+    """Join the process group from torchrun's environment (unless already joined), all-reduce
+    ``rank + 1`` over every rank, check the sum, and leave a group this call joined.
+
+    ``backend`` defaults to nccl with CUDA, else gloo (cycling_utils' check needed CUDA).
+    Raises :class:`DistributedNotReady` naming the sum it got and the one it expected.
+    """
+    joined = not dist.is_initialized()
+    if joined:
+        dist.init_process_group(backend or ("nccl" if torch.cuda.is_available() else "gloo"))
+    try:
+        nccl = dist.get_backend() == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
+        value = torch.tensor([dist.get_rank() + 1], dtype=torch.int64, device=device)
+        dist.all_reduce(value)
+        world = dist.get_world_size()
+        if int(value.item()) != world * (world + 1) // 2:
+            raise DistributedNotReady(
+                f"the readiness all-reduce over {world} ranks gave {int(value.item())}, not "
+                f"{world * (world + 1) // 2}: a rank is misconfigured (check WORLD_SIZE and RANK)"
+            )
+    finally:
+        if joined:
+            dist.destroy_process_group()
