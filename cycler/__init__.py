@@ -8,11 +8,20 @@ importing torch: the supervisor's start-up stays close to bare torchrun's.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 IS_TORCH_CYCLER = True
 """Marker that tells torch-cycler apart from matplotlib's ``cycler`` package of the same name."""
+
+if os.environ.get("CYCLER_CONTROL_FILE") and os.environ.get("LOCAL_RANK"):
+    # A worker of cycle run (torchrun sets LOCAL_RANK for workers only, not for itself): say so
+    # at once, so that a stop arriving before the script builds its StepControl or saver waits
+    # for them instead of treating it as a plain script.
+    from cycler.control import USES_CYCLER, announce
+
+    announce(USES_CYCLER)
 
 if TYPE_CHECKING:
     from cycler.atomic_directory import AtomicDirectory

@@ -21,6 +21,7 @@ from typing import Any
 from cycler import _fs
 from cycler._coordination import Coordinator, global_rank
 from cycler.checkpoints import latest_checkpoint, list_checkpoints
+from cycler.control import USES_SAVER, announce
 from cycler.errors import CheckpointDirectoryError
 from cycler.layout import DEFAULT_PREFIX, CheckpointLayout, CheckpointName
 from cycler.lock import SupervisorLock
@@ -75,6 +76,7 @@ class AtomicDirectory:
         self.symlink_name = self.layout.link_name
         self._writer_lock: SupervisorLock | None = None
         self._recording: Future[None] | None = None
+        announce(USES_SAVER)
         if self._coordinator.is_creator:
             _ensure_root(self.layout.root)
 

@@ -3,6 +3,11 @@
 The supervisor is the only writer and always replaces the file atomically, so a reader sees a
 whole request or the previous one. Workers poll it cheaply: a ``stat`` per check, and a read only
 when the file was replaced (atomic replacement always changes the inode).
+
+Workers also announce what of the protocol they speak, so that on a stop the supervisor picks
+the path that suits the script: an empty file beside the control file per feature
+(``control-node0.uses-control``), created by the first worker that uses it. The supervisor
+removes them before each start of the workers.
 """
 
 from __future__ import annotations
@@ -14,8 +19,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from cycler._fs import atomic_write_bytes
+from cycler.environment import ENV_CONTROL_FILE
 
 CONTROL_VERSION = 1
+
+USES_CYCLER = "cycler"
+"""The script imported cycler (what else it uses may follow within seconds)."""
+USES_CONTROL = "control"
+"""The script reads the control file (``StepControl``): it stops at an agreed step."""
+USES_SAVER = "saver"
+"""The script commits through cycler's savers: its commits are visible to the supervisor."""
+FEATURES = (USES_CYCLER, USES_CONTROL, USES_SAVER)
 
 
 class Action(str, enum.Enum):
@@ -77,11 +91,61 @@ def read_control(path: Path) -> ControlRequest | None:
         return None
 
 
+def stop_requested_since(paths: list[Path], since: float) -> bool:
+    """Whether any of the control files ``paths`` asks for ``checkpoint_and_exit`` made at or
+    after ``since`` (wall-clock time)."""
+    for path in paths:
+        request = read_control(path)
+        if (request is not None and request.action is Action.CHECKPOINT_AND_EXIT
+                and request.requested_at >= since):
+            return True
+    return False
+
+
+def announcement_path(control_path: Path, feature: str) -> Path:
+    """Where workers reading ``control_path`` announce ``feature`` (one of :data:`FEATURES`)."""
+    return control_path.with_name(f"{control_path.stem}.uses-{feature}")
+
+
+def announce(feature: str, control_path: Path | str | None = None) -> None:
+    """Tell the supervisor this worker uses ``feature`` (no-op outside ``cycle run``).
+
+    ``control_path`` defaults to ``$CYCLER_CONTROL_FILE``. Costs a ``stat`` once the file exists;
+    never raises: an announcement only speeds a stop up.
+    """
+    control = control_path or os.environ.get(ENV_CONTROL_FILE)
+    if not control:
+        return
+    path = announcement_path(Path(control), feature)
+    if not os.path.exists(path):
+        try:
+            path.touch()
+        except OSError:
+            pass
+
+
+def announced(control_path: Path) -> frozenset[str]:
+    """The features the workers of this node announced since the last :func:`clear`."""
+    return frozenset(feature for feature in FEATURES
+                     if announcement_path(control_path, feature).exists())
+
+
+def clear_announcements(control_path: Path) -> None:
+    """Forget the announcements of workers that are gone (before starting new ones)."""
+    for feature in FEATURES:
+        announcement_path(control_path, feature).unlink(missing_ok=True)
+
+
 class ControlFileWatcher:
-    """Reports each new request in a control file once, at the cost of one ``stat`` per poll."""
+    """Reports each new request in a control file once, at the cost of one ``stat`` per poll.
+
+    Making one announces :data:`USES_CONTROL`: this worker will honour the stop requests.
+    """
 
     def __init__(self, path: Path | str | None) -> None:
         self.path = None if path is None else Path(path)
+        if self.path is not None:
+            announce(USES_CONTROL, self.path)
         self._seen_identity: tuple[int, int, int] | None = None
         self._last_sequence = -1
 

@@ -13,10 +13,18 @@ Phases::
        +--workers exited 0--> DONE (0)
        +--workers failed--> BACKOFF --delay over--> RUNNING (restart)   or DONE (1)
 
-Exit rule after a stop request (the decision the issue left open): ``75`` whenever a valid
-checkpoint exists, because a requeued job resumes from it; a warning is logged when the stop's
-own checkpoint was not made (workers crashed or ran out of grace). Without any checkpoint the
-stop ends with ``1``: there is nothing to resume, and requeueing would silently start over.
+How a stop is carried out depends on what the workers announced they speak (:class:`StopPath`):
+a script that reads the control file stops at the step its ranks agree on; a script that only
+commits through cycler's savers is ended right after its first commit that completes after the
+request; a script that uses neither gets the signal at once, as torchrun would forward it, and
+has the grace to exit. A script that imported cycler but has built neither yet is given a few
+seconds (``undecided_wait``) to do so before it is treated as plain.
+
+Exit rule after a stop request: ``75`` whenever a valid checkpoint exists, because a requeued job
+resumes from it, or when a plain script handled the forwarded signal and exited 0 (its own
+checkpoint is out of cycle's sight); a warning is logged when the stop made no new checkpoint.
+Otherwise the stop ends with ``1``: there is nothing to resume, and requeueing would silently
+start over.
 """
 
 from __future__ import annotations
@@ -26,17 +34,52 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from cycler.control import Action, ControlRequest
+from cycler.control import USES_CONTROL, USES_CYCLER, USES_SAVER, Action, ControlRequest
 from cycler.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS
+
+
+class StopPath(str, enum.Enum):
+    """How a stop reaches the workers, chosen from what they announced."""
+
+    AGREED_STEP = "agreed_step"
+    """They read the control file: all ranks checkpoint at one step and exit."""
+    NEXT_COMMIT = "next_commit"
+    """They commit through cycler's savers only: ended after their next commit."""
+    SIGNAL = "signal"
+    """Neither: the signal is forwarded to them at once, as torchrun does."""
+    UNDECIDED = "undecided"
+    """They imported cycler but have built neither yet: wait a few seconds for them to."""
+
+
+def stop_path(features: frozenset[str]) -> StopPath:
+    """The stop path for workers that announced ``features`` (:data:`cycler.control.FEATURES`)."""
+    if USES_CONTROL in features:
+        return StopPath.AGREED_STEP
+    if USES_SAVER in features:
+        return StopPath.NEXT_COMMIT
+    if USES_CYCLER in features:
+        return StopPath.UNDECIDED
+    return StopPath.SIGNAL
+
 
 # --- events -----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class SignalReceived:
-    """A signal reached the supervisor (``name`` like ``"SIGTERM"``) at ``now``."""
+    """A signal reached the supervisor (``name`` like ``"SIGTERM"``) at ``now``, when the
+    workers had announced ``features``."""
 
     name: str
+    now: float
+    features: frozenset[str] = frozenset({USES_CONTROL})
+
+
+@dataclass(frozen=True)
+class Announced:
+    """The workers' announced features changed to ``features`` (sent while a stop waits)."""
+
+    features: frozenset[str]
     now: float
 
 
@@ -53,9 +96,10 @@ class WorkersExited:
 
 @dataclass(frozen=True)
 class CheckpointCommitted:
-    """A new checkpoint with ``index`` became the newest valid one."""
+    """A new checkpoint with ``index`` became the newest valid one (seen at ``now``)."""
 
     index: int
+    now: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -65,7 +109,7 @@ class Tick:
     now: float
 
 
-Event = SignalReceived | WorkersExited | CheckpointCommitted | Tick
+Event = SignalReceived | Announced | WorkersExited | CheckpointCommitted | Tick
 
 # --- actions ----------------------------------------------------------------------------------
 
@@ -88,6 +132,14 @@ class StartWorkers:
 @dataclass(frozen=True)
 class SignalTree:
     """Send ``signal`` to torchrun and every process below it."""
+
+    signal: signal.Signals
+
+
+@dataclass(frozen=True)
+class SignalWorkers:
+    """Send ``signal`` to each worker's process group (the worker and its DataLoader
+    workers), not to torchrun: what torchrun itself does with a signal it forwards."""
 
     signal: signal.Signals
 
@@ -116,7 +168,7 @@ class Log:
     warning: bool = False
 
 
-SupervisorAction = WriteControl | StartWorkers | SignalTree | Requeue | Exit | Log
+SupervisorAction = WriteControl | StartWorkers | SignalTree | SignalWorkers | Requeue | Exit | Log
 
 
 class Phase(str, enum.Enum):
@@ -146,6 +198,8 @@ class CoreConfig:
     """The longest delay between a failure and its restart."""
     kill_after: float = 2.0
     """Seconds between SIGTERM to the tree and SIGKILL when stopping by force."""
+    undecided_wait: float = 5.0
+    """Seconds a stop waits for workers that imported cycler to say what they use."""
     requeue: bool = False
     """Whether a stop that leaves a checkpoint asks the scheduler to requeue the job."""
     requeue_count: int = 0
@@ -175,6 +229,8 @@ class SupervisorCore:
         self._failures_without_progress = 0
         self._checkpoint_at_stop: int | None = None
         self._stop_signals: list[str] = []
+        self._stop_path: StopPath | None = None
+        self._stop_deadline = 0.0
 
     # -- entry points -----------------------------------------------------------------------
 
@@ -189,6 +245,8 @@ class SupervisorCore:
             return []
         if isinstance(event, SignalReceived):
             return self._on_signal(event)
+        if isinstance(event, Announced):
+            return self._on_announced(event)
         if isinstance(event, WorkersExited):
             return self._on_exit(event)
         if isinstance(event, CheckpointCommitted):
@@ -200,9 +258,15 @@ class SupervisorCore:
         return bool(self._stop_signals)
 
     @property
+    def awaiting_announcement(self) -> bool:
+        """Whether a stop waits for the workers to say what they use (send :class:`Announced`)."""
+        return self.phase is Phase.STOPPING and self._stop_path is StopPath.UNDECIDED
+
+    @property
     def stop_checkpoint_made(self) -> bool:
         """Whether a checkpoint was committed since the stop was requested."""
-        return (self.phase is Phase.STOPPING and self.latest_checkpoint is not None
+        return (self.phase in (Phase.STOPPING, Phase.TERMINATING)
+                and self.latest_checkpoint is not None
                 and self.latest_checkpoint != self._checkpoint_at_stop)
 
     # -- signals ----------------------------------------------------------------------------
@@ -215,7 +279,7 @@ class SupervisorCore:
         self._stop_signals.append(event.name)
         if self.phase is Phase.BACKOFF:
             return [Log("signal", {"signal": event.name, "effect": "stop while no workers run"}),
-                    *self._finish_stop(clean=False)]
+                    *self._finish_stop()]
         if event.name == "SIGINT" and self._stop_signals.count("SIGINT") >= 2:
             return self._force_stop(event)
         if repeated:
@@ -227,11 +291,28 @@ class SupervisorCore:
         deadline = event.now + self.config.grace
         request = self._request(Action.CHECKPOINT_AND_EXIT, event.name, event.now, deadline)
         self.phase = Phase.STOPPING
-        self.wake_at = deadline
+        self._stop_deadline = self.wake_at = deadline
         self._checkpoint_at_stop = self.latest_checkpoint
-        fields = {"signal": event.name, "grace": self.config.grace, "sequence": request.sequence}
         return [Log("signal", {"signal": event.name, "effect": "checkpoint_and_exit"}),
-                WriteControl(request), Log("stop_requested", fields)]
+                WriteControl(request), *self._take_path(stop_path(event.features), event.now)]
+
+    def _take_path(self, path: StopPath, now: float) -> list[SupervisorAction]:
+        self._stop_path = path
+        fields = {"path": path.value, "grace": self.config.grace,
+                  "resume_from": self.latest_checkpoint}
+        actions: list[SupervisorAction] = [Log("stop_requested", fields)]
+        if path is StopPath.SIGNAL:
+            actions.append(SignalWorkers(signal.Signals[self._stop_signals[0]]))
+        if path is StopPath.UNDECIDED:
+            self.wake_at = min(self._stop_deadline, now + self.config.undecided_wait)
+        return actions
+
+    def _on_announced(self, event: Announced) -> list[SupervisorAction]:
+        path = stop_path(event.features)
+        if not self.awaiting_announcement or path is StopPath.UNDECIDED:
+            return []
+        self.wake_at = self._stop_deadline
+        return self._take_path(path, event.now)
 
     def _force_stop(self, event: SignalReceived) -> list[SupervisorAction]:
         if self.phase is Phase.TERMINATING or self.phase is Phase.KILLED:
@@ -247,6 +328,9 @@ class SupervisorCore:
     def _on_tick(self, event: Tick) -> list[SupervisorAction]:
         if self.wake_at is None or event.now < self.wake_at:
             return []
+        if self.awaiting_announcement and event.now < self._stop_deadline:
+            self.wake_at = self._stop_deadline  # said nothing more: a plain script after all
+            return self._take_path(StopPath.SIGNAL, event.now)
         if self.phase is Phase.STOPPING:
             self.phase, self.wake_at = Phase.TERMINATING, event.now + self.config.kill_after
             return [Log("grace_expired", {"grace": self.config.grace}, warning=True),
@@ -267,7 +351,13 @@ class SupervisorCore:
             return []
         self.latest_checkpoint = event.index
         self._failures_without_progress = 0
-        return [Log("checkpoint_committed", {"index": event.index})]
+        logged = Log("checkpoint_committed", {"index": event.index})
+        if self.phase is Phase.STOPPING and self._stop_path is StopPath.NEXT_COMMIT:
+            # The script does not read the control file: this commit is the stop's checkpoint.
+            self.phase, self.wake_at = Phase.TERMINATING, event.now + self.config.kill_after
+            return [logged, Log("stop_after_commit", {"index": event.index}),
+                    SignalWorkers(signal.SIGTERM)]
+        return [logged]
 
     # -- worker exits -----------------------------------------------------------------------
 
@@ -275,10 +365,11 @@ class SupervisorCore:
         log = Log("workers_exited", {"code": event.code, "phase": self.phase.value})
         if event.stopped_elsewhere and not self.stop_requested:
             self._checkpoint_at_stop = self.config.initial_checkpoint
-            return [log, Log("stopped_by_another_node", {}), *self._finish_stop(clean=True)]
+            return [log, Log("stopped_by_another_node", {}), *self._finish_stop()]
         if self.stop_requested:
-            clean = self.phase is Phase.STOPPING and event.code == 0
-            return [log, *self._finish_stop(clean)]
+            handled = (self._stop_path is StopPath.SIGNAL and self.phase is Phase.STOPPING
+                       and event.code == 0)
+            return [log, *self._finish_stop(handled)]
         if event.code == 0:
             return [log, *self._exit(EXIT_SUCCESS, "the training script finished")]
         return [log, *self._on_failure(event)]
@@ -304,18 +395,23 @@ class SupervisorCore:
         doubling = 2.0 ** (self._failures_without_progress - 1)
         return min(self.config.restart_delay * doubling, self.config.max_restart_delay)
 
-    def _finish_stop(self, clean: bool) -> list[SupervisorAction]:
-        made = (self.latest_checkpoint is not None
-                and self.latest_checkpoint != self._checkpoint_at_stop)
-        actions: list[SupervisorAction] = []
-        if self.latest_checkpoint is None:
+    def _finish_stop(self, handled_by_script: bool = False) -> list[SupervisorAction]:
+        """End a stop. ``handled_by_script``: a plain script got the signal and exited 0."""
+        latest = self.latest_checkpoint
+        made = latest is not None and latest != self._checkpoint_at_stop
+        if latest is None and not handled_by_script:
             return self._exit(EXIT_FAILURE, "stopped on request, but no checkpoint exists to "
                               "resume from, so the job is not requeued")
-        if not (clean and made):
-            actions.append(Log("stop_without_new_checkpoint",
-                               {"resume_from": self.latest_checkpoint}, warning=True))
+        actions: list[SupervisorAction] = []
+        if handled_by_script and not made:
+            actions.append(Log("stop_handled_by_script", {"resume_from": latest}))
+        elif not made:
+            actions.append(Log("stop_without_new_checkpoint", {"resume_from": latest},
+                               warning=True))
         actions.extend(self._requeue())
-        reason = f"stopped on request; checkpoint {self.latest_checkpoint} is the one to resume"
+        reason = (f"stopped on request; checkpoint {latest} is the one to resume"
+                  if latest is not None else "stopped on request; the script handled "
+                  f"{self._stop_signals[0]} and exited 0")
         return actions + self._exit(EXIT_REQUEUE, reason)
 
     def _requeue(self) -> list[SupervisorAction]:

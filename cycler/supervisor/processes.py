@@ -182,6 +182,23 @@ class WorkerTree:
             return False
         return not any(_running(worker) for worker in workers)
 
+    def signal_workers(self, number: signal.Signals) -> list[int]:
+        """Send ``number`` to each worker's process group, as torchrun forwards a signal
+        (torchrun starts every worker in a session of its own); the pids signalled."""
+        try:
+            workers = psutil.Process(self.process.pid).children()
+        except psutil.Error:
+            return []
+        for worker in workers:
+            try:
+                os.killpg(worker.pid, number)
+            except ProcessLookupError:  # not a group leader (another launcher): the worker
+                with contextlib.suppress(OSError):
+                    os.kill(worker.pid, number)
+            except OSError:
+                pass
+        return [worker.pid for worker in workers]
+
     def signal(self, number: signal.Signals) -> None:
         """Send ``number`` to every member of the job."""
         for member in self.members():

@@ -10,6 +10,7 @@ other nodes, so the core's clock and theirs must be the same kind.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.machinery
 import logging
 import os
@@ -28,7 +29,13 @@ from types import FrameType
 from typing import Any
 
 from cycler.checkpoints import find_checkpoint, inspect_checkpoint, list_checkpoints
-from cycler.control import Action, read_control, write_control
+from cycler.control import (
+    announced,
+    clear_announcements,
+    read_control,
+    stop_requested_since,
+    write_control,
+)
 from cycler.environment import ENV_ISC_LOSSY_PATH
 from cycler.errors import CheckpointDirectoryError, ConfigError, CyclerError
 from cycler.events import EventLog
@@ -56,7 +63,19 @@ _MESSAGES = {
     "start": "supervising {script}: {nproc_per_node} workers on node {node_rank} of {nnodes}",
     "workers_started": "started torchrun (pid {torchrun_pid}, start {start})",
     "signal": "{signal}: {effect}",
-    "stop_requested": "asked the workers to checkpoint and exit within {grace:g} s",
+    "stop_requested.agreed_step": "asked the workers to checkpoint at a step they agree on and "
+                                  "exit, within {grace:g} s (they read the control file)",
+    "stop_requested.next_commit": "the workers commit through cycler's savers but do not read "
+                                  "the control file: ending them after their next commit, or "
+                                  "in {grace:g} s",
+    "stop_requested.signal": "the workers use neither StepControl nor cycler's savers: "
+                             "forwarding the signal to them, as torchrun does; they have "
+                             "{grace:g} s to exit",
+    "stop_requested.undecided": "the workers imported cycler but built no StepControl or saver "
+                                "yet: waiting a few seconds for them to",
+    "stop_after_commit": "checkpoint {index} is the stop's checkpoint: SIGTERM to the workers",
+    "stop_handled_by_script": "the script handled the signal and exited 0; cycle sees no "
+                              "checkpoint of its own to name",
     "checkpoint_committed": "checkpoint {index} committed",
     "torchrun_cut_short": "every worker exited after the stop checkpoint: ending torchrun "
                           "(pid {torchrun_pid})",
@@ -65,6 +84,7 @@ _MESSAGES = {
     "grace_expired": "the {grace:g} s grace is over: SIGTERM to every process of the job",
     "kill": "still running {after:g} s after SIGTERM: SIGKILL",
     "signal_sent": "sent {signal} to the job",
+    "signal_forwarded": "sent {signal} to the workers",
     "stop_without_new_checkpoint": "the stop made no new checkpoint; the next start resumes "
                                    "from checkpoint {resume_from}",
     "stopped_by_another_node": "another node asked for this stop",
@@ -174,12 +194,7 @@ def stop_requested_elsewhere(layout: CheckpointLayout, node_rank: int, since: fl
     checkpoint root, tell the two apart.
     """
     own = layout.control_path(node_rank)
-    for path in layout.control_paths():
-        request = read_control(path) if path != own else None
-        if (request is not None and request.action is Action.CHECKPOINT_AND_EXIT
-                and request.requested_at >= since):
-            return True
-    return False
+    return stop_requested_since([path for path in layout.control_paths() if path != own], since)
 
 
 def newest_valid_index(layout: CheckpointLayout) -> int | None:
@@ -238,8 +253,15 @@ class Supervisor:
             for committed in self._new_checkpoints():
                 self._execute(decisions.handle(committed))
             self._cut_torchrun_short(decisions)
+            if isinstance(event, core.SignalReceived):
+                event = dataclasses.replace(event, features=self._announced())
             self._execute(decisions.handle(event))
+            if decisions.awaiting_announcement:
+                self._execute(decisions.handle(core.Announced(self._announced(), self._clock())))
         return self._outcome
+
+    def _announced(self) -> frozenset[str]:
+        return announced(self.layout.control_path(self.options.node_rank))
 
     def _cut_torchrun_short(self, decisions: core.SupervisorCore) -> None:
         """End torchrun once the stop checkpoint is committed and every worker has exited.
@@ -288,7 +310,7 @@ class Supervisor:
             return
         self._linked = linked
         if linked is not None and inspect_checkpoint(self.layout, linked).valid:
-            yield core.CheckpointCommitted(linked.index)
+            yield core.CheckpointCommitted(linked.index, self._clock())
 
     # -- actions ----------------------------------------------------------------------------
 
@@ -302,6 +324,8 @@ class Supervisor:
                 self._start(action)
             elif isinstance(action, core.SignalTree):
                 self._signal_tree(action.signal)
+            elif isinstance(action, core.SignalWorkers):
+                self._signal_workers(action.signal)
             elif isinstance(action, core.Requeue):
                 self._requeue()
             else:
@@ -311,6 +335,7 @@ class Supervisor:
     def _start(self, action: core.StartWorkers) -> None:
         if self._tree is not None:
             self._tree.reap()
+        clear_announcements(self.layout.control_path(self.options.node_rank))
         plan = launch_plan(self.options, start_number=action.start_number,
                            resume_from=action.resume_from)
         assert self._watchdog is not None
@@ -334,6 +359,11 @@ class Supervisor:
         if self._tree is not None:
             self._record("signal_sent", signal=number.name, torchrun_pid=self._tree.process.pid)
             self._tree.signal(number)
+
+    def _signal_workers(self, number: signal.Signals) -> None:
+        if self._tree is not None:
+            pids = self._tree.signal_workers(number)
+            self._record("signal_forwarded", signal=number.name, workers=pids)
 
     def _requeue(self) -> None:
         job_id = self.options.slurm_job_id
@@ -375,7 +405,8 @@ class Supervisor:
 
 def _message(event: str, fields: dict[str, Any]) -> str:
     try:
-        return _MESSAGES[event].format_map(fields)
+        template = _MESSAGES.get(f"{event}.{fields.get('path')}") or _MESSAGES[event]
+        return template.format_map(fields)
     except (KeyError, ValueError):
         return " ".join([event, *(f"{key}={value}" for key, value in fields.items())])
 

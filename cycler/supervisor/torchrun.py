@@ -47,8 +47,13 @@ _LAUNCH_FLAGS = {"script": [], "module": ["--module"], "no_python": ["--no-pytho
                  "run_path": ["--run-path"]}
 
 
+LAUNCHER = "cycler.supervisor.launcher"
+"""torchrun's own ``main``, quiet about the stops cycle asked for (:mod:`.launcher`)."""
+
+
 def torchrun_command(options: RunOptions, python: str = sys.executable) -> list[str]:
-    """``python -m torch.distributed.run ...`` for ``options``, script arguments untouched.
+    """``python -m cycler.supervisor.launcher ...`` (torchrun) for ``options``, script
+    arguments untouched.
 
     The options cycle does not own (``torchrun_args``) come after cycle's, so where both set
     one (``--monitor-interval``), torchrun takes the user's.
@@ -56,7 +61,7 @@ def torchrun_command(options: RunOptions, python: str = sys.executable) -> list[
     nnodes = str(options.nnodes)
     if options.min_nodes is not None:
         nnodes = f"{options.min_nodes}:{options.nnodes}"
-    command = [python, "-m", "torch.distributed.run",
+    command = [python, "-m", LAUNCHER,
                "--nproc-per-node", str(options.nproc_per_node),
                "--nnodes", nnodes,
                "--max-restarts", "0",

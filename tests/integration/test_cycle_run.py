@@ -8,29 +8,23 @@ request, or spawn a grandchild. Process checks use psutil on the real process tr
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import psutil
 import pytest
+from cycle_jobs import Job as _Job
+from cycle_jobs import assert_all_gone, wait_for
 from typer.testing import CliRunner
 
 from cycler.checkpoints import latest_checkpoint
 from cycler.control import Action, read_control
-from cycler.events import read_events
 from cycler.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS, EXIT_USAGE
 from cycler.layout import CheckpointLayout
 from cycler.lock import SupervisorLock
 from cycler_cli.main import app
-
-STARTUP_TIMEOUT = 90.0  # torch imports are slow on a loaded 2-core machine
 
 WORKER = r'''
 import argparse, os, signal, subprocess, sys, time
@@ -75,101 +69,11 @@ for step in range(args.steps):
 '''
 
 
-class Job:
-    """One ``cycle run`` process with its directories and output files."""
+class Job(_Job):
+    """A job running :data:`WORKER`."""
 
-    def __init__(self, tmp_path: Path, *flags: str, mode: str = "stop", steps: int | None = None,
-                 nproc: int = 1, env: dict[str, str] | None = None) -> None:
-        self.dir = tmp_path
-        self.root = tmp_path / "ck"
-        self.layout = CheckpointLayout(self.root)
-        script = tmp_path / "worker.py"
-        script.write_text(WORKER)
-        script_args = ["--mode", mode, "--dir", str(tmp_path)]
-        script_args += [] if steps is None else ["--steps", str(steps)]
-        command = [sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", str(nproc),
-                   "--checkpoint-dir", str(self.root), *flags, str(script), *script_args]
-        self.stdout = (tmp_path / "stdout.txt").open("wb")
-        self.stderr = (tmp_path / "stderr.txt").open("wb")
-        environment = {key: value for key, value in os.environ.items()
-                       if not key.startswith(("SLURM_", "CYCLER_"))}
-        self.process = subprocess.Popen(command, stdout=self.stdout, stderr=self.stderr,
-                                        env={**environment, **(env or {})}, cwd=tmp_path)
-
-    def wait_ready(self, nproc: int = 1, start: int = 0) -> None:
-        wait_for(lambda: all((self.dir / f"ready-{rank}-{start}").exists()
-                             for rank in range(nproc)), "workers ready", self)
-
-    def wait(self, timeout: float = 60.0) -> int:
-        try:
-            return self.process.wait(timeout)
-        finally:
-            self.stdout.close()
-            self.stderr.close()
-
-    def send(self, number: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            self.process.send_signal(number)
-
-    def tree(self) -> list[psutil.Process]:
-        """Every process below the supervisor: torchrun, workers, their children, the watchdog."""
-        return psutil.Process(self.process.pid).children(recursive=True)
-
-    def events(self) -> list[dict]:
-        return read_events(self.layout.events_path(0))
-
-    def event_names(self) -> list[str]:
-        return [event["event"] for event in self.events()]
-
-    def output(self) -> str:
-        return (self.dir / "stderr.txt").read_text(errors="replace")
-
-
-def wait_for(condition: Callable[[], bool], what: str, job: Job | None = None,
-             timeout: float = STARTUP_TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if job is not None and job.process.poll() is not None:
-            raise AssertionError(f"cycle run exited {job.process.returncode} while waiting for "
-                                 f"{what}:\n{job.output()[-3000:]}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-def assert_all_gone(processes: list[psutil.Process], within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    alive = processes
-    while alive and time.monotonic() < deadline:
-        alive = [p for p in alive if _running(p)]
-        time.sleep(0.05)
-    assert not alive, f"survivors: {[(p.pid, _cmdline(p)) for p in alive]}"
-
-
-def _running(process: psutil.Process) -> bool:
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _cmdline(process: psutil.Process) -> str:
-    with contextlib.suppress(psutil.Error):
-        return " ".join(process.cmdline())[:120]
-    return "?"
-
-
-@pytest.fixture
-def jobs() -> Iterator[list[Job]]:
-    """Jobs started by a test; any still running at the end are killed with their trees."""
-    started: list[Job] = []
-    yield started
-    for job in started:
-        if job.process.poll() is None:
-            for process in [*job.tree(), psutil.Process(job.process.pid)]:
-                with contextlib.suppress(psutil.Error):
-                    process.kill()
-            job.wait()
+    def __init__(self, tmp_path: Path, *flags: str, **kwargs: object) -> None:
+        super().__init__(tmp_path, *flags, worker=WORKER, **kwargs)  # type: ignore[arg-type]
 
 
 # --- stopping on request ----------------------------------------------------------------------
@@ -377,7 +281,8 @@ def test_dry_run_prints_the_torchrun_command_and_the_added_environment(tmp_path:
     assert f"CYCLER_CONTROL_FILE={tmp_path / 'c' / '.cycler' / 'control-node0.json'}" in lines
     assert "CYCLER_RESTART_COUNT=0" in lines
     command = lines[-1]
-    assert " -m torch.distributed.run --nproc-per-node 2 --nnodes 1 --max-restarts 0 --monitor-interval 0.02 " in command
+    assert (" -m cycler.supervisor.launcher --nproc-per-node 2 --nnodes 1 --max-restarts 0 "
+            "--monitor-interval 0.02 ") in command
     assert command.endswith(f"{script} --grace 3 --lr=0.1")
     assert not (tmp_path / "c").exists(), "a dry run creates nothing"
 
@@ -404,7 +309,7 @@ def assert_usage_error(result, fragment: str) -> None:  # noqa: ANN001
 
 @pytest.mark.parametrize(("flags", "fragment"), [
     (["--grace", "0"], "grace must be more than 0"),
-    (["--nproc-per-node", "0"], "nproc-per-node must be at least 1"),
+    (["--nproc-per-node", "0"], "nproc-per-node must be a number of at least 1"),
     (["--max-restarts", "-1"], "max-restarts must be 0 or more"),
     (["--signals", "KILL"], "not a signal the supervisor can use"),
     (["--resume-from", "AtomicDirectory_checkpoint_4"], "--resume-from: "),

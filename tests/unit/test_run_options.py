@@ -202,7 +202,7 @@ def test_the_torchrun_command_never_restarts_and_passes_script_arguments_untouch
     options = RunOptions(script=Path("train.py"), nproc_per_node=2,
                          script_args=("--grace", "1", "--lr=0.1", "--"))
     command = torchrun_command(options, python="py")
-    assert command[:3] == ["py", "-m", "torch.distributed.run"]
+    assert command[:3] == ["py", "-m", "cycler.supervisor.launcher"]
     assert command[command.index("--max-restarts") + 1] == "0"
     assert command[command.index("--nproc-per-node") + 1] == "2"
     assert command[-5:] == ["train.py", "--grace", "1", "--lr=0.1", "--"]

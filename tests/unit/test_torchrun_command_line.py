@@ -60,7 +60,7 @@ def dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, line: str) -> list[
     result = CliRunner().invoke(app, ["run", "--dry-run", *shlex.split(line)])
     assert result.exit_code == 0, result.output
     command = shlex.split(result.stdout.strip().splitlines()[-1])
-    assert command[1:3] == ["-m", "torch.distributed.run"]
+    assert command[1:3] == ["-m", "cycler.supervisor.launcher"], "torchrun, quiet on stops"
     return command[3:]
 
 

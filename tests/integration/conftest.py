@@ -1,0 +1,23 @@
+"""Fixtures shared by the real-process tests."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import psutil
+import pytest
+from cycle_jobs import Job
+
+
+@pytest.fixture
+def jobs() -> Iterator[list[Job]]:
+    """Jobs started by a test; any still running at the end are killed with their trees."""
+    started: list[Job] = []
+    yield started
+    for job in started:
+        if job.process.poll() is None:
+            for process in [*job.tree(), psutil.Process(job.process.pid)]:
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
+            job.wait()

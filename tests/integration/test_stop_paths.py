@@ -1,0 +1,132 @@
+"""A stop is fast for every kind of script, with real ``cycle run``, torchrun and signals.
+
+- a script that knows nothing of cycler gets the signal at once, as under torchrun, and its own
+  handler runs;
+- a script that commits through AtomicDirectory but never reads the control file is ended right
+  after its first commit that completes after the request;
+- no stop prints a traceback.
+(Scripts that read the control file are covered by test_cycle_run.py and the example's test.)
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from cycle_jobs import Job, assert_all_gone, wait_for
+
+from cycler.exit_codes import EXIT_FAILURE, EXIT_REQUEUE
+
+PLAIN = r'''
+import argparse, os, signal, sys, time
+from pathlib import Path
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--mode", default="handler")
+parser.add_argument("--dir", required=True)
+args, _ = parser.parse_known_args()
+out, rank = Path(args.dir), int(os.environ["RANK"])
+step = 0
+
+
+def save_and_exit(number, frame):
+    (out / f"got-{rank}").write_text(repr(time.time()))
+    (out / f"saved-{rank}").write_text(str(step))  # the script's own checkpoint
+    sys.exit(0)
+
+
+if args.mode == "handler":
+    signal.signal(signal.SIGTERM, save_and_exit)
+(out / f"ready-{rank}-{os.environ['CYCLER_RESTART_COUNT']}").write_text("")
+while True:
+    step += 1
+    time.sleep(0.01)
+'''
+
+SAVER_ONLY = r'''
+import argparse, os, time
+from pathlib import Path
+
+import torch.distributed as dist
+
+from cycler import AtomicDirectory
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--dir", required=True)
+args, _ = parser.parse_known_args()
+out = Path(args.dir)
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+saver = AtomicDirectory(os.environ["CHECKPOINT_ARTIFACT_PATH"], is_master=rank == 0)
+(out / f"ready-{rank}-{os.environ['CYCLER_RESTART_COUNT']}").write_text("")
+for step in range(1000):
+    time.sleep(0.6)  # "training" between two checkpoints
+    directory = saver.prepare_checkpoint_directory()
+    Path(directory, f"rank-{rank}.txt").write_text(str(step))
+    saver.symlink_latest(directory, metadata={"step": step})
+    with (out / f"commits-{rank}").open("a") as record:
+        record.write(f"{time.time()!r}\n")
+'''
+
+
+def no_traceback(job: Job) -> None:
+    output = job.output()
+    assert "Traceback" not in output and "ChildFailedError" not in output, output[-3000:]
+
+
+def test_a_plain_script_gets_sigterm_at_once_saves_in_its_handler_and_the_job_exits_75(
+        tmp_path: Path, jobs: list[Job]) -> None:
+    job = Job(tmp_path, "--grace", "30", nproc=2, mode="handler", worker=PLAIN)
+    jobs.append(job)
+    job.wait_ready(nproc=2)
+    tree = job.tree()
+    sent = time.time()
+    job.send(signal.SIGTERM)
+    assert job.wait(30) == EXIT_REQUEUE
+    delays = [float((tmp_path / f"got-{rank}").read_text()) - sent for rank in range(2)]
+    assert max(delays) < 0.1, f"the workers got SIGTERM {delays} s after the supervisor"
+    assert all((tmp_path / f"saved-{rank}").exists() for rank in range(2))
+    stop = next(e for e in job.events() if e["event"] == "stop_requested")
+    assert stop["path"] == "signal"
+    assert "stop_handled_by_script" in job.event_names()
+    no_traceback(job)
+    assert_all_gone(tree)
+
+
+def test_a_plain_script_without_a_handler_ends_at_once_without_a_traceback(
+        tmp_path: Path, jobs: list[Job]) -> None:
+    job = Job(tmp_path, "--grace", "30", nproc=2, mode="no-handler", worker=PLAIN)
+    jobs.append(job)
+    job.wait_ready(nproc=2)
+    sent = time.monotonic()
+    job.send(signal.SIGTERM)
+    code = job.wait(30)
+    assert time.monotonic() - sent < 5.0
+    assert code == EXIT_FAILURE, "no handler, no checkpoint: nothing to resume from"
+    assert "during the stop cycle run asked for" in job.output()
+    no_traceback(job)
+
+
+def test_a_saver_only_script_is_ended_right_after_its_next_commit(
+        tmp_path: Path, jobs: list[Job]) -> None:
+    job = Job(tmp_path, "--grace", "60", nproc=2, worker=SAVER_ONLY)
+    jobs.append(job)
+    job.wait_ready(nproc=2)
+    commits = tmp_path / "commits-0"
+    wait_for(lambda: commits.exists() and len(commits.read_text().split()) >= 2,
+             "two commits", job)
+    tree = job.tree()
+    sent = time.time()
+    job.send(signal.SIGTERM)
+    assert job.wait(60) == EXIT_REQUEUE
+    ended = time.time()
+    after = [float(t) for t in commits.read_text().split() if float(t) > sent]
+    assert after, "the stop came before any commit that completed after the request"
+    assert ended - after[0] < 1.0, f"ended {ended - after[0]:.2f} s after the next commit"
+    names = job.event_names()
+    assert "stop_after_commit" in names and "stop_without_new_checkpoint" not in names
+    stop = next(e for e in job.events() if e["event"] == "stop_requested")
+    assert stop["path"] == "next_commit"
+    no_traceback(job)
+    assert_all_gone(tree)
