@@ -14,6 +14,86 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+MESSAGES = {
+    "start": "supervising {script}: {nproc_per_node} workers on node {node_rank} of {nnodes}",
+    "workers_started": "started torchrun (pid {torchrun_pid}, start {start})",
+    "signal": "{signal}: {effect}",
+    "stop_requested.agreed_step": "asked the workers to checkpoint at a step they agree on and "
+                                  "exit, within {grace:g} s (they read the control file)",
+    "stop_requested.next_commit": "the workers commit through cycler's savers but do not read "
+                                  "the control file: ending them after their next commit, or "
+                                  "in {grace:g} s",
+    "stop_requested.signal": "the workers use neither StepControl nor cycler's savers: "
+                             "forwarding the signal to them, as torchrun does; they have "
+                             "{grace:g} s to exit",
+    "stop_requested.undecided": "the workers imported cycler but built no StepControl or saver "
+                                "yet: waiting a few seconds for them to",
+    "stop_after_commit": "checkpoint {index} is the stop's checkpoint: SIGTERM to the workers",
+    "stop_handled_by_script": "the script handled the signal and exited 0; cycle sees no "
+                              "checkpoint of its own to name",
+    "checkpoint_committed": "checkpoint {index} committed",
+    "checkpoints_committed": "checkpoints {first} to {last} committed",
+    "torchrun_cut_short": "every worker exited after the stop checkpoint: ending torchrun "
+                          "(pid {torchrun_pid})",
+    "workers_exited": "workers exited with code {code}",
+    "restart_scheduled": "restarting in {delay:g} s (restart {restart} of {of})",
+    "grace_expired": "the {grace:g} s grace is over: SIGTERM to every process of the job",
+    "kill": "still running {after:g} s after SIGTERM: SIGKILL",
+    "signal_sent": "sent {signal} to the job",
+    "signal_forwarded": "sent {signal} to the workers",
+    "stop_without_new_checkpoint": "the stop made no new checkpoint; the next start resumes "
+                                   "from checkpoint {resume_from}",
+    "stopped_by_another_node": "another node asked for this stop",
+    "requeue": "scontrol requeue {job_id}: {detail}",
+    "requeue_skipped": "not requeued: {requeues} requeues reached --max-requeues {max_requeues}",
+    "exit": "exit {code}: {reason}",
+}
+"""One readable sentence per event (``event.path`` first where a stop's path picks it), for
+``cycle run``'s log and ``cycle status``."""
+
+HISTORY = frozenset({
+    "start", "signal", "stop_requested", "stop_after_commit", "stop_handled_by_script",
+    "stop_without_new_checkpoint", "stopped_by_another_node", "grace_expired", "kill",
+    "restart_scheduled", "requeue", "requeue_skipped", "exit", "checkpoint_committed",
+})
+"""The events ``cycle status`` shows: what the job went through, not every checkpoint."""
+
+
+def describe(event: str, fields: dict[str, Any]) -> str:
+    """``event`` with ``fields`` as one sentence (``name key=value ...`` if it has none)."""
+    try:
+        template = MESSAGES.get(f"{event}.{fields.get('path')}") or MESSAGES[event]
+        return template.format_map(fields)
+    except (KeyError, ValueError):
+        return " ".join([event, *(f"{key}={value}" for key, value in fields.items()
+                                  if key not in ("time", "host", "pid"))])
+
+
+def job_history(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events worth showing, oldest first: a run of ``checkpoint_committed`` becomes one
+    ``checkpoints_committed`` (``first``, ``last``, ``count``); signals that change nothing and
+    routine exits of workers are left out."""
+    shown: list[dict[str, Any]] = []
+    for record in events:
+        previous = shown[-1] if shown else {}
+        if (record.get("event") == "checkpoint_committed"
+                and previous.get("event") in ("checkpoint_committed", "checkpoints_committed")):
+            shown[-1] = {**previous, "event": "checkpoints_committed",
+                         "first": previous.get("first", previous.get("index")),
+                         "last": record.get("index"), "count": previous.get("count", 1) + 1}
+        elif record.get("event") in HISTORY and record.get("effect") != "ignored":
+            shown.append(dict(record))
+    return shown
+
+
+def history_counts(events: list[dict[str, Any]]) -> dict[str, int]:
+    """How many starts, stops, restarts and requeues the events record."""
+    def count(name: str) -> int:
+        return sum(1 for record in events if record.get("event") == name)
+
+    return {"starts": count("start"), "stops": count("stop_requested"),
+            "restarts": count("restart_scheduled"), "requeues": count("requeue")}
+
 
 class EventLog:
     """Appends events like ``{"time": ..., "event": "signal", "signal": "SIGTERM", ...}``."""

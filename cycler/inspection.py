@@ -17,7 +17,7 @@ from typing import Any
 from cycler import _fs
 from cycler.checkpoints import Checkpoint, list_checkpoints
 from cycler.errors import CheckpointDirectoryError, DirectoryInUse
-from cycler.events import read_events
+from cycler.events import history_counts, job_history, read_events
 from cycler.layout import CheckpointLayout, saver_prefixes
 from cycler.lock import lock_holder
 from cycler.retention import Decision, retention_decisions
@@ -50,11 +50,15 @@ class RootStatus:
     supervisors: list[dict[str, Any]] = field(default_factory=list)
     """Owner records of live ``cycle run`` supervisors (one per node)."""
     events: list[dict[str, Any]] = field(default_factory=list)
+    """The job's history (:func:`cycler.events.job_history`), its last entries, oldest first."""
+    counts: dict[str, int] = field(default_factory=dict)
+    """Starts, stops, restarts and requeues over the job's whole life."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"root": str(self.root), "exists": self.exists,
                 "checkpoints": [c.as_dict() for c in self.checkpoints],
-                "supervisors": self.supervisors, "events": self.events}
+                "supervisors": self.supervisors, "events": self.events,
+                "counts": self.counts}
 
 
 def checked_root(root: str | os.PathLike[str]) -> Path | None:
@@ -74,7 +78,8 @@ def checked_root(root: str | os.PathLike[str]) -> Path | None:
 def collect_status(root: str | os.PathLike[str], *, verify: bool = False, events: int = 10,
                    on_checked: Callable[[int], None] | None = None,
                    clock: Callable[[], float] = time.time) -> RootStatus:
-    """Every saver's checkpoints, the live supervisors and the last ``events`` events.
+    """Every saver's checkpoints, the live supervisors and the last ``events`` entries of the
+    job's history (starts, stops, restarts, requeues, commits), with counts over all of it.
 
     ``verify`` reads every file to check its checksum; ``on_checked(bytes)`` is called after
     each checkpoint so a caller can show progress.
@@ -89,7 +94,12 @@ def collect_status(root: str | os.PathLike[str], *, verify: bool = False, events
             if on_checked is not None:
                 on_checked(facts[-1].size)
     layout = CheckpointLayout(path)
-    return RootStatus(path, True, facts, live_supervisors(layout), _recent_events(layout, events))
+    merged = [{**event, "node": node} for node, path in layout.events_paths().items()
+              for event in read_events(path)]
+    merged.sort(key=lambda event: float(event.get("time", 0)))
+    history = job_history(merged)
+    return RootStatus(path, True, facts, live_supervisors(layout),
+                      history[-events:] if events > 0 else [], history_counts(merged))
 
 
 def total_size(root: str | os.PathLike[str], *, verify: bool = False) -> int:
@@ -137,12 +147,6 @@ def live_supervisors(layout: CheckpointLayout) -> list[dict[str, Any]]:
     """Owner records of the ``cycle run`` supervisors holding a lock on this root."""
     holders = (lock_holder(path) for path in layout.lock_paths())
     return [holder for holder in holders if holder is not None]
-
-
-def _recent_events(layout: CheckpointLayout, limit: int) -> list[dict[str, Any]]:
-    merged = [event for path in layout.events_paths() for event in read_events(path)]
-    merged.sort(key=lambda event: float(event.get("time", 0)))
-    return merged[-limit:] if limit > 0 else []
 
 
 @dataclass(frozen=True)

@@ -121,9 +121,15 @@ class CheckpointLayout:
         """Every node's control file."""
         return sorted(self.supervisor_dir.glob(CONTROL_FILENAME.format(node="*")))
 
-    def events_paths(self) -> list[Path]:
-        """Every node's events log."""
-        return sorted(self.supervisor_dir.glob(EVENTS_FILENAME.format(node="*")))
+    def events_paths(self) -> dict[int, Path]:
+        """Every node's events log, by node rank."""
+        prefix, suffix = EVENTS_FILENAME.split("{node}")
+        found = {}
+        for path in self.supervisor_dir.glob(EVENTS_FILENAME.format(node="*")):
+            rank = path.name[len(prefix):len(path.name) - len(suffix)]
+            if rank.isdigit():
+                found[int(rank)] = path
+        return dict(sorted(found.items()))
 
     def lock_paths(self) -> list[Path]:
         """Every node's supervisor lock file."""

@@ -6,10 +6,12 @@ import datetime
 import json
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from cycler.events import describe
 from cycler.inspection import PruneResult, RootStatus
 
 console = Console(highlight=False)
@@ -46,27 +48,34 @@ def render_status(status: RootStatus) -> None:
     if not status.checkpoints:
         console.print(f"No checkpoints in {escape(str(status.root))}.", soft_wrap=True)
     else:
-        console.print(_status_table(status))
+        _print_status_table(status)
     _render_supervisors(status.supervisors)
-    _render_events(status.events)
+    _render_events(status.events, status.counts)
 
 
-def _status_table(status: RootStatus) -> Table:
-    table = Table(title=f"Checkpoints in {escape(str(status.root))}", title_justify="left")
-    table.add_column("name", no_wrap=True)
-    for column in ("index", "step", "epoch", "size"):
-        table.add_column(column, justify="right")
-    for column in ("age", "state"):
-        table.add_column(column)
+def _print_status_table(status: RootStatus) -> None:
+    # Fits 80 columns: one saver's rows are numbered by index under a title naming the saver;
+    # only a root shared by several savers spends a column on full names.
+    savers = sorted({row.saver for row in status.checkpoints})
+    title = f"Checkpoints in {escape(str(status.root))}"
+    if len(savers) == 1:
+        title = f"{escape(savers[0])} checkpoints in {escape(str(status.root))}"
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("index" if len(savers) == 1 else "name", no_wrap=True)
+    for column in ("step", "epoch", "size", "age"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("state", overflow="fold")
     for row in status.checkpoints:
         state = row.state + (" (pinned)" if row.pinned and row.state != "pinned" else "")
         if row.problem:
             state += f": {row.problem}"
         style = _STATE_STYLES.get(row.state, "")
-        table.add_row(escape(row.name), str(row.index), _blank(row.step), _blank(row.epoch),
-                      human_size(row.size), human_age(row.age_seconds),
+        table.add_row(str(row.index) if len(savers) == 1 else escape(row.name),
+                      _blank(row.step), _blank(row.epoch), human_size(row.size),
+                      human_age(row.age_seconds),
                       f"[{style}]{escape(state)}[/]" if style else escape(state))
-    return table
+    console.print(title)
+    console.print(table)
 
 
 def _blank(value: int | None) -> str:
@@ -81,18 +90,20 @@ def _render_supervisors(supervisors: list[dict[str, Any]]) -> None:
                       f"{escape(str(owner.get('host', '?')))}")
 
 
-def _render_events(events: list[dict[str, Any]]) -> None:
+def _render_events(events: list[dict[str, Any]], counts: dict[str, int]) -> None:
     if not events:
         return
-    table = Table(title="Recent events", title_justify="left")
-    for column in ("time", "event", "details"):
-        table.add_column(column)
+    summary = ", ".join(f"{name} {count}" for name, count in counts.items())
+    console.print(f"History ({summary}), latest last:")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("time", no_wrap=True)
+    table.add_column("node", justify="right", no_wrap=True)
+    table.add_column("what happened", overflow="fold")
     for event in events:
         when = datetime.datetime.fromtimestamp(float(event.get("time", 0)))
-        details = ", ".join(f"{k}={v}" for k, v in sorted(event.items())
-                            if k not in ("time", "event", "host", "pid"))
-        table.add_row(when.strftime("%Y-%m-%d %H:%M:%S"), escape(str(event.get("event"))),
-                      escape(details))
+        fields = {key: value for key, value in event.items() if key != "event"}
+        table.add_row(when.strftime("%m-%d %H:%M:%S"), escape(str(event.get("node", ""))),
+                      escape(describe(str(event.get("event")), fields)))
     console.print(table)
 
 

@@ -43,7 +43,8 @@ saver = AtomicDirectory(output_directory, is_master=True)
 latest_symlink = os.path.join(output_directory, saver.symlink_name)
 start_epoch = 0
 if os.path.exists(latest_symlink):
-    checkpoint = torch.load(os.path.join(os.readlink(latest_symlink), "checkpoint.pt"))
+    checkpoint = torch.load(os.path.join(os.readlink(latest_symlink), "checkpoint.pt"),
+                            weights_only=True)
     model.load_state_dict(checkpoint["model"])
     optimizer.load_state_dict(checkpoint["optimizer"])
     sampler.load_state_dict(checkpoint["sampler"])

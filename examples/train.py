@@ -95,8 +95,8 @@ class Trainer:
         latest = self.saver.latest_checkpoint()
         if latest is None:
             return
-        shared = torch.load(Path(latest) / "train.pt", weights_only=False)
-        own = torch.load(Path(latest) / f"rank-{self.rank}.pt", weights_only=False)
+        shared = torch.load(Path(latest) / "train.pt", weights_only=True)
+        own = torch.load(Path(latest) / f"rank-{self.rank}.pt", weights_only=True)
         self.model.load_state_dict(shared["model"])
         self.optimizer.load_state_dict(shared["optimizer"])
         self.sampler.load_state_dict(shared["sampler"])

@@ -38,7 +38,7 @@ from cycler.control import (
 )
 from cycler.environment import ENV_ISC_LOSSY_PATH
 from cycler.errors import CheckpointDirectoryError, ConfigError, CyclerError
-from cycler.events import EventLog
+from cycler.events import EventLog, describe
 from cycler.layout import CheckpointLayout, CheckpointName
 from cycler.lock import SupervisorLock
 from cycler.supervisor import core
@@ -59,39 +59,6 @@ TICK_SECONDS = 0.1
 """How often the loop looks for a new checkpoint when nothing else happens."""
 STDERR_DRAIN_SECONDS = 2.0
 
-_MESSAGES = {
-    "start": "supervising {script}: {nproc_per_node} workers on node {node_rank} of {nnodes}",
-    "workers_started": "started torchrun (pid {torchrun_pid}, start {start})",
-    "signal": "{signal}: {effect}",
-    "stop_requested.agreed_step": "asked the workers to checkpoint at a step they agree on and "
-                                  "exit, within {grace:g} s (they read the control file)",
-    "stop_requested.next_commit": "the workers commit through cycler's savers but do not read "
-                                  "the control file: ending them after their next commit, or "
-                                  "in {grace:g} s",
-    "stop_requested.signal": "the workers use neither StepControl nor cycler's savers: "
-                             "forwarding the signal to them, as torchrun does; they have "
-                             "{grace:g} s to exit",
-    "stop_requested.undecided": "the workers imported cycler but built no StepControl or saver "
-                                "yet: waiting a few seconds for them to",
-    "stop_after_commit": "checkpoint {index} is the stop's checkpoint: SIGTERM to the workers",
-    "stop_handled_by_script": "the script handled the signal and exited 0; cycle sees no "
-                              "checkpoint of its own to name",
-    "checkpoint_committed": "checkpoint {index} committed",
-    "torchrun_cut_short": "every worker exited after the stop checkpoint: ending torchrun "
-                          "(pid {torchrun_pid})",
-    "workers_exited": "workers exited with code {code}",
-    "restart_scheduled": "restarting in {delay:g} s (restart {restart} of {of})",
-    "grace_expired": "the {grace:g} s grace is over: SIGTERM to every process of the job",
-    "kill": "still running {after:g} s after SIGTERM: SIGKILL",
-    "signal_sent": "sent {signal} to the job",
-    "signal_forwarded": "sent {signal} to the workers",
-    "stop_without_new_checkpoint": "the stop made no new checkpoint; the next start resumes "
-                                   "from checkpoint {resume_from}",
-    "stopped_by_another_node": "another node asked for this stop",
-    "requeue": "scontrol requeue {job_id}: {detail}",
-    "requeue_skipped": "not requeued: {requeues} requeues reached --max-requeues {max_requeues}",
-    "exit": "exit {code}: {reason}",
-}
 
 
 @dataclass(frozen=True)
@@ -378,7 +345,7 @@ class Supervisor:
 
     def _record(self, event: str, warning: bool = False, **fields: Any) -> None:
         self.events.append(event, **fields)
-        log.log(logging.WARNING if warning else logging.INFO, "%s", _message(event, fields))
+        log.log(logging.WARNING if warning else logging.INFO, "%s", describe(event, fields))
 
     # -- context ----------------------------------------------------------------------------
 
@@ -401,14 +368,6 @@ class Supervisor:
         finally:
             for number, handler in previous.items():
                 signal.signal(number, handler)
-
-
-def _message(event: str, fields: dict[str, Any]) -> str:
-    try:
-        template = _MESSAGES.get(f"{event}.{fields.get('path')}") or _MESSAGES[event]
-        return template.format_map(fields)
-    except (KeyError, ValueError):
-        return " ".join([event, *(f"{key}={value}" for key, value in fields.items())])
 
 
 class _Waiter:

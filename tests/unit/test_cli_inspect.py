@@ -43,12 +43,40 @@ def test_status_lists_every_checkpoint_with_step_epoch_and_state(tmp_path: Path)
     assert rows[2]["size"] == 1002
 
 
-def test_status_table_names_the_states_for_people(tmp_path: Path) -> None:
-    make_checkpoints(tmp_path, 2)
-    result = runner.invoke(app, ["status", str(tmp_path)], env={"COLUMNS": "200"})
-    assert result.exit_code == 0
-    assert "AtomicDirectory_checkpoint_1" in result.output
-    assert "latest" in result.output and "Supervisor: none running" in result.output
+def status_text(root: Path, columns: int = 80) -> str:
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "cycler_cli", "status", str(root)],
+                          env={**os.environ, "COLUMNS": str(columns)}, capture_output=True,
+                          text=True, check=True).stdout
+
+
+def test_status_fits_80_columns_with_whole_states_and_the_jobs_history(tmp_path: Path) -> None:
+    from cycler.events import EventLog
+
+    root = tmp_path / "a-rather-long-directory-name-for-the-checkpoints-of-this-job"
+    make_checkpoints(root, 3, pinned=(0,))
+    log = EventLog(CheckpointLayout(root).events_path(0))
+    log.append("start", script="train.py", nproc_per_node=2, node_rank=0, nnodes=1)
+    for index in range(3):
+        log.append("checkpoint_committed", index=index)
+    log.append("stop_requested", path="agreed_step", grace=60.0, resume_from=2)
+    log.append("requeue", job_id="77", accepted=True, detail="requeued")
+    log.append("restart_scheduled", restart=1, of=3, delay=1.0, code=1)
+    text = status_text(root)
+    lines = text.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80, text
+    header = next(line.split() for line in lines if "index" in line.split())
+    assert header == ["index", "step", "epoch", "size", "age", "state"]
+    assert all(word in text.split() for word in ("pinned", "valid", "latest"))
+    text = " ".join(text.split())  # table cells wrap: read the words in order
+    assert "AtomicDirectory checkpoints in" in text
+    assert "checkpoints 0 to 2 committed" in text
+    assert "checkpoint at a step they agree on" in text
+    assert "scontrol requeue 77: requeued" in text and "restarting in 1 s" in text
+    assert "History (starts 1, stops 1, restarts 1, requeues 1)" in text
+    assert "Supervisor: none running" in text
 
 
 def test_status_verify_reports_a_flipped_byte_as_corrupt(tmp_path: Path) -> None:

@@ -167,7 +167,7 @@ def test_per_node_supervisor_files_live_under_the_hidden_directory(tmp_path: Pat
     layout.supervisor_dir.mkdir()
     for node in (1, 0):
         layout.events_path(node).touch()
-    assert layout.events_paths() == [layout.events_path(0), layout.events_path(1)]
+    assert layout.events_paths() == {0: layout.events_path(0), 1: layout.events_path(1)}
 
 
 def test_own_temporaries_are_those_of_this_savers_link_checkpoints_and_index_record(
