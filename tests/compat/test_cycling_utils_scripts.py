@@ -1,0 +1,102 @@
+"""Scripts written for cycling_utils run unchanged (but for the import line) under `cycle run`.
+
+Each script in scripts/ uses the cycling_utils idioms of the ISC demos and knows nothing of
+cycle run's stop protocol: no StepControl, no signal handler. Under `cycle run --nproc-per-node
+2` it is stopped by SIGTERM three times at random moments and resumed to the end; its final
+weights must be bit-identical to an uninterrupted run's, and every stop must end within a
+second of the script's first commit after the request (cycle ends it right after that commit).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from cycler import EXIT_REQUEUE, EXIT_SUCCESS, list_checkpoints
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+ARGUMENTS = {
+    "ddp_classifier.py": ["--epochs", "3", "--samples", "1536", "--save-every", "10",
+                          "--batch-delay", "0.04"],
+    "fsdp_finetune.py": ["--epochs", "2", "--sequences", "512", "--save-every", "8",
+                         "--batch-delay", "0.08"],
+}
+STOP_AFTER_COMMIT = 1.0
+"""The longest a stop may take after the script's first commit that follows the request."""
+
+
+def start(script: str, root: Path, final: Path) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", "2",
+               "--checkpoint-dir", str(root), "--grace", "60", "--no-requeue",
+               str(SCRIPTS / script), *ARGUMENTS[script], "--final-weights", str(final)]
+    environment = {name: value for name, value in os.environ.items()
+                   if not name.startswith(("CYCLER_", "SLURM_"))
+                   and name not in ("CHECKPOINT_ARTIFACT_PATH", "LOSSY_ARTIFACT_PATH")}
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**environment, "OMP_NUM_THREADS": "1"}, cwd=root.parent)
+
+
+def run_to_the_end(script: str, root: Path, final: Path) -> None:
+    process = start(script, root, final)
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == EXIT_SUCCESS, output
+
+
+def first_commit_after(root: Path, moment: float) -> float | None:
+    times = [c.manifest.created_at for c in list_checkpoints(root)
+             if c.valid and c.manifest is not None and c.manifest.created_at > moment]
+    return min(times, default=None)
+
+
+def stop_once(script: str, root: Path, final: Path, rng: random.Random) -> int:
+    process = start(script, root, final)
+    assert process.stdout is not None
+    for line in process.stdout:
+        if "Setup complete" in line:
+            break
+    time.sleep(rng.uniform(0.3, 2.5))
+    sent = time.time()
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=120)
+    ended = time.time()
+    assert process.returncode in (EXIT_REQUEUE, EXIT_SUCCESS), output
+    assert "Traceback" not in output, output
+    committed = first_commit_after(root, sent)
+    if committed is not None:
+        assert ended - committed < STOP_AFTER_COMMIT, (
+            f"ended {ended - committed:.2f} s after the commit that followed the request")
+    elif process.returncode == EXIT_REQUEUE:
+        # The request came after the script's last commit: it finished meanwhile, and the
+        # rerun finds the training done.
+        assert final.exists(), f"the stop committed nothing:\n{output}"
+    return process.returncode
+
+
+@pytest.mark.parametrize("script", sorted(ARGUMENTS))
+def test_a_cycling_utils_script_stopped_three_times_ends_bit_identical(
+        tmp_path: Path, script: str) -> None:
+    reference = tmp_path / "reference.pt"
+    run_to_the_end(script, tmp_path / "uninterrupted", reference)
+    resumed, root = tmp_path / "resumed.pt", tmp_path / "stopped"
+    rng = random.Random(script)
+    codes = []
+    for _ in range(3):
+        codes.append(stop_once(script, root, resumed, rng))
+        if codes[-1] == EXIT_SUCCESS:
+            break
+    if codes[-1] != EXIT_SUCCESS:
+        run_to_the_end(script, root, resumed)
+    assert codes.count(EXIT_REQUEUE) >= 2, codes
+    expected = torch.load(reference, weights_only=True)
+    actual = torch.load(resumed, weights_only=True)
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), f"{name} differs after {codes}"
