@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -44,10 +45,23 @@ def start(script: str, root: Path, final: Path) -> subprocess.Popen[str]:
                             env={**environment, "OMP_NUM_THREADS": "1"}, cwd=root.parent)
 
 
-def run_to_the_end(script: str, root: Path, final: Path) -> None:
+EPOCHS = {"ddp_classifier.py": 3, "fsdp_finetune.py": 2}
+EPOCH_END = re.compile(r"Epoch (\d+) \[(\d+)/(\d+)\]")
+
+
+def assert_every_epoch_ended_on_its_last_batch(script: str, outputs: list[str]) -> None:
+    """The scripts print `Epoch e [batch/len(loader)]` from their end-of-epoch branch, which
+    only fires when `progress // batch_size + 1 == len(loader)`."""
+    ends = [match.groups() for output in outputs for match in EPOCH_END.finditer(output)]
+    assert {int(epoch) for epoch, _, _ in ends} == set(range(EPOCHS[script])), outputs
+    assert all(batch == total for _, batch, total in ends), ends
+
+
+def run_to_the_end(script: str, root: Path, final: Path) -> str:
     process = start(script, root, final)
     output, _ = process.communicate(timeout=300)
     assert process.returncode == EXIT_SUCCESS, output
+    return output
 
 
 def first_commit_after(root: Path, moment: float) -> float | None:
@@ -56,7 +70,7 @@ def first_commit_after(root: Path, moment: float) -> float | None:
     return min(times, default=None)
 
 
-def stop_once(script: str, root: Path, final: Path, rng: random.Random) -> int:
+def stop_once(script: str, root: Path, final: Path, rng: random.Random) -> tuple[int, str]:
     process = start(script, root, final)
     assert process.stdout is not None
     for line in process.stdout:
@@ -77,24 +91,28 @@ def stop_once(script: str, root: Path, final: Path, rng: random.Random) -> int:
         # The request came after the script's last commit: it finished meanwhile, and the
         # rerun finds the training done.
         assert final.exists(), f"the stop committed nothing:\n{output}"
-    return process.returncode
+    return process.returncode, output
 
 
 @pytest.mark.parametrize("script", sorted(ARGUMENTS))
 def test_a_cycling_utils_script_stopped_three_times_ends_bit_identical(
         tmp_path: Path, script: str) -> None:
     reference = tmp_path / "reference.pt"
-    run_to_the_end(script, tmp_path / "uninterrupted", reference)
+    outputs = [run_to_the_end(script, tmp_path / "uninterrupted", reference)]
+    assert_every_epoch_ended_on_its_last_batch(script, outputs)
     resumed, root = tmp_path / "resumed.pt", tmp_path / "stopped"
     rng = random.Random(script)
-    codes = []
+    codes, outputs = [], []
     for _ in range(3):
-        codes.append(stop_once(script, root, resumed, rng))
-        if codes[-1] == EXIT_SUCCESS:
+        code, output = stop_once(script, root, resumed, rng)
+        codes.append(code)
+        outputs.append(output)
+        if code == EXIT_SUCCESS:
             break
     if codes[-1] != EXIT_SUCCESS:
-        run_to_the_end(script, root, resumed)
+        outputs.append(run_to_the_end(script, root, resumed))
     assert codes.count(EXIT_REQUEUE) >= 2, codes
+    assert_every_epoch_ended_on_its_last_batch(script, outputs)
     expected = torch.load(reference, weights_only=True)
     actual = torch.load(resumed, weights_only=True)
     assert expected.keys() == actual.keys()
