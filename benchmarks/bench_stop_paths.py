@@ -36,6 +36,8 @@ from pathlib import Path
 
 import psutil
 
+from cycler import list_checkpoints
+
 COMMON = """\
 import json, os, signal, sys, time
 from pathlib import Path
@@ -52,7 +54,7 @@ SCRIPTS = {
 import torch.distributed as dist
 from cycler import AtomicDirectory, StepControl, atomic_torch_save
 dist.init_process_group("gloo")
-saver = AtomicDirectory(os.environ["CYCLER_CHECKPOINT_DIR"], keep_last=1)
+saver = AtomicDirectory(os.environ.get("CYCLER_CHECKPOINT_DIR", str(out / "ck")), keep_last=1)
 control = StepControl()
 record("ready", 0)
 while True:
@@ -71,7 +73,7 @@ while True:
 import torch.distributed as dist
 from cycler import AtomicDirectory, atomic_torch_save
 dist.init_process_group("gloo")
-saver = AtomicDirectory(os.environ["CYCLER_CHECKPOINT_DIR"], keep_last=1)
+saver = AtomicDirectory(os.environ.get("CYCLER_CHECKPOINT_DIR", str(out / "ck")), keep_last=1)
 record("ready", 0)
 while True:
     time.sleep(float(sys.argv[4]))
@@ -129,8 +131,9 @@ def stop_once(script_name: str, kind: str, args: argparse.Namespace) -> dict[str
         saves = [json.loads(p.read_text()) for p in out.glob("save-*")]
         if saves:
             figures["save_s"] = max(saves)
-        commits = [float(t) for p in out.glob("commits-0") for t in p.read_text().split()]
-        later = [t - sent for t in commits if t > sent]
+        # keep_last=1: the one checkpoint left is the newest; its manifest says when it was made.
+        later = [c.manifest.created_at - sent for c in list_checkpoints(out / "ck")
+                 if c.manifest is not None and c.manifest.created_at > sent]
         if later:
             figures["next_commit_s"] = min(later)
         return figures
