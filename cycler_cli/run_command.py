@@ -33,16 +33,19 @@ def register(app: typer.Typer) -> None:
     app.command(
         "run",
         help=HELP,
-        context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
+        # torchrun takes every option with underscores too (--nproc_per_node): click matches
+        # option names after this normalisation, so both spellings work and --help lists one.
+        context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True,
+                          "token_normalize_func": _dashes},
     )(run)
 
 
 _TORCHRUN = "torchrun options (passed to torchrun unchanged)"
 
 
-def _spellings(name: str) -> tuple[str, str]:
-    """torchrun accepts every option with dashes and with underscores; so does cycle run."""
-    return f"--{name}", f"--{name.replace('-', '_')}"
+def _dashes(name: str) -> str:
+    """An option's name (click passes it without its leading dashes) spelled with dashes."""
+    return name.replace("_", "-")
 
 
 def _passed(help_text: str, *names: str) -> Any:
@@ -69,82 +72,82 @@ def run(
                                 "with -m, an executable with --no-python).", show_default=False),
     args: list[str] = typer.Argument(None, metavar="ARGS", help="Arguments for the script.",
                                     show_default=False),
-    nproc_per_node: str = typer.Option(None, *_spellings("nproc-per-node"), help="Workers on "
+    nproc_per_node: str = typer.Option(None, "--nproc-per-node", help="Workers on "
                                        "this node, or auto/cpu/gpu/xpu (default: $N_PROC, "
                                        "$SLURM_GPUS_ON_NODE, 1)."),
     nnodes: str = typer.Option(None, "--nnodes", help="Nodes, or MIN:MAX for an elastic job "
                                "(default: $NNODES, $SLURM_NNODES, 1)."),
-    node_rank: int = typer.Option(None, *_spellings("node-rank"), help="This node's rank "
+    node_rank: int = typer.Option(None, "--node-rank", help="This node's rank "
                                   "(default: $NODE_RANK, $SLURM_NODEID, 0)."),
-    master_addr: str = typer.Option(None, *_spellings("master-addr"), help="Node 0's address "
+    master_addr: str = typer.Option(None, "--master-addr", help="Node 0's address "
                                     "(default: $MASTER_ADDR, first host of $SLURM_JOB_NODELIST)."),
-    master_port: int = typer.Option(None, *_spellings("master-port"), help="Node 0's port "
+    master_port: int = typer.Option(None, "--master-port", help="Node 0's port "
                                     "(default: $MASTER_PORT, derived from $SLURM_JOB_ID)."),
-    rdzv_endpoint: str = typer.Option(None, *_spellings("rdzv-endpoint"),
+    rdzv_endpoint: str = typer.Option(None, "--rdzv-endpoint",
                                       help="host:port of a c10d rendezvous (instead of master)."),
-    rdzv_backend: str = typer.Option(None, *_spellings("rdzv-backend"), help="Rendezvous "
+    rdzv_backend: str = typer.Option(None, "--rdzv-backend", help="Rendezvous "
                                      "backend for --rdzv-endpoint (default: c10d)."),
-    rdzv_id: str = typer.Option(None, *_spellings("rdzv-id"), help="Rendezvous id shared by "
+    rdzv_id: str = typer.Option(None, "--rdzv-id", help="Rendezvous id shared by "
                                 "the job's nodes (default: $SLURM_JOB_ID, cycler)."),
     standalone: bool = typer.Option(None, "--standalone", help="One node, rendezvous on a free "
                                     "port (the default for one node).", show_default=False),
     module: bool = typer.Option(False, "-m", "--module", help="SCRIPT is a module, run as "
                                 "python -m SCRIPT."),
-    no_python: bool = typer.Option(False, *_spellings("no-python"), help="Run SCRIPT itself, "
+    no_python: bool = typer.Option(False, "--no-python", help="Run SCRIPT itself, "
                                    "not with python."),
-    run_path: bool = typer.Option(False, *_spellings("run-path"), help="Run SCRIPT (an absolute "
+    run_path: bool = typer.Option(False, "--run-path", help="Run SCRIPT (an absolute "
                                   "path) with runpy.run_path in torchrun's worker."),
-    checkpoint_dir: Path = typer.Option(None, *_spellings("checkpoint-dir"), help="Checkpoint "
+    checkpoint_dir: Path = typer.Option(None, "--checkpoint-dir", help="Checkpoint "
                                         "root (default: $CYCLER_CHECKPOINT_DIR, "
                                         "$CHECKPOINT_ARTIFACT_PATH, ./checkpoints)."),
-    checkpoint_name: str = typer.Option(None, *_spellings("checkpoint-name"),
+    checkpoint_name: str = typer.Option(None, "--checkpoint-name",
                                         help="The saver's name= (default: AtomicDirectory)."),
     grace: float = typer.Option(None, "--grace", help="Seconds to checkpoint and exit after a "
                                 "stop signal (default: 60)."),
-    max_restarts: int = typer.Option(None, *_spellings("max-restarts"), help="Restarts after "
+    max_restarts: int = typer.Option(None, "--max-restarts", help="Restarts after "
                                      "worker failures (default: 3)."),
-    restart_delay: float = typer.Option(None, *_spellings("restart-delay"), help="Seconds "
+    restart_delay: float = typer.Option(None, "--restart-delay", help="Seconds "
                                         "before the first restart, doubling without progress "
                                         "(default: 1)."),
     requeue: bool = typer.Option(None, "--requeue/--no-requeue", help="scontrol requeue after a "
                                  "stop (default: on under Slurm)."),
-    max_requeues: int = typer.Option(None, *_spellings("max-requeues"), help="Requeues allowed, "
+    max_requeues: int = typer.Option(None, "--max-requeues", help="Requeues allowed, "
                                      "against $SLURM_RESTART_COUNT (default: 100)."),
-    resume_from: str = typer.Option(None, *_spellings("resume-from"), help="Start from this "
+    resume_from: str = typer.Option(None, "--resume-from", help="Start from this "
                                     "checkpoint (name or index) instead of the latest."),
     signals: str = typer.Option(None, "--signals", help="Signals that ask for checkpoint and "
                                 "exit (default: TERM,INT,HUP,USR2)."),
     config: Path = typer.Option(None, "--config", help="YAML file with any of these options; "
                                 "flags win."),
-    dry_run: bool = typer.Option(False, *_spellings("dry-run"), help="Print the torchrun "
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the torchrun "
                                  "command and the environment it adds; start nothing."),
-    rdzv_conf: str = _passed("key=value,... for the rendezvous.", *_spellings("rdzv-conf")),
+    rdzv_conf: str = _passed("key=value,... for the rendezvous.", "--rdzv-conf"),
     monitor_interval: float = _passed("Seconds between torchrun's checks of its workers "
-                                      "(cycle's default: 0.02).", *_spellings("monitor-interval")),
-    start_method: str = _passed("spawn, fork or forkserver.", *_spellings("start-method")),
+                                      "(cycle's default: 0.02).", "--monitor-interval"),
+    start_method: str = _passed("spawn, fork or forkserver.", "--start-method"),
     role: str = _passed("User-defined role of the workers.", "--role"),
-    log_dir: str = _passed("Directory for torchrun's worker logs.", *_spellings("log-dir")),
+    log_dir: str = _passed("Directory for torchrun's worker logs.", "--log-dir"),
     redirects: str = _passed("Redirect worker streams to files in --log-dir.", "-r",
                              "--redirects"),
     tee: str = _passed("Tee worker streams to files in --log-dir.", "-t", "--tee"),
     local_ranks_filter: str = _passed("Only show these local ranks' output.",
-                                      *_spellings("local-ranks-filter")),
-    local_addr: str = _passed("This node's address.", *_spellings("local-addr")),
-    logs_specs: str = _passed("torchrun.logs_specs entry point.", *_spellings("logs-specs")),
+                                      "--local-ranks-filter"),
+    local_addr: str = _passed("This node's address.", "--local-addr"),
+    logs_specs: str = _passed("torchrun.logs_specs entry point.", "--logs-specs"),
     numa_binding: str = _passed("Bind workers to CPUs near their GPUs.",
-                                *_spellings("numa-binding")),
+                                "--numa-binding"),
     event_log_handler: str = _passed("Registered event log handler.",
-                                     *_spellings("event-log-handler")),
+                                     "--event-log-handler"),
     duplicate_stdout_filters: str = _passed("Duplicate matching stdout lines to a file.",
-                                            *_spellings("duplicate-stdout-filters")),
+                                            "--duplicate-stdout-filters"),
     duplicate_stderr_filters: str = _passed("Duplicate matching stderr lines to a file.",
-                                            *_spellings("duplicate-stderr-filters")),
+                                            "--duplicate-stderr-filters"),
     signals_to_handle: str = _passed("Signals torchrun itself forwards to its workers.",
-                                     *_spellings("signals-to-handle")),
+                                     "--signals-to-handle"),
     shutdown_timeout: float = _passed("Seconds torchrun waits for workers after a signal "
                                       "(cycle's default: grace + 10).",
-                                      *_spellings("shutdown-timeout")),
-    virtual_local_rank: bool = typer.Option(False, *_spellings("virtual-local-rank"),
+                                      "--shutdown-timeout"),
+    virtual_local_rank: bool = typer.Option(False, "--virtual-local-rank",
                                             help="LOCAL_RANK 0 for every worker.",
                                             rich_help_panel=_TORCHRUN),
 ) -> None:

@@ -313,8 +313,10 @@ def resolve_run_options(*, script: str | Path, script_args: Sequence[str] = (),
     given = {key: value for key, value in (flags or {}).items() if value is not None}
     _check_flag_names(given)
     merged = {**general, **from_file, **given}
-    if merged.get("standalone") and "nnodes" not in {**from_file, **given}:
-        merged.pop("nnodes", None)  # one node, whatever the scheduler's variables say
+    if merged.get("standalone"):
+        for key in ("nnodes", "node_rank"):  # one node, whatever the scheduler's variables say
+            if key not in {**from_file, **given}:
+                merged.pop(key, None)
     if "nnodes" in merged:
         merged["min_nodes"], merged["nnodes"] = parse_nnodes(merged["nnodes"])
     if merged.get("nnodes", 1) > 1 and merged.get("rdzv_endpoint") is None:

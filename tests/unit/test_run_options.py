@@ -237,3 +237,20 @@ def test_resume_from_goes_to_the_first_start_and_an_inherited_one_is_dropped():
     later = launch_plan(options, start_number=1)
     assert ENV_RESUME_FROM not in full_environment(later, {ENV_RESUME_FROM: "stale", "A": "1"})
     assert full_environment(later, {"A": "1"})["A"] == "1"
+
+
+def test_a_config_file_takes_torchrun_spellings_of_the_new_options(tmp_path: Path):
+    config = write_config(tmp_path, "nnodes: '1:3'\nrdzv_endpoint: head:29400\n"
+                                    "rdzv-backend: c10d\nrdzv_id: 42\nnproc_per_node: gpu\n")
+    options = resolve_run_options(script="t.py", config_file=config)
+    assert (options.min_nodes, options.nnodes, options.rdzv_id) == (1, 3, "42")
+    assert options.nproc_per_node == "gpu"
+    command = " ".join(torchrun_command(options, python="py"))
+    assert "--nnodes 1:3 " in command and "--rdzv-id 42 " in command
+
+
+def test_standalone_ignores_the_schedulers_node_count_but_not_a_given_one():
+    options = resolve_run_options(script="t.py", flags={"standalone": True}, environ=SLURM)
+    assert options.nnodes == 1 and "--standalone" in torchrun_command(options)
+    with pytest.raises(ConfigError, match="standalone runs one node"):
+        resolve_run_options(script="t.py", flags={"standalone": True, "nnodes": "2"})
