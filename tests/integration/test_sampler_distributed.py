@@ -26,7 +26,7 @@ def check_resume_after_k_items() -> None:
     resumed.load_state_dict(states[0])
     assert resumed.rank == dist.get_rank()
     assert list(resumed) == list(running)
-    assert len(resumed) == 51 - 17
+    assert (len(resumed), resumed.remaining) == (51, 51 - 17)
     _assert_all_ranks_differ(list(resumed))
 
 
