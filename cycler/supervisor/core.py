@@ -31,144 +31,34 @@ from __future__ import annotations
 
 import enum
 import signal
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from cycler.control import USES_CONTROL, USES_CYCLER, USES_SAVER, Action, ControlRequest
+from cycler.control import Action, ControlRequest
 from cycler.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS
+from cycler.supervisor.vocabulary import (
+    Announced,
+    CheckpointCommitted,
+    Event,
+    Exit,
+    Log,
+    Requeue,
+    SignalReceived,
+    SignalTree,
+    SignalWorkers,
+    StartWorkers,
+    StopPath,
+    SupervisorAction,
+    Tick,
+    WorkersExited,
+    WriteControl,
+    stop_path,
+)
 
-
-class StopPath(str, enum.Enum):
-    """How a stop reaches the workers, chosen from what they announced."""
-
-    AGREED_STEP = "agreed_step"
-    """They read the control file: all ranks checkpoint at one step and exit."""
-    NEXT_COMMIT = "next_commit"
-    """They commit through cycler's savers only: ended after their next commit."""
-    SIGNAL = "signal"
-    """Neither: the signal is forwarded to them at once, as torchrun does."""
-    UNDECIDED = "undecided"
-    """They imported cycler but have built neither yet: wait a few seconds for them to."""
-
-
-def stop_path(features: frozenset[str]) -> StopPath:
-    """The stop path for workers that announced ``features`` (:data:`cycler.control.FEATURES`)."""
-    if USES_CONTROL in features:
-        return StopPath.AGREED_STEP
-    if USES_SAVER in features:
-        return StopPath.NEXT_COMMIT
-    if USES_CYCLER in features:
-        return StopPath.UNDECIDED
-    return StopPath.SIGNAL
-
-
-# --- events -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SignalReceived:
-    """A signal reached the supervisor (``name`` like ``"SIGTERM"``) at ``now``, when the
-    workers had announced ``features``."""
-
-    name: str
-    now: float
-    features: frozenset[str] = frozenset({USES_CONTROL})
-
-
-@dataclass(frozen=True)
-class Announced:
-    """The workers' announced features changed to ``features`` (sent while a stop waits)."""
-
-    features: frozenset[str]
-    now: float
-
-
-@dataclass(frozen=True)
-class WorkersExited:
-    """torchrun (and with it every worker) exited with ``code`` (negative: killed by signal)."""
-
-    code: int
-    now: float
-    stopped_elsewhere: bool = False
-    """Another node's supervisor asked for ``checkpoint_and_exit`` during this run: the workers
-    stopped together with that node's, which is a stop, not the end of training."""
-
-
-@dataclass(frozen=True)
-class CheckpointCommitted:
-    """A new checkpoint with ``index`` became the newest valid one (seen at ``now``)."""
-
-    index: int
-    now: float = 0.0
-
-
-@dataclass(frozen=True)
-class Tick:
-    """Time passed; the shell sends one at least at every :attr:`SupervisorCore.wake_at`."""
-
-    now: float
-
-
-Event = SignalReceived | Announced | WorkersExited | CheckpointCommitted | Tick
-
-# --- actions ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class WriteControl:
-    """Replace the control file with ``request``."""
-
-    request: ControlRequest
-
-
-@dataclass(frozen=True)
-class StartWorkers:
-    """Start torchrun. ``start_number`` counts earlier starts in this supervisor (0 first)."""
-
-    start_number: int
-    resume_from: str | None
-
-
-@dataclass(frozen=True)
-class SignalTree:
-    """Send ``signal`` to torchrun and every process below it."""
-
-    signal: signal.Signals
-
-
-@dataclass(frozen=True)
-class SignalWorkers:
-    """Send ``signal`` to each worker's process group (the worker and its DataLoader
-    workers), not to torchrun: what torchrun itself does with a signal it forwards."""
-
-    signal: signal.Signals
-
-
-@dataclass(frozen=True)
-class Requeue:
-    """Ask the scheduler to requeue this job (``scontrol requeue``)."""
-
-
-@dataclass(frozen=True)
-class Exit:
-    """End the supervisor with ``code``; ``reason`` says why in one sentence."""
-
-    code: int
-    reason: str
-    workers_failed: bool = False
-    """Whether the job ends because workers failed (the shell then reports their error)."""
-
-
-@dataclass(frozen=True)
-class Log:
-    """Append ``event`` with ``fields`` to the events log (and tell the user)."""
-
-    event: str
-    fields: dict[str, Any] = field(default_factory=dict)
-    warning: bool = False
-
-
-SupervisorAction = WriteControl | StartWorkers | SignalTree | SignalWorkers | Requeue | Exit | Log
+__all__ = [  # the vocabulary too: callers and tests speak it through this module
+    "Announced", "CheckpointCommitted", "CoreConfig", "Event", "Exit", "Log", "Phase", "Requeue",
+    "SignalReceived", "SignalTree", "SignalWorkers", "StartWorkers", "StopPath",
+    "SupervisorAction", "SupervisorCore", "Tick", "WorkersExited", "WriteControl", "stop_path",
+]
 
 
 class Phase(str, enum.Enum):
