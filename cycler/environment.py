@@ -18,6 +18,10 @@ ENV_RESTART_COUNT = "CYCLER_RESTART_COUNT"
 ENV_RESUME_FROM = "CYCLER_RESUME_FROM"
 """Name of a checkpoint to start from instead of the latest (``cycle run --resume-from``)."""
 
+ENV_STOP_SIGNALS = "CYCLER_STOP_SIGNALS"
+"""The signals ``cycle run`` treats as stop requests (``SIGTERM,SIGINT,...``): a worker that
+reads the control file ignores them when they reach it directly."""
+
 ENV_ISC_ARTIFACT_PATH = "CHECKPOINT_ARTIFACT_PATH"
 """ISC's checkpoint artifact directory; used when ``CYCLER_CHECKPOINT_DIR`` is not set."""
 

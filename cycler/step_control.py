@@ -29,10 +29,11 @@ one step: a decision within about 0.4 s, or two steps when steps are longer. Wit
 step that sees the request decides. The control file costs one ``os.stat`` at most every
 ``poll_interval`` seconds.
 
-No signal handler is installed and no decision is taken in one. Under ``cycle run`` the supervisor
-writes the control file and forwards no signal until the grace period runs out, so workers keep
-running until the agreed checkpoint is saved; a script started without ``cycle run`` dies on
-SIGTERM as usual.
+No decision is taken in a signal handler. Under ``cycle run`` the supervisor writes the control
+file and sends no signal until the grace period runs out, so workers keep running until the
+agreed checkpoint is saved; a stop signal that reaches a worker directly (clusters that signal
+every process of a job) is ignored there and in its DataLoader workers
+(:mod:`cycler.stray_signals`). A script started without ``cycle run`` dies on SIGTERM as usual.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ import torch.distributed as dist
 from cycler.control import Action, ControlFileWatcher, ControlRequest
 from cycler.environment import ENV_CONTROL_FILE
 from cycler.errors import ConfigError, CyclerError, StateMismatch
+from cycler.stray_signals import shield_from_stray_signals
 
 STEP_CONTROL_STATE_VERSION = 1
 
@@ -242,6 +244,8 @@ class StepControl:
         self._start = None if self._group is None else _starter(self._group)
         self._clock = clock
         self._watcher = ControlFileWatcher(self.control_file)
+        if self.control_file is not None:
+            shield_from_stray_signals()
         self._step = start_step
         self._steps_taken = 0
         self._last_checkpoint_step = start_step

@@ -1,12 +1,18 @@
-"""torchrun as ``cycle run`` starts it: torch's own launcher, quiet about the stops cycle asked for.
+"""torchrun as ``cycle run`` starts it: torch's own launcher, under the supervisor's orders.
 
 ``python -m cycler.supervisor.launcher ARGS`` is ``torchrun ARGS`` (it calls torchrun's ``main``
-with the same arguments) with one difference. When workers end during a stop that a supervisor
-of the job asked for (a ``checkpoint_and_exit`` in any node's control file since this launcher
-started), torchrun's teardown warnings and its ``ChildFailedError`` / ``SignalException``
-traceback are replaced by one line: a worker ended by the forwarded SIGTERM, or torchrun
-signalled after the grace, is the stop working, not a crash. Any other failure is reported by
-torchrun exactly as usual.
+with the same arguments) with two differences:
+
+- The stop signals (``$CYCLER_STOP_SIGNALS``) that reach torchrun directly, as on clusters that
+  signal every process of a job, do nothing: torchrun is told to handle only SIGQUIT
+  (``--signals-to-handle``, before the user's own, which wins) and the others get a handler that
+  only says so. Tearing the workers down is the supervisor's decision, and it ends torchrun
+  itself with SIGKILL when it must.
+- When workers end during a stop that a supervisor of the job asked for (a
+  ``checkpoint_and_exit`` in any node's control file since this launcher started), torchrun's
+  teardown warnings and its ``ChildFailedError`` / ``SignalException`` traceback are replaced by
+  one line: a worker ended by the forwarded SIGTERM is the stop working, not a crash. Any other
+  failure is reported by torchrun exactly as usual.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import time
 from cycler.control import stop_requested_since
 from cycler.environment import ENV_CHECKPOINT_DIR
 from cycler.layout import CheckpointLayout
+from cycler.stray_signals import ignore_stray, stop_signals
 
 
 class StopSeen:
@@ -54,8 +61,10 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("", "torch", "torch.distributed"):
         for handler in logging.getLogger(name).handlers:
             handler.addFilter(quiet)
+    ignore_stray(stop_signals())
+    arguments = sys.argv[1:] if argv is None else argv
     try:
-        torchrun.main(sys.argv[1:] if argv is None else argv)
+        torchrun.main(["--signals-to-handle", "SIGQUIT", *arguments])
     except (ChildFailedError, SignalException) as error:
         if not stopping():
             raise

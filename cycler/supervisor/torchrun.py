@@ -22,6 +22,7 @@ from cycler.environment import (
     ENV_ISC_LOSSY_PATH,
     ENV_RESTART_COUNT,
     ENV_RESUME_FROM,
+    ENV_STOP_SIGNALS,
 )
 from cycler.layout import CheckpointLayout
 from cycler.supervisor.options import RunOptions
@@ -110,6 +111,7 @@ def worker_environment(options: RunOptions, *, start_number: int, resume_from: s
         ENV_CONTROL_FILE: str(layout.control_path(options.node_rank)),
         ENV_CHECKPOINT_DIR: str(layout.root),
         ENV_RESTART_COUNT: str(options.requeue_count + start_number),
+        ENV_STOP_SIGNALS: ",".join(options.signals),
         **isc_environment(options, os.environ if environ is None else environ),
     }
     if resume_from is not None:

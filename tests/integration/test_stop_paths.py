@@ -11,11 +11,15 @@
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import psutil
 from cycle_jobs import Job, assert_all_gone, wait_for
 
+from cycler import list_checkpoints
 from cycler.exit_codes import EXIT_FAILURE, EXIT_REQUEUE
 
 PLAIN = r'''
@@ -130,3 +134,37 @@ def test_a_saver_only_script_is_ended_right_after_its_next_commit(
     assert stop["path"] == "next_commit"
     no_traceback(job)
     assert_all_gone(tree)
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train.py"
+
+
+def test_sigterm_to_every_process_of_the_job_still_stops_at_the_agreed_step(
+        tmp_path: Path) -> None:
+    # What Slurm's proctrack/pgid or linuxproc do: every process of the job, torchrun and the
+    # DataLoader workers included, gets the TERM the supervisor gets.
+    root = tmp_path / "ck"
+    command = [sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", "2",
+               "--checkpoint-dir", str(root), "--no-requeue", str(EXAMPLE), "--epochs", "50",
+               "--workers", "2", "--checkpoint-every", "100000", "--step-delay", "0.01"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, cwd=tmp_path)
+    assert process.stdout is not None
+    for line in process.stdout:
+        if line.startswith("[train] training from step"):
+            break
+    time.sleep(1.0)
+    job = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
+    (torchrun,) = [p for p in job if "cycler.supervisor.launcher" in " ".join(p.cmdline())]
+    ranks = torchrun.children()
+    loader_workers = [child for rank in ranks for child in rank.children()]
+    assert (len(ranks), len(loader_workers)) == (2, 4), "2 ranks, 2 DataLoader workers each"
+    sent = time.time()
+    for member in job:
+        member.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == EXIT_REQUEUE, output
+    committed = [c for c in list_checkpoints(root) if c.valid and c.manifest is not None
+                 and c.manifest.created_at > sent]
+    assert committed, f"no checkpoint at the agreed step:\n{output}"
+    assert "stopping at step" in output and "Traceback" not in output, output
