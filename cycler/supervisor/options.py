@@ -8,6 +8,7 @@ single-node jobs sharing a machine never collide on a port.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -105,8 +106,11 @@ class RunOptions:
             _require(getattr(self, name) >= 0, name, "must be 0 or more")
         _require(0 <= self.node_rank < self.nnodes, "node_rank",
                  f"must be between 0 and nnodes - 1 ({self.nnodes - 1})")
-        _require(self.grace > 0, "grace", "must be more than 0 seconds")
-        _require(self.restart_delay >= 0, "restart_delay", "must be 0 seconds or more")
+        # math.isfinite also refuses nan; inf would overflow the deadline arithmetic.
+        _require(math.isfinite(self.grace) and self.grace > 0, "grace",
+                 "must be a finite number of seconds above 0 (such as 60)")
+        _require(math.isfinite(self.restart_delay) and self.restart_delay >= 0,
+                 "restart_delay", "must be a finite number of seconds, 0 or more")
         port = self.master_port
         _require(port is None or 0 < port < 65536, "master_port", "must be between 1 and 65535")
         _require(self.rdzv_endpoint is None or self.master_addr is None, "rdzv_endpoint",

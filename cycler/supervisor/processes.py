@@ -39,13 +39,14 @@ _WATCHDOG_SOURCE = """
 import os, signal, sys
 for number in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
     signal.signal(number, signal.SIG_IGN)
-roots = set()
+roots = {}
 for line in sys.stdin:
+    pid, _, started = line[1:].strip().partition(" ")
     if line[:1] == "+":
-        roots.add(int(line[1:]))
+        roots[int(pid)] = started
     elif line[:1] == "-":
-        roots.discard(int(line[1:]))
-parents, sessions = {}, {}
+        roots.pop(int(pid), None)
+parents, sessions, starts = {}, {}, {}
 for name in os.listdir("/proc"):
     if name.isdigit():
         try:
@@ -53,8 +54,12 @@ for name in os.listdir("/proc"):
                 fields = stat.read().rsplit(b")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        parents[int(name)], sessions[int(name)] = int(fields[1]), int(fields[3])
-doomed, frontier = set(), set(roots)
+        pid = int(name)
+        parents[pid], sessions[pid], starts[pid] = int(fields[1]), int(fields[3]), fields[19]
+# Only a root that is still the process it was (same start time) leads anywhere: a pid the
+# kernel reused for somebody else's process is never killed.
+verified = {pid for pid, started in roots.items() if starts.get(pid, b"").decode() == started}
+doomed, frontier = set(), verified
 while frontier:
     doomed |= frontier
     frontier = {pid for pid, parent in parents.items() if parent in frontier} - doomed
@@ -67,6 +72,15 @@ for pid in doomed:
     except OSError:
         pass
 """
+
+
+def start_ticks(pid: int) -> str:
+    """When ``pid`` started, in clock ticks since boot (``/proc/PID/stat`` field 22), or ``""``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return ""
 
 
 def become_subreaper() -> bool:
@@ -93,8 +107,9 @@ class Watchdog:
         return self._process.pid
 
     def watch(self, pid: int) -> None:
-        """Kill ``pid``'s tree and sessions if this process dies."""
-        self._send(f"+{pid}\n")
+        """Kill ``pid``'s tree and sessions if this process dies (only while ``pid`` is the
+        process it is now: its start time is checked)."""
+        self._send(f"+{pid} {start_ticks(pid)}\n")
 
     def forget(self, pid: int) -> None:
         self._send(f"-{pid}\n")

@@ -132,11 +132,14 @@ def prepare_checkpoint_root(options: RunOptions) -> None:
     """Create the root and its ``.cycler/``, and prove a file can be written there; create
     the lossy directory the workers are told about."""
     layout = CheckpointLayout(options.checkpoint_dir, options.checkpoint_name)
-    probe = layout.supervisor_dir / f".probe-{socket.gethostname()}-{os.getpid()}"
+    probe_name = f".probe-{socket.gethostname()}-{os.getpid()}"
     try:
         layout.supervisor_dir.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"")
-        probe.unlink()
+        # Both places get written: the savers create checkpoints in the root, the supervisor
+        # and the locks write in .cycler/, and either may be the one that is read-only.
+        for probe in (layout.root / probe_name, layout.supervisor_dir / probe_name):
+            probe.write_bytes(b"")
+            probe.unlink()
     except OSError as error:
         raise CheckpointDirectoryError(
             f"cannot write to the checkpoint directory {layout.root} ({error.strerror}); "

@@ -308,7 +308,8 @@ def assert_usage_error(result, fragment: str) -> None:  # noqa: ANN001
 
 
 @pytest.mark.parametrize(("flags", "fragment"), [
-    (["--grace", "0"], "grace must be more than 0"),
+    (["--grace", "0"], "grace must be a finite number of seconds above 0"),
+    (["--grace", "inf"], "grace must be a finite number of seconds above 0"),
     (["--nproc-per-node", "0"], "nproc-per-node must be a number of at least 1"),
     (["--max-restarts", "-1"], "max-restarts must be 0 or more"),
     (["--signals", "KILL"], "not a signal the supervisor can use"),

@@ -151,7 +151,7 @@ def test_an_empty_config_file_sets_nothing(tmp_path: Path):
 
 def test_a_value_from_the_file_is_validated_like_a_flag(tmp_path: Path):
     config = write_config(tmp_path, "grace: 0\n")
-    with pytest.raises(ConfigError, match="grace must be more than 0"):
+    with pytest.raises(ConfigError, match="grace must be a finite number of seconds above 0"):
         resolve_run_options(script="t.py", config_file=config, environ={})
 
 
@@ -159,14 +159,14 @@ def test_a_value_from_the_file_is_validated_like_a_flag(tmp_path: Path):
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [
-    ("grace", 0.0, "grace must be more than 0"),
-    ("grace", -5.0, "grace must be more than 0"),
+    ("grace", 0.0, "grace must be a finite number of seconds above 0"),
+    ("grace", -5.0, "grace must be a finite number of seconds above 0"),
     ("nproc_per_node", 0, "nproc-per-node must be a number of at least 1"),
     ("nnodes", 0, "nnodes must be at least 1"),
     ("node_rank", 1, "node-rank must be between 0 and nnodes - 1"),
     ("max_restarts", -1, "max-restarts must be 0 or more"),
     ("max_requeues", -1, "max-requeues must be 0 or more"),
-    ("restart_delay", -1.0, "restart-delay must be 0 seconds or more"),
+    ("restart_delay", -1.0, "restart-delay must be a finite number of seconds, 0 or more"),
     ("master_port", 70000, "master-port must be between 1 and 65535"),
     ("checkpoint_name", "a/b", "checkpoint-name must be a plain file name"),
     ("signals", ("KILL",), "not a signal the supervisor can use"),

@@ -67,3 +67,45 @@ def test_a_checkpoint_root_below_a_file_is_refused(tmp_path: Path):
     options = RunOptions(script=Path("t.py"), checkpoint_dir=tmp_path / "file" / "ck")
     with pytest.raises(CheckpointDirectoryError, match="choose a writable --checkpoint-dir"):
         prepare_checkpoint_root(options)
+
+
+def test_a_read_only_root_is_refused_even_when_its_cycler_directory_is_writable(
+        tmp_path: Path):
+    import subprocess
+
+    root = tmp_path / "ck"
+    (root / ".cycler").mkdir(parents=True)
+    # As root, permissions do not stop a write; an immutable directory does (ext4, xfs).
+    if subprocess.run(["chattr", "+i", str(root)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here to make a directory read-only for root")
+    try:
+        options = RunOptions(script=Path("t.py"), checkpoint_dir=root)
+        with pytest.raises(CheckpointDirectoryError, match="cannot write to the checkpoint"):
+            prepare_checkpoint_root(options)
+    finally:
+        subprocess.run(["chattr", "-i", str(root)], check=True)
+
+
+def test_the_watchdog_kills_what_it_registered_but_never_a_pid_that_became_another_process():
+    import subprocess
+    import sys
+    import time
+
+    from cycler.supervisor.processes import Watchdog
+
+    sleepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+                for _ in range(2)]
+    registered, reused = sleepers
+    watchdog = Watchdog()
+    try:
+        watchdog.watch(registered.pid)
+        # As if `reused` had been registered with another start time: its pid now belongs to a
+        # process the job never had.
+        watchdog._send(f"+{reused.pid} 1\n")
+    finally:
+        watchdog.close()  # what the supervisor's death does: end of input for the watchdog
+    assert registered.wait(timeout=10) == -9
+    time.sleep(0.2)
+    assert reused.poll() is None, "a process the watchdog could not verify was killed"
+    reused.kill()
+    reused.wait()
