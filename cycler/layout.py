@@ -34,6 +34,7 @@ SUPERVISOR_DIRNAME = ".cycler"
 CONTROL_FILENAME = "control-node{node}.json"
 EVENTS_FILENAME = "events-node{node}.jsonl"
 LOCK_FILENAME = "supervisor-node{node}.lock"
+RESUME_RECORD_FILENAME = "resumed-from-node{node}.json"
 INDEX_RECORD_SUFFIX = ".last_index"
 
 
@@ -111,6 +112,10 @@ class CheckpointLayout:
 
     def lock_path(self, node_rank: int = 0) -> Path:
         return self.supervisor_dir / LOCK_FILENAME.format(node=node_rank)
+
+    def resume_record_path(self, node_rank: int = 0) -> Path:
+        """Where ``cycle run`` records that a ``--resume-from`` rollback was carried out."""
+        return self.supervisor_dir / RESUME_RECORD_FILENAME.format(node=node_rank)
 
     @property
     def writer_lock_path(self) -> Path:

@@ -99,7 +99,8 @@ class CoreConfig:
     initial_checkpoint: int | None = None
     """Index of the newest valid checkpoint when the supervisor started."""
     resume_from: str | None = None
-    """Checkpoint the first start resumes from instead of the latest."""
+    """Checkpoint the first start resumes from instead of the latest (``None`` when this job
+    already rolled back to it in an earlier run)."""
     first_sequence: int = 0
     """Sequence number of the first control request (above any already in the file)."""
 
@@ -316,10 +317,9 @@ class SupervisorCore:
     # -- helpers ----------------------------------------------------------------------------
 
     def _start_workers(self) -> list[SupervisorAction]:
-        # --resume-from only applies until this run commits a checkpoint of its own, and only
-        # to the job's first run: a requeued job reruns the same command line, and going back
-        # to the named checkpoint again would throw away everything since.
-        resume = self.config.resume_from if self.config.requeue_count == 0 else None
+        # --resume-from only applies until this run commits a checkpoint of its own (the shell
+        # drops it for a rerun of a job that already rolled back to it).
+        resume = self.config.resume_from
         if self.latest_checkpoint != self.config.initial_checkpoint:
             resume = None
         action = StartWorkers(self._starts, resume)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.machinery
+import json
 import logging
 import os
 import queue
@@ -28,6 +29,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from cycler._fs import atomic_write_bytes
 from cycler.checkpoints import find_checkpoint, inspect_checkpoint, list_checkpoints
 from cycler.control import (
     announced,
@@ -77,6 +79,7 @@ Requeuer = Callable[[str], RequeueResult]
 def plan_run(options: RunOptions) -> LaunchPlan:
     """Check the script and ``--resume-from``, and return what the first start would run."""
     check_script(options)
+    options = settle_resume_from(options)
     check_resume_from(options)
     return launch_plan(options)
 
@@ -91,6 +94,7 @@ def run_supervisor(options: RunOptions, *, clock: Callable[[], float] = time.tim
     """
     check_script(options)
     prepare_checkpoint_root(options)
+    options = settle_resume_from(options)
     check_resume_from(options)
     return Supervisor(options, clock=clock, starter=starter, requeuer=requeuer).run()
 
@@ -117,6 +121,36 @@ def check_script(options: RunOptions) -> None:
                           "training script")
     elif mode == "run_path" and not script.is_absolute():
         raise ConfigError(f"--run-path needs an absolute script path, not {script}")
+
+
+def settle_resume_from(options: RunOptions) -> RunOptions:
+    """``options`` without ``--resume-from`` if this job already rolled back to it.
+
+    A rerun of the same command (Slurm's requeue: ``SLURM_RESTART_COUNT``; anywhere else: the
+    record the first run left under ``.cycler/``) must continue from the newest checkpoint,
+    not throw away everything since; a checkpoint rotated away meanwhile is then no error.
+    """
+    if options.resume_from is None:
+        return options
+    layout = CheckpointLayout(options.checkpoint_dir, options.checkpoint_name)
+    record = layout.resume_record_path(options.node_rank)
+    try:
+        done = json.loads(record.read_text()).get("resume_from") == options.resume_from
+    except (OSError, ValueError, AttributeError):
+        done = False
+    if not (done or options.requeue_count > 0):
+        return options
+    log.info("--resume-from %s was carried out by an earlier run of this job (%s): "
+             "continuing from the newest checkpoint", options.resume_from,
+             "a requeue" if options.requeue_count > 0 else record)
+    return dataclasses.replace(options, resume_from=None)
+
+
+def record_resume_from(layout: CheckpointLayout, node_rank: int, resume_from: str) -> None:
+    """Note that this job rolled back to ``resume_from``, so that a rerun does not again."""
+    payload = json.dumps({"resume_from": resume_from, "time": time.time()}).encode()
+    layout.supervisor_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(layout.resume_record_path(node_rank), payload, durable=True)
 
 
 def check_resume_from(options: RunOptions) -> None:
@@ -306,6 +340,8 @@ class Supervisor:
         if self._tree is not None:
             self._tree.reap()
         clear_announcements(self.layout.control_path(self.options.node_rank))
+        if action.resume_from is not None:
+            record_resume_from(self.layout, self.options.node_rank, action.resume_from)
         plan = launch_plan(self.options, start_number=action.start_number,
                            resume_from=action.resume_from)
         assert self._watchdog is not None

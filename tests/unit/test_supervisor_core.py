@@ -277,12 +277,6 @@ def test_resume_from_applies_to_restarts_until_the_run_commits_its_own_checkpoin
     assert core.handle(Tick(core.wake_at)) == [StartWorkers(2, None)]
 
 
-def test_a_requeued_job_resumes_from_the_latest_not_from_resume_from_again():
-    # Slurm reruns the same command line after a requeue; --resume-from must not roll it back.
-    core = SupervisorCore(replace(CONFIG, initial_checkpoint=9, resume_from="2", requeue_count=1))
-    assert of_type(core.start(100.0), StartWorkers) == [StartWorkers(0, None)]
-
-
 def test_an_older_or_repeated_checkpoint_index_is_not_progress():
     core = started(replace(CONFIG, initial_checkpoint=5))
     assert core.handle(CheckpointCommitted(5)) == []

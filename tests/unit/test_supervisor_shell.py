@@ -109,3 +109,32 @@ def test_the_watchdog_kills_what_it_registered_but_never_a_pid_that_became_anoth
     assert reused.poll() is None, "a process the watchdog could not verify was killed"
     reused.kill()
     reused.wait()
+
+
+def test_resume_from_is_dropped_for_a_requeued_run_and_after_this_job_carried_it_out(
+        tmp_path: Path):
+    from dataclasses import replace
+
+    from cycler.layout import CheckpointLayout
+    from cycler.supervisor.shell import record_resume_from, settle_resume_from
+
+    options = RunOptions(script=Path("t.py"), checkpoint_dir=tmp_path, resume_from="3")
+    assert settle_resume_from(options).resume_from == "3", "the job's first run rolls back"
+    assert settle_resume_from(replace(options, requeue_count=1)).resume_from is None
+    record_resume_from(CheckpointLayout(tmp_path), 0, "3")
+    assert settle_resume_from(options).resume_from is None, "a rerun of the same command"
+    assert settle_resume_from(replace(options, resume_from="1")).resume_from == "1", (
+        "another --resume-from is a new rollback")
+
+
+def test_a_rerun_whose_resume_from_checkpoint_was_rotated_away_is_no_error(tmp_path: Path):
+    from cycler.layout import CheckpointLayout
+    from cycler.supervisor.shell import plan_run, record_resume_from
+
+    script = tmp_path / "t.py"
+    script.write_text("")
+    options = RunOptions(script=script, checkpoint_dir=tmp_path / "ck", resume_from="0")
+    with pytest.raises(ConfigError, match="--resume-from"):
+        plan_run(options)
+    record_resume_from(CheckpointLayout(tmp_path / "ck"), 0, "0")
+    assert "CYCLER_RESUME_FROM" not in plan_run(options).environment
