@@ -36,7 +36,8 @@ MESSAGES = {
     "torchrun_cut_short": "every worker exited after the stop checkpoint: ending torchrun "
                           "(pid {torchrun_pid})",
     "workers_exited": "workers exited with code {code}",
-    "restart_scheduled": "restarting in {delay:g} s (restart {restart} of {of})",
+    "restart_scheduled": "restarting in {delay:g} s (restart {restart} of {of} since the last "
+                         "checkpoint)",
     "grace_expired": "the {grace:g} s grace is over: SIGTERM to every process of the job",
     "kill": "still running {after:g} s after SIGTERM: SIGKILL",
     "signal_sent": "sent {signal} to the job",

@@ -79,7 +79,8 @@ class CoreConfig:
     stop_signals: frozenset[str] = frozenset({"SIGTERM", "SIGINT", "SIGHUP", "SIGUSR2"})
     """Signal names that ask for ``checkpoint_and_exit``."""
     max_restarts: int = 3
-    """Restarts allowed after worker failures (0: none)."""
+    """Restarts allowed after worker failures without a new checkpoint in between (0: none);
+    a committed checkpoint gives the whole budget back."""
     crash_loop_limit: int = 3
     """Consecutive failures without a new checkpoint in between that end the job."""
     restart_delay: float = 1.0
@@ -273,13 +274,16 @@ class SupervisorCore:
             return self._exit(EXIT_FAILURE, f"the workers failed {self._failures_without_progress}"
                               " times in a row without committing a checkpoint (crash loop)",
                               workers_failed=True)
-        if self._failures > config.max_restarts:
+        # The budget is for restarts without progress: a weeks-long job with a rare fault must
+        # not end after its third fault however much it trained in between.
+        if self._failures_without_progress > config.max_restarts:
             return self._exit(EXIT_FAILURE, f"the workers failed and all {config.max_restarts}"
-                              " restarts (--max-restarts) are used up", workers_failed=True)
+                              " restarts (--max-restarts) since the last checkpoint are used up",
+                              workers_failed=True)
         delay = self._restart_delay()
         self.phase, self.wake_at = Phase.BACKOFF, event.now + delay
-        fields = {"restart": self._failures, "of": config.max_restarts, "delay": delay,
-                  "code": event.code}
+        fields = {"restart": self._failures_without_progress, "of": config.max_restarts,
+                  "delay": delay, "code": event.code, "restarts_in_job": self._failures}
         return [Log("restart_scheduled", fields, warning=True)]
 
     def _restart_delay(self) -> float:

@@ -244,14 +244,22 @@ def test_checkpoint_progress_between_failures_is_not_a_crash_loop():
         core.handle(Tick(core.wake_at))
 
 
-def test_failures_beyond_max_restarts_end_the_job_with_the_worker_error():
+def test_failures_beyond_max_restarts_without_progress_end_the_job_with_the_worker_error():
     core = started(replace(CONFIG, max_restarts=1))
-    core.handle(CheckpointCommitted(0))
     core.handle(WorkersExited(1, 200.0))
     core.handle(Tick(core.wake_at))
-    core.handle(CheckpointCommitted(1))
     actions = core.handle(WorkersExited(1, 300.0))
     assert exit_of(actions).workers_failed and "--max-restarts" in exit_of(actions).reason
+
+
+def test_a_committed_checkpoint_gives_the_restart_budget_back():
+    core = started(replace(CONFIG, max_restarts=1))
+    for index in range(10):  # a rare fault, again and again, with training in between
+        core.handle(CheckpointCommitted(index))
+        actions = core.handle(WorkersExited(1, 200.0 + 100 * index))
+        assert not of_type(actions, Exit), f"fault {index + 1} ended the job"
+        assert logged(actions) == ["workers_exited", "restart_scheduled"]
+        core.handle(Tick(core.wake_at))
 
 
 def test_no_restarts_allowed_means_the_first_failure_ends_the_job():
