@@ -28,6 +28,7 @@ MESSAGES = {
                              "{grace:g} s to exit",
     "stop_requested.undecided": "the workers imported cycler but built no StepControl or saver "
                                 "yet: waiting a few seconds for them to",
+    "deadline": "the stop must be over in {seconds_left:g} s, not the {grace:g} s grace: {why}",
     "stop_after_commit": "checkpoint {index} is the stop's checkpoint: SIGTERM to the workers",
     "stop_handled_by_script": "the script handled the signal and exited 0; cycle sees no "
                               "checkpoint of its own to name",
@@ -53,7 +54,7 @@ MESSAGES = {
 ``cycle run``'s log and ``cycle status``."""
 
 HISTORY = frozenset({
-    "start", "signal", "stop_requested", "stop_after_commit", "stop_handled_by_script",
+    "start", "signal", "stop_requested", "deadline", "stop_after_commit", "stop_handled_by_script",
     "stop_without_new_checkpoint", "stopped_by_another_node", "grace_expired", "kill",
     "restart_scheduled", "requeue", "requeue_skipped", "exit", "checkpoint_committed",
 })

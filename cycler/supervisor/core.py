@@ -40,6 +40,7 @@ from cycler.supervisor.vocabulary import (
     CheckpointCommitted,
     Event,
     Exit,
+    HardDeadline,
     Log,
     Requeue,
     SignalReceived,
@@ -55,7 +56,8 @@ from cycler.supervisor.vocabulary import (
 )
 
 __all__ = [  # the vocabulary too: callers and tests speak it through this module
-    "Announced", "CheckpointCommitted", "CoreConfig", "Event", "Exit", "Log", "Phase", "Requeue",
+    "Announced", "CheckpointCommitted", "CoreConfig", "Event", "Exit", "HardDeadline", "Log",
+    "Phase", "Requeue",
     "SignalReceived", "SignalTree", "SignalWorkers", "StartWorkers", "StopPath",
     "SupervisorAction", "SupervisorCore", "Tick", "WorkersExited", "WriteControl", "stop_path",
 ]
@@ -139,6 +141,8 @@ class SupervisorCore:
             return self._on_signal(event)
         if isinstance(event, Announced):
             return self._on_announced(event)
+        if isinstance(event, HardDeadline):
+            return self._on_hard_deadline(event)
         if isinstance(event, WorkersExited):
             return self._on_exit(event)
         if isinstance(event, CheckpointCommitted):
@@ -198,6 +202,15 @@ class SupervisorCore:
         if path is StopPath.UNDECIDED:
             self.wake_at = min(self._stop_deadline, now + self.config.undecided_wait)
         return actions
+
+    def _on_hard_deadline(self, event: HardDeadline) -> list[SupervisorAction]:
+        if self.phase is not Phase.STOPPING or event.at >= self._stop_deadline:
+            return []
+        self._stop_deadline = event.at
+        self.wake_at = event.at if self.wake_at is None else min(self.wake_at, event.at)
+        fields = {"seconds_left": round(event.at - event.now, 1), "why": event.why,
+                  "grace": self.config.grace}
+        return [Log("deadline", fields, warning=event.at - event.now < self.config.grace)]
 
     def _on_announced(self, event: Announced) -> list[SupervisorAction]:
         path = stop_path(event.features)

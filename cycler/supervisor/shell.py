@@ -11,26 +11,19 @@ other nodes, so the core's clock and theirs must be the same kind.
 from __future__ import annotations
 
 import dataclasses
-import importlib.machinery
-import json
 import logging
 import os
 import queue
-import shutil
 import signal
-import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from cycler._fs import atomic_write_bytes
-from cycler.checkpoints import find_checkpoint, inspect_checkpoint, list_checkpoints
+from cycler.checkpoints import inspect_checkpoint, list_checkpoints
 from cycler.control import (
     announced,
     clear_announcements,
@@ -38,20 +31,24 @@ from cycler.control import (
     stop_requested_since,
     write_control,
 )
-from cycler.environment import ENV_ISC_LOSSY_PATH
-from cycler.errors import CheckpointDirectoryError, ConfigError, CyclerError
 from cycler.events import EventLog, describe
 from cycler.layout import CheckpointLayout, CheckpointName
 from cycler.lock import SupervisorLock
 from cycler.supervisor import core
+from cycler.supervisor.checks import (
+    check_resume_from,
+    check_script,
+    prepare_checkpoint_root,
+    record_resume_from,
+    settle_resume_from,
+)
 from cycler.supervisor.failure import failure_report
 from cycler.supervisor.options import RunOptions
 from cycler.supervisor.processes import Watchdog, WorkerTree, become_subreaper, start_torchrun
-from cycler.supervisor.requeue import RequeueResult, requeue_job
+from cycler.supervisor.slurm import RequeueResult, SlurmJob, hard_deadline, read_job, requeue_job
 from cycler.supervisor.torchrun import (
     LaunchPlan,
     full_environment,
-    isc_environment,
     launch_plan,
 )
 
@@ -74,6 +71,7 @@ class RunOutcome:
 
 Starter = Callable[[list[str], dict[str, str], Watchdog], WorkerTree]
 Requeuer = Callable[[str], RequeueResult]
+SlurmReader = Callable[[str], SlurmJob]
 
 
 def plan_run(options: RunOptions) -> LaunchPlan:
@@ -97,97 +95,6 @@ def run_supervisor(options: RunOptions, *, clock: Callable[[], float] = time.tim
     options = settle_resume_from(options)
     check_resume_from(options)
     return Supervisor(options, clock=clock, starter=starter, requeuer=requeuer).run()
-
-
-# --- checks before anything starts ------------------------------------------------------------
-
-
-def check_script(options: RunOptions) -> None:
-    """Refuse a script torchrun could not start, before any process is started."""
-    script, mode = Path(options.script), options.launch_mode
-    if mode == "module":
-        top = str(script).split(".")[0]
-        # Found without importing it: importing the user's package here could take seconds.
-        if importlib.machinery.PathFinder.find_spec(top, [os.getcwd(), *sys.path]) is None:
-            raise ConfigError(f"module {script} cannot be found: no package {top} in the "
-                              "current directory or on sys.path")
-    elif mode == "no_python":
-        if not (script.is_file() and os.access(script, os.X_OK)) and not shutil.which(
-                options.script):
-            raise ConfigError(f"{script} is not an executable file (--no-python runs it "
-                              "directly); give an executable or drop --no-python")
-    elif not script.is_file():
-        raise ConfigError(f"script {script} does not exist; give the path of your "
-                          "training script")
-    elif mode == "run_path" and not script.is_absolute():
-        raise ConfigError(f"--run-path needs an absolute script path, not {script}")
-
-
-def settle_resume_from(options: RunOptions) -> RunOptions:
-    """``options`` without ``--resume-from`` if this job already rolled back to it.
-
-    A rerun of the same command (Slurm's requeue: ``SLURM_RESTART_COUNT``; anywhere else: the
-    record the first run left under ``.cycler/``) must continue from the newest checkpoint,
-    not throw away everything since; a checkpoint rotated away meanwhile is then no error.
-    """
-    if options.resume_from is None:
-        return options
-    layout = CheckpointLayout(options.checkpoint_dir, options.checkpoint_name)
-    record = layout.resume_record_path(options.node_rank)
-    try:
-        done = json.loads(record.read_text()).get("resume_from") == options.resume_from
-    except (OSError, ValueError, AttributeError):
-        done = False
-    if not (done or options.requeue_count > 0):
-        return options
-    log.info("--resume-from %s was carried out by an earlier run of this job (%s): "
-             "continuing from the newest checkpoint", options.resume_from,
-             "a requeue" if options.requeue_count > 0 else record)
-    return dataclasses.replace(options, resume_from=None)
-
-
-def record_resume_from(layout: CheckpointLayout, node_rank: int, resume_from: str) -> None:
-    """Note that this job rolled back to ``resume_from``, so that a rerun does not again."""
-    payload = json.dumps({"resume_from": resume_from, "time": time.time()}).encode()
-    layout.supervisor_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(layout.resume_record_path(node_rank), payload, durable=True)
-
-
-def check_resume_from(options: RunOptions) -> None:
-    if options.resume_from is None:
-        return
-    try:
-        find_checkpoint(options.checkpoint_dir, options.resume_from, options.checkpoint_name)
-    except CyclerError as error:
-        raise ConfigError(f"--resume-from: {error}") from None
-
-
-def prepare_checkpoint_root(options: RunOptions) -> None:
-    """Create the root and its ``.cycler/``, and prove a file can be written there; create
-    the lossy directory the workers are told about."""
-    layout = CheckpointLayout(options.checkpoint_dir, options.checkpoint_name)
-    probe_name = f".probe-{socket.gethostname()}-{os.getpid()}"
-    try:
-        layout.supervisor_dir.mkdir(parents=True, exist_ok=True)
-        # Both places get written: the savers create checkpoints in the root, the supervisor
-        # and the locks write in .cycler/, and either may be the one that is read-only.
-        for probe in (layout.root / probe_name, layout.supervisor_dir / probe_name):
-            probe.write_bytes(b"")
-            probe.unlink()
-    except OSError as error:
-        raise CheckpointDirectoryError(
-            f"cannot write to the checkpoint directory {layout.root} ({error.strerror}); "
-            "choose a writable --checkpoint-dir"
-        ) from None
-    lossy = isc_environment(options, os.environ).get(ENV_ISC_LOSSY_PATH)
-    if lossy is not None:
-        try:
-            os.makedirs(lossy, exist_ok=True)
-        except OSError as error:
-            raise CheckpointDirectoryError(
-                f"cannot create {lossy} for LOSSY_ARTIFACT_PATH ({error.strerror}); set "
-                "LOSSY_ARTIFACT_PATH to a writable directory"
-            ) from None
 
 
 def stop_requested_elsewhere(layout: CheckpointLayout, node_rank: int, since: float) -> bool:
@@ -214,8 +121,10 @@ class Supervisor:
     """One ``cycle run``: owns the lock, the watchdog and at most one torchrun at a time."""
 
     def __init__(self, options: RunOptions, *, clock: Callable[[], float] = time.time,
-                 starter: Starter = start_torchrun, requeuer: Requeuer = requeue_job) -> None:
+                 starter: Starter = start_torchrun, requeuer: Requeuer = requeue_job,
+                 slurm_reader: SlurmReader = read_job) -> None:
         self.options = options
+        self._slurm_reader = slurm_reader
         self.layout = CheckpointLayout(options.checkpoint_dir, options.checkpoint_name)
         self.events = EventLog(self.layout.events_path(options.node_rank), clock=clock)
         self._clock = clock
@@ -259,10 +168,26 @@ class Supervisor:
             self._cut_torchrun_short(decisions)
             if isinstance(event, core.SignalReceived):
                 event = dataclasses.replace(event, features=self._announced())
+            stopping = decisions.stop_requested
             self._execute(decisions.handle(event))
+            if decisions.stop_requested and not stopping:
+                self._learn_hard_deadline(self._clock(), decisions.config.kill_after)
             if decisions.awaiting_announcement:
                 self._execute(decisions.handle(core.Announced(self._announced(), self._clock())))
         return self._outcome
+
+    def _learn_hard_deadline(self, signalled_at: float, kill_after: float) -> None:
+        """Ask Slurm, in a thread, when it will end the job; the answer comes as an event."""
+        job_id = self.options.slurm_job_id
+        if job_id is None:
+            return
+
+        def ask() -> None:
+            found = hard_deadline(self._slurm_reader(job_id), signalled_at, kill_after)
+            if found is not None:
+                self._queue.put(core.HardDeadline(found[0], found[1], self._clock()))
+
+        threading.Thread(target=ask, name="cycle-slurm-deadline", daemon=True).start()
 
     def _announced(self) -> frozenset[str]:
         return announced(self.layout.control_path(self.options.node_rank))

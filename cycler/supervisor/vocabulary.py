@@ -60,6 +60,16 @@ class Announced:
 
 
 @dataclass(frozen=True)
+class HardDeadline:
+    """The scheduler will end the job by ``at`` (wall-clock): the stop must be over first.
+    ``why`` states the arithmetic for the log."""
+
+    at: float
+    why: str
+    now: float
+
+
+@dataclass(frozen=True)
 class WorkersExited:
     """torchrun (and with it every worker) exited with ``code`` (negative: killed by signal)."""
 
@@ -85,7 +95,7 @@ class Tick:
     now: float
 
 
-Event = SignalReceived | Announced | WorkersExited | CheckpointCommitted | Tick
+Event = SignalReceived | Announced | HardDeadline | WorkersExited | CheckpointCommitted | Tick
 
 # --- actions ----------------------------------------------------------------------------------
 

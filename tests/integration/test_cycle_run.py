@@ -203,13 +203,17 @@ def test_workers_that_ignore_the_request_are_killed_after_the_grace(tmp_path: Pa
 # --- requeue ----------------------------------------------------------------------------------
 
 
-def fake_scontrol(tmp_path: Path, job_state: str = "RUNNING") -> tuple[dict[str, str], Path]:
-    """A ``scontrol`` on PATH: answers ``show job`` with ``job_state``, records other calls."""
+def fake_scontrol(tmp_path: Path, job_state: str = "RUNNING",
+                  kill_wait: int = 30) -> tuple[dict[str, str], Path]:
+    """A ``scontrol`` on PATH: answers ``show job`` with ``job_state`` (no time limit) and
+    ``show config`` with ``kill_wait``, records other calls."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     record = tmp_path / "scontrol-calls.txt"
     fake = bin_dir / "scontrol"
     fake.write_text('#!/bin/sh\n'
+                    'if [ "$1 $2" = "show config" ]; then '
+                    f'echo "KillWait                = {kill_wait} sec"; exit 0; fi\n'
                     f'if [ "$1" = show ]; then echo "JobId=$4 JobState={job_state}"; exit 0; fi\n'
                     f'echo "$@" >> {record}\n')
     fake.chmod(0o755)
@@ -270,6 +274,23 @@ def invoke(*args: str, env: dict[str, str] | None = None):  # noqa: ANN201
     return runner.invoke(app, ["run", *args], env=env)
 
 
+def test_a_stop_slurm_is_already_ending_is_cut_to_killwait_not_the_grace(tmp_path: Path,
+                                                                        jobs: list[Job]):
+    # scancel or a preemption: Slurm SIGKILLs the job KillWait (here 8 s) after its TERM, so
+    # the 60 s grace must not be waited for; the workers here ignore the request.
+    path_env, _ = fake_scontrol(tmp_path, job_state="COMPLETING", kill_wait=8)
+    job = Job(tmp_path, "--grace", "60", mode="ignore", env={**path_env, "SLURM_JOB_ID": "55"})
+    jobs.append(job)
+    job.wait_ready()
+    sent = time.monotonic()
+    job.send(signal.SIGTERM)
+    job.wait(timeout=30)
+    assert time.monotonic() - sent < 8.0, "the stop outlived Slurm's KillWait"
+    (deadline,) = [e for e in job.events() if e["event"] == "deadline"]
+    assert deadline["seconds_left"] <= 3.0 and "KillWait 8 s" in deadline["why"]
+    assert "grace_expired" in job.event_names()
+
+
 def test_dry_run_prints_the_torchrun_command_and_the_added_environment(tmp_path: Path):
     script = tmp_path / "train.py"
     script.write_text("")
@@ -294,8 +315,8 @@ def test_dry_run_under_slurm_uses_the_first_host_and_the_node_id(tmp_path: Path)
            "SLURM_JOB_NODELIST": "node[07-08]", "SLURM_RESTART_COUNT": "2"}
     result = invoke("--dry-run", "--checkpoint-dir", str(tmp_path), str(script), env=env)
     assert result.exit_code == 0, result.output
-    assert "--nnodes 2 --max-restarts 0 --monitor-interval 0.02 --node-rank 1 --master-addr node07 --master-port 20055" \
-        in result.stdout
+    assert ("--nnodes 2 --max-restarts 0 --monitor-interval 0.02 --node-rank 1 --master-addr "
+            "node07 --master-port 20055") in result.stdout
     assert "CYCLER_RESTART_COUNT=2" in result.stdout
     assert "CYCLER_CONTROL_FILE=" in result.stdout and "control-node1.json" in result.stdout
 

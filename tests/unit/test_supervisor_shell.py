@@ -10,14 +10,10 @@ import pytest
 from cycler.control import Action, ControlRequest, write_control
 from cycler.errors import CheckpointDirectoryError, ConfigError
 from cycler.layout import CheckpointLayout
+from cycler.supervisor.checks import check_script, prepare_checkpoint_root
 from cycler.supervisor.core import SignalReceived
 from cycler.supervisor.options import RunOptions
-from cycler.supervisor.shell import (
-    Supervisor,
-    check_script,
-    prepare_checkpoint_root,
-    stop_requested_elsewhere,
-)
+from cycler.supervisor.shell import Supervisor, stop_requested_elsewhere
 
 
 def request(action: Action, at: float) -> ControlRequest:
@@ -116,7 +112,7 @@ def test_resume_from_is_dropped_for_a_requeued_run_and_after_this_job_carried_it
     from dataclasses import replace
 
     from cycler.layout import CheckpointLayout
-    from cycler.supervisor.shell import record_resume_from, settle_resume_from
+    from cycler.supervisor.checks import record_resume_from, settle_resume_from
 
     options = RunOptions(script=Path("t.py"), checkpoint_dir=tmp_path, resume_from="3")
     assert settle_resume_from(options).resume_from == "3", "the job's first run rolls back"
@@ -129,7 +125,8 @@ def test_resume_from_is_dropped_for_a_requeued_run_and_after_this_job_carried_it
 
 def test_a_rerun_whose_resume_from_checkpoint_was_rotated_away_is_no_error(tmp_path: Path):
     from cycler.layout import CheckpointLayout
-    from cycler.supervisor.shell import plan_run, record_resume_from
+    from cycler.supervisor.checks import record_resume_from
+    from cycler.supervisor.shell import plan_run
 
     script = tmp_path / "t.py"
     script.write_text("")

@@ -1,0 +1,117 @@
+"""What ``cycle run`` checks and settles before it starts anything (errors exit 2).
+
+The script must be startable in the way torchrun will start it, the checkpoint root and the
+lossy directory writable, and ``--resume-from`` either carried out already by this job (then it
+is dropped) or naming a checkpoint that exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.machinery
+import json
+import logging
+import os
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+
+from cycler._fs import atomic_write_bytes
+from cycler.checkpoints import find_checkpoint
+from cycler.environment import ENV_ISC_LOSSY_PATH
+from cycler.errors import CheckpointDirectoryError, ConfigError, CyclerError
+from cycler.layout import CheckpointLayout
+from cycler.supervisor.options import RunOptions
+from cycler.supervisor.torchrun import isc_environment
+
+log = logging.getLogger("cycler.supervisor")
+
+
+def check_script(options: RunOptions) -> None:
+    """Refuse a script torchrun could not start, before any process is started."""
+    script, mode = Path(options.script), options.launch_mode
+    if mode == "module":
+        top = str(script).split(".")[0]
+        # Found without importing it: importing the user's package here could take seconds.
+        if importlib.machinery.PathFinder.find_spec(top, [os.getcwd(), *sys.path]) is None:
+            raise ConfigError(f"module {script} cannot be found: no package {top} in the "
+                              "current directory or on sys.path")
+    elif mode == "no_python":
+        if not (script.is_file() and os.access(script, os.X_OK)) and not shutil.which(
+                options.script):
+            raise ConfigError(f"{script} is not an executable file (--no-python runs it "
+                              "directly); give an executable or drop --no-python")
+    elif not script.is_file():
+        raise ConfigError(f"script {script} does not exist; give the path of your "
+                          "training script")
+    elif mode == "run_path" and not script.is_absolute():
+        raise ConfigError(f"--run-path needs an absolute script path, not {script}")
+
+
+def settle_resume_from(options: RunOptions) -> RunOptions:
+    """``options`` without ``--resume-from`` if this job already rolled back to it.
+
+    A rerun of the same command (Slurm's requeue: ``SLURM_RESTART_COUNT``; anywhere else: the
+    record the first run left under ``.cycler/``) must continue from the newest checkpoint,
+    not throw away everything since; a checkpoint rotated away meanwhile is then no error.
+    """
+    if options.resume_from is None:
+        return options
+    layout = CheckpointLayout(options.checkpoint_dir, options.checkpoint_name)
+    record = layout.resume_record_path(options.node_rank)
+    try:
+        done = json.loads(record.read_text()).get("resume_from") == options.resume_from
+    except (OSError, ValueError, AttributeError):
+        done = False
+    if not (done or options.requeue_count > 0):
+        return options
+    log.info("--resume-from %s was carried out by an earlier run of this job (%s): "
+             "continuing from the newest checkpoint", options.resume_from,
+             "a requeue" if options.requeue_count > 0 else record)
+    return dataclasses.replace(options, resume_from=None)
+
+
+def record_resume_from(layout: CheckpointLayout, node_rank: int, resume_from: str) -> None:
+    """Note that this job rolled back to ``resume_from``, so that a rerun does not again."""
+    payload = json.dumps({"resume_from": resume_from, "time": time.time()}).encode()
+    layout.supervisor_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(layout.resume_record_path(node_rank), payload, durable=True)
+
+
+def check_resume_from(options: RunOptions) -> None:
+    if options.resume_from is None:
+        return
+    try:
+        find_checkpoint(options.checkpoint_dir, options.resume_from, options.checkpoint_name)
+    except CyclerError as error:
+        raise ConfigError(f"--resume-from: {error}") from None
+
+
+def prepare_checkpoint_root(options: RunOptions) -> None:
+    """Create the root and its ``.cycler/``, and prove a file can be written there; create
+    the lossy directory the workers are told about."""
+    layout = CheckpointLayout(options.checkpoint_dir, options.checkpoint_name)
+    probe_name = f".probe-{socket.gethostname()}-{os.getpid()}"
+    try:
+        layout.supervisor_dir.mkdir(parents=True, exist_ok=True)
+        # Both places get written: the savers create checkpoints in the root, the supervisor
+        # and the locks write in .cycler/, and either may be the one that is read-only.
+        for probe in (layout.root / probe_name, layout.supervisor_dir / probe_name):
+            probe.write_bytes(b"")
+            probe.unlink()
+    except OSError as error:
+        raise CheckpointDirectoryError(
+            f"cannot write to the checkpoint directory {layout.root} ({error.strerror}); "
+            "choose a writable --checkpoint-dir"
+        ) from None
+    lossy = isc_environment(options, os.environ).get(ENV_ISC_LOSSY_PATH)
+    if lossy is not None:
+        try:
+            os.makedirs(lossy, exist_ok=True)
+        except OSError as error:
+            raise CheckpointDirectoryError(
+                f"cannot create {lossy} for LOSSY_ARTIFACT_PATH ({error.strerror}); set "
+                "LOSSY_ARTIFACT_PATH to a writable directory"
+            ) from None
