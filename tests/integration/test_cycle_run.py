@@ -140,7 +140,7 @@ def test_a_worker_that_always_crashes_ends_with_exit_1_and_its_error(tmp_path: P
     assert job.wait(timeout=120) == EXIT_FAILURE
     output = job.output()
     report = output[output.rindex("cycle: error:"):]
-    assert "restarts (--max-restarts) are used up" in report
+    assert "restarts (--max-restarts) since the last checkpoint are used up" in report
     assert "rank 0 (local_rank: 0) failed with exit code 1" in report
     assert "RuntimeError: deliberate failure on rank 0" in report
     assert "ChildFailedError" not in report
