@@ -60,6 +60,7 @@ if TYPE_CHECKING:
         InterruptibleSampler,
     )
     from cycler.saving import atomic_torch_save
+    from cycler.sharded import SaveHandle
     from cycler.step_control import StepControl, StepDecision
 
 _PUBLIC = {
@@ -90,6 +91,7 @@ _PUBLIC = {
     "Manifest": "cycler.manifest",
     "MetricsTracker": "cycler.metrics",
     "RngRestoreWarning": "cycler.rng",
+    "SaveHandle": "cycler.sharded",
     "StateMismatch": "cycler.errors",
     "StepControl": "cycler.step_control",
     "StepDecision": "cycler.step_control",
@@ -166,6 +168,7 @@ __all__ = [
     "Manifest",
     "MetricsTracker",
     "RngRestoreWarning",
+    "SaveHandle",
     "StateMismatch",
     "StepControl",
     "StepDecision",

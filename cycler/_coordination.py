@@ -48,6 +48,12 @@ class Coordinator:
         if self._store is not None:
             self._store.set(f"{round_key}/rank/{self.rank}", value)
 
+    def wait_for_all(self, round_key: str) -> None:
+        """On any rank: wait until every rank has arrived at ``round_key``."""
+        if self._store is not None:
+            self._wait([f"{round_key}/rank/{rank}" for rank in range(self.world_size)],
+                       "every rank to reach it")
+
     def gather(self, round_key: str, local: str) -> list[str]:
         """On the creator: every rank's value for ``round_key`` (waits for all of them)."""
         if self._store is None:

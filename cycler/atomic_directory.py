@@ -11,22 +11,38 @@ fsync the root; only then apply retention.
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import os
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from cycler import _fs
 from cycler._coordination import Coordinator, global_rank
-from cycler.checkpoints import latest_checkpoint, list_checkpoints
+from cycler.checkpoints import find_checkpoint, latest_checkpoint, list_checkpoints
 from cycler.control import USES_SAVER, announce
-from cycler.errors import CheckpointDirectoryError
+from cycler.errors import CheckpointDirectoryError, CyclerError
 from cycler.layout import DEFAULT_PREFIX, CheckpointLayout, CheckpointName
 from cycler.lock import SupervisorLock
-from cycler.manifest import seal
+from cycler.manifest import (
+    FileRecord,
+    checkpoint_files,
+    files_of_rank,
+    read_manifest,
+    record_files,
+    seal,
+)
 from cycler.retention import retention_decisions
+from cycler.sharded import (
+    SaveHandle,
+    async_group,
+    default_stager,
+    in_background,
+    stopping,
+    track,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +92,9 @@ class AtomicDirectory:
         self.symlink_name = self.layout.link_name
         self._writer_lock: SupervisorLock | None = None
         self._recording: Future[None] | None = None
+        self._in_flight: SaveHandle | None = None
+        self._stager: Any = None
+        self._async_group: Any = None
         announce(USES_SAVER)
         if self._coordinator.is_creator:
             _ensure_root(self.layout.root)
@@ -84,8 +103,10 @@ class AtomicDirectory:
         """Create the next checkpoint directory (rank 0) and return its path on every rank.
 
         ``force_save`` pins the checkpoint (``_force`` suffix): retention and ``cycle prune``
-        never remove it. Indices only grow, even past directories that were removed.
+        never remove it. Indices only grow, even past directories that were removed. Waits
+        for this saver's asynchronous save in flight first.
         """
+        self.wait()
         coordinator = self._coordinator
         round_key = coordinator.new_round("prepare")
         coordinator.arrive(round_key, "1" if force_save else "0")
@@ -119,6 +140,66 @@ class AtomicDirectory:
         self._recording = _RECORDER.submit(layout.record_index, index)
         return path
 
+    def save(self, state_dict: dict[str, Any], metadata: Mapping[str, Any] | None = None, *,
+             asynchronous: bool = False) -> SaveHandle:
+        """Every rank: write ``state_dict`` with torch.distributed.checkpoint into a new
+        checkpoint and commit it (see :mod:`cycler.sharded`).
+
+        ``asynchronous=False`` returns once the checkpoint is committed. ``asynchronous=True``
+        returns as soon as the state is copied into staging memory: ``state_dict`` may change
+        then, and the returned handle's ``wait()`` (or :meth:`wait`) returns once committed.
+        """
+        import torch.distributed.checkpoint as dcp
+
+        directory = self.prepare_checkpoint_directory()  # waits for the save in flight
+        if not asynchronous:
+            dcp.save(state_dict, checkpoint_id=directory)
+            self._commit(directory, metadata)
+            return SaveHandle(directory)
+        if self._stager is None:
+            self._stager, self._async_group = default_stager(), async_group()
+        written = dcp.async_save(state_dict, checkpoint_id=directory,
+                                 process_group=self._async_group, async_stager=self._stager)
+        # A Future, or with DCP's own asynchronous staging a response holding one.
+        upload = cast("Future[Any]", getattr(written, "upload_completion", written))
+
+        def write_then_commit() -> None:
+            upload.result()
+            self._commit(directory, metadata)
+
+        handle = SaveHandle(directory, in_background(write_then_commit))
+        self._in_flight = handle
+        track(self)
+        if stopping():
+            self.wait()  # the stop's own save: the process ends next
+        return handle
+
+    def wait(self) -> None:
+        """Wait until this saver's asynchronous save in flight, if any, is committed; raises
+        what made it fail."""
+        handle, self._in_flight = self._in_flight, None
+        if handle is not None:
+            handle.wait()
+
+    def load(self, state_dict: dict[str, Any],
+             checkpoint: str | int | None = None) -> dict[str, Any] | None:
+        """Every rank: load a checkpoint saved by :meth:`save` into ``state_dict``, in place
+        and resharded to this world size; return its metadata (``None``: no checkpoint).
+
+        ``checkpoint`` (a name or an index) picks one; default the newest valid one.
+        """
+        import torch.distributed.checkpoint as dcp
+
+        self.wait()
+        if checkpoint is None:
+            path = latest_checkpoint(self.layout.root, self.name)
+        else:
+            path = find_checkpoint(self.layout.root, str(checkpoint), self.name)
+        if path is None:
+            return None
+        dcp.load(state_dict, checkpoint_id=str(path))
+        return read_manifest(Path(path)).metadata
+
     def symlink_latest(self, checkpoint_directory: str | os.PathLike[str],
                        metadata: Mapping[str, Any] | None = None) -> None:
         """Commit ``checkpoint_directory``; returns on every rank once it is durable.
@@ -126,16 +207,32 @@ class AtomicDirectory:
         Call it on every rank after every rank has written its files. ``metadata`` (JSON:
         ``{"step": ..., "epoch": ...}`` and anything else) goes into the manifest and can be
         read back with :func:`cycler.read_manifest` without loading any tensor.
+
+        Every rank fsyncs and checksums its share of the files (its own DCP shards, and an
+        even part of the rest) and reports the records through the process group's store;
+        rank 0 writes the manifest from them, so its work does not grow with the world size.
         """
+        self.wait()
+        self._commit(checkpoint_directory, metadata)
+
+    atomic_symlink = symlink_latest
+    commit = symlink_latest
+
+    def _commit(self, checkpoint_directory: str | os.PathLike[str],
+                metadata: Mapping[str, Any] | None) -> None:
         coordinator = self._coordinator
+        directory = Path(checkpoint_directory)
         round_key = coordinator.new_round("commit")
         coordinator.arrive(round_key, "done")
+        coordinator.wait_for_all(round_key)  # every rank has written its files
+        mine = self._record_share(directory)
+        coordinator.arrive(f"{round_key}/records", mine)
         if not coordinator.is_creator:
             coordinator.outcome(round_key)
             return
         try:
-            coordinator.gather(round_key, "done")
-            self._commit(Path(checkpoint_directory), dict(metadata or {}))
+            shares = coordinator.gather(f"{round_key}/records", mine)
+            self._seal_and_link(directory, dict(metadata or {}), _merged_records(shares))
         except BaseException as error:
             coordinator.announce_error(round_key, error)
             raise
@@ -147,10 +244,19 @@ class AtomicDirectory:
         finally:
             self._release_writer_lock()
 
-    atomic_symlink = symlink_latest
-    commit = symlink_latest
+    def _record_share(self, directory: Path) -> str:
+        """This rank's share of the commit's fsyncs and checksums, as JSON (or the error)."""
+        coordinator = self._coordinator
+        try:
+            names = checkpoint_files(directory)
+            share = files_of_rank(names, coordinator.rank, coordinator.world_size)
+            records = record_files(directory, share)
+        except (OSError, CyclerError) as error:
+            return json.dumps({"error": f"rank {coordinator.rank}: {error}"})
+        return json.dumps({name: [r.size, r.crc32] for name, r in records.items()})
 
-    def _commit(self, directory: Path, metadata: dict[str, Any]) -> None:
+    def _seal_and_link(self, directory: Path, metadata: dict[str, Any],
+                       records: dict[str, FileRecord]) -> None:
         name = self.layout.parse(directory.name)
         if name is None or Path(os.path.abspath(directory)).parent != self.layout.root:
             raise ValueError(
@@ -165,7 +271,7 @@ class AtomicDirectory:
         from cycler import __version__
 
         seal(self.layout.path_of(name), index=name.index, metadata=metadata,
-             world_size=self._coordinator.world_size, version=__version__)
+             world_size=self._coordinator.world_size, version=__version__, records=records)
         if self._recording is not None:
             self._recording.result()
             self._recording = None
@@ -208,6 +314,18 @@ class AtomicDirectory:
         """The newest valid checkpoint of this saver (see :func:`cycler.latest_checkpoint`)."""
         path = latest_checkpoint(self.layout.root, self.name, verify=verify)
         return None if path is None else str(path)
+
+
+def _merged_records(shares: list[str]) -> dict[str, FileRecord]:
+    """Every rank's records in one dict; raises what a rank could not record."""
+    merged: dict[str, FileRecord] = {}
+    for share in shares:
+        records = json.loads(share)
+        if "error" in records and isinstance(records["error"], str):
+            raise CheckpointDirectoryError(f"a rank could not record its files: "
+                                           f"{records['error']}")
+        merged.update({name: FileRecord(size, crc) for name, (size, crc) in records.items()})
+    return merged
 
 
 def _ensure_root(root: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import zlib
 from collections.abc import Mapping
@@ -28,6 +29,7 @@ _CHUNK = 16 << 20
 # fsync waits on the disk while CRC-32 runs on the CPU (zlib releases the GIL on large buffers),
 # so running both at once keeps a commit close to the cost of the fsync alone.
 _IO_THREADS = 4
+_DCP_SHARD = re.compile(r"__(\d+)_\d+\.distcp")
 
 
 @dataclass(frozen=True)
@@ -102,34 +104,75 @@ def file_crc32(path: Path) -> str:
     return f"{crc:08x}"
 
 
-def seal(directory: Path, *, index: int, metadata: Mapping[str, Any] | None = None,
-         world_size: int = 1, version: str = "") -> Manifest:
-    """Fsync every file of ``directory``, then durably write its manifest; return it."""
+def record_files(directory: Path, names: list[str]) -> dict[str, FileRecord]:
+    """Fsync each of ``names`` in ``directory`` and record its size and CRC-32.
+
+    A rank records the files it is responsible for (see :func:`files_of_rank`); the records
+    travel to the rank that writes the manifest, which then reads no other rank's data.
+    """
     directory = Path(directory)
-    names = checkpoint_files(directory)
     with ThreadPoolExecutor(_IO_THREADS) as pool:
         synced = [pool.submit(fsync_path, directory / name) for name in names]
         crcs = pool.map(file_crc32, (directory / name for name in names))
-        checksums = dict(zip(names, crcs, strict=True))
+        records = {name: FileRecord((directory / name).stat().st_size, crc)
+                   for name, crc in zip(names, crcs, strict=True)}
         for future in synced:
             future.result()
+    return records
+
+
+def files_of_rank(names: list[str], rank: int, world_size: int) -> list[str]:
+    """The files ``rank`` fsyncs and checksums at a commit: the shards torch.distributed.checkpoint
+    named after it (``__<rank>_<n>.distcp``, in its page cache already), and every
+    ``world_size``-th of the others, so the work is spread and no file is done twice."""
+    own = []
+    others = [name for name in names if _writer_rank(name) is None]
+    for name in names:
+        writer = _writer_rank(name)
+        if writer is not None and writer % world_size == rank:
+            own.append(name)
+    return own + others[rank::world_size]
+
+
+def _writer_rank(name: str) -> int | None:
+    match = _DCP_SHARD.fullmatch(Path(name).name)
+    return int(match.group(1)) if match else None
+
+
+def seal(directory: Path, *, index: int, metadata: Mapping[str, Any] | None = None,
+         world_size: int = 1, version: str = "",
+         records: dict[str, FileRecord] | None = None) -> Manifest:
+    """Durably write the manifest of ``directory`` from ``records`` (default: fsync and record
+    every file here, as one process does); return it.
+
+    ``records`` must cover every file of the directory, each already fsynced by whoever
+    recorded it: a file the records miss means a rank wrote after the commit began, and the
+    directory is refused rather than sealed without it.
+    """
+    directory = Path(directory)
+    names = checkpoint_files(directory)
+    if records is None:
+        records = record_files(directory, names)
+    missing = sorted(set(names) ^ set(records))
+    if missing:
+        raise CorruptCheckpoint(f"{directory}: {', '.join(missing[:3])} appeared or vanished "
+                                "while the commit ran; write every file before symlink_latest()")
     # The checkpoint directory itself is fsynced once, after the manifest's rename: that one
     # fsync makes its files' entries and the manifest durable before any link can name it, and
     # a crash before it leaves a directory whose missing entries fail validation. One fsync
     # fewer per commit (5-7 ms on a busy disk, as much as checksumming 10 MB).
     for parent in {(directory / name).parent for name in names} - {directory}:
         fsync_directory(parent)
-    manifest = _make_manifest(directory, names, checksums, index=index, world_size=world_size,
+    manifest = _make_manifest(records, index=index, world_size=world_size,
                               metadata=dict(metadata or {}), version=version)
     atomic_write_bytes(directory / MANIFEST_NAME, manifest.to_json().encode())
     return manifest
 
 
-def _make_manifest(directory: Path, names: list[str], checksums: dict[str, str], *, index: int,
-                   world_size: int, metadata: dict[str, Any], version: str) -> Manifest:
+def _make_manifest(records: dict[str, FileRecord], *, index: int, world_size: int,
+                   metadata: dict[str, Any], version: str) -> Manifest:
     _check_json(metadata)
-    files = {name: FileRecord((directory / name).stat().st_size, checksums[name])
-             for name in names}
+    files = dict(sorted(records.items()))
     return Manifest(index=index, files=files, created_at=time.time(), world_size=world_size,
                     step=_optional_int(metadata.get("step")),
                     epoch=_optional_int(metadata.get("epoch")),

@@ -52,6 +52,7 @@ import torch.distributed as dist
 from cycler.control import Action, ControlFileWatcher, ControlRequest
 from cycler.environment import ENV_CONTROL_FILE
 from cycler.errors import ConfigError, CyclerError, StateMismatch
+from cycler.sharded import stop_decided, wait_for_saves
 from cycler.stray_signals import shield_from_stray_signals
 
 STEP_CONTROL_STATE_VERSION = 1
@@ -281,8 +282,12 @@ class StepControl:
         if self._last_decision.stop:
             return self._remember(checkpoint=False, stop=True, reason=self._last_decision.reason)
         if self._group is None:
-            return self._decide(self._take_local_signals())
-        return self._decide_together()
+            decision = self._decide(self._take_local_signals())
+        else:
+            decision = self._decide_together()
+        if decision.stop:
+            stop_decided()
+        return decision
 
     def should_checkpoint(self) -> bool:
         """Whether the decision of the latest :meth:`step` asks for a checkpoint."""
@@ -293,7 +298,9 @@ class StepControl:
         return self._last_decision.stop
 
     def close(self) -> None:
-        """Wait for the exchange in flight, if any. Call it on every rank, or on none."""
+        """Wait for the exchange and the asynchronous saves in flight, if any. Call it on every
+        rank, or on none."""
+        wait_for_saves()
         if self._pending is not None:
             self._pending.result()
             self._pending = None
