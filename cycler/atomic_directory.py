@@ -37,9 +37,11 @@ from cycler.manifest import (
 from cycler.retention import retention_decisions
 from cycler.sharded import (
     SaveHandle,
+    alone,
     async_group,
     default_stager,
     in_background,
+    quiet_if_alone,
     stopping,
     track,
 )
@@ -153,13 +155,15 @@ class AtomicDirectory:
 
         directory = self.prepare_checkpoint_directory()  # waits for the save in flight
         if not asynchronous:
-            dcp.save(state_dict, checkpoint_id=directory)
+            with quiet_if_alone():
+                dcp.save(state_dict, checkpoint_id=directory, no_dist=alone())
             self._commit(directory, metadata)
             return SaveHandle(directory)
         if self._stager is None:
             self._stager, self._async_group = default_stager(), async_group()
-        written = dcp.async_save(state_dict, checkpoint_id=directory,
-                                 process_group=self._async_group, async_stager=self._stager)
+        with quiet_if_alone():
+            written = dcp.async_save(state_dict, checkpoint_id=directory, no_dist=alone(),
+                                     process_group=self._async_group, async_stager=self._stager)
         # A Future, or with DCP's own asynchronous staging a response holding one.
         upload = cast("Future[Any]", getattr(written, "upload_completion", written))
 
@@ -197,7 +201,8 @@ class AtomicDirectory:
             path = find_checkpoint(self.layout.root, str(checkpoint), self.name)
         if path is None:
             return None
-        dcp.load(state_dict, checkpoint_id=str(path))
+        with quiet_if_alone():
+            dcp.load(state_dict, checkpoint_id=str(path), no_dist=alone())
         return read_manifest(Path(path)).metadata
 
     def symlink_latest(self, checkpoint_directory: str | os.PathLike[str],

@@ -17,9 +17,11 @@ during the background write leaves the previous latest checkpoint as it was.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import threading
+import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, Protocol
 
@@ -100,6 +102,23 @@ def default_stager() -> Any:
 
     return DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=True,
                                         use_async_staging=False, use_non_blocking_copy=False))
+
+
+@contextlib.contextmanager
+def quiet_if_alone() -> Iterator[None]:
+    """Without a process group, DCP warns on every call that it assumes one process: that is
+    the intended use here, not news."""
+    with warnings.catch_warnings():
+        if alone():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def alone() -> bool:
+    """Whether this process saves without a process group (DCP's ``no_dist``)."""
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized())
 
 
 def async_group() -> Any:

@@ -1,0 +1,130 @@
+"""Sharded and asynchronous saves: training stall, time to commit, and the commit on rank 0.
+
+Goals (issue 9): an asynchronous save stalls training no more than DCP's own ``async_save``
+with the same ``DefaultStager`` options (ratio <= 1.0), and is committed within 1.15x the time
+of a synchronous DCP save of the same state; the commit's time on rank 0 stays flat from 1 to
+4 ranks of 256 MB each.
+
+    python benchmarks/bench_sharded.py [--sizes-mb 100 1000] [--repeats 5] [--rank-mb 256]
+
+Stall: one process, a state dict of one float32 tensor of the given size; after one warm-up
+save (DCP's stager allocates its staging buffers then and reuses them), each repetition times
+the call until it returns (the stall) and until the save is durable: for DCP until its future
+completes, for cycler until ``handle.wait()`` returns, i.e. written, fsynced, checksummed and
+committed. The synchronous baseline is ``dcp.save`` of the same state.
+
+Commit: 1, 2 and 4 gloo ranks each write ``--rank-mb`` MB with ``atomic_torch_save`` into one
+prepared directory; the figure is ``symlink_latest`` on rank 0 (median of the repetitions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+
+from cycler import AtomicDirectory, atomic_torch_save
+from cycler.sharded import default_stager
+
+
+def stall(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
+    state = {"weights": torch.randn(size_mb * 1024 * 1024 // 4)}
+    stager = default_stager()
+    saver = AtomicDirectory(root / "cycler", keep_last=2)
+    runs: dict[str, list[float]] = {key: [] for key in (
+        "dcp_stall_s", "dcp_durable_s", "cycler_stall_s", "cycler_committed_s", "dcp_sync_s")}
+    for repeat in range(repeats + 1):  # the first of each is a warm-up
+        target = root / f"dcp-{repeat}"
+        started = time.perf_counter()
+        future = dcp.async_save(state, checkpoint_id=str(target), async_stager=stager,
+                                no_dist=True)
+        returned = time.perf_counter()
+        future.result()
+        durable = time.perf_counter()
+        shutil.rmtree(target)
+        started_ours = time.perf_counter()
+        handle = saver.save(state, asynchronous=True)
+        returned_ours = time.perf_counter()
+        handle.wait()
+        committed = time.perf_counter()
+        synced = time.perf_counter()
+        dcp.save(state, checkpoint_id=str(target), no_dist=True)
+        sync_done = time.perf_counter()
+        shutil.rmtree(target)
+        if repeat:
+            runs["dcp_stall_s"].append(returned - started)
+            runs["dcp_durable_s"].append(durable - started)
+            runs["cycler_stall_s"].append(returned_ours - started_ours)
+            runs["cycler_committed_s"].append(committed - started_ours)
+            runs["dcp_sync_s"].append(sync_done - synced)
+    figures = {key: round(statistics.median(values), 4) for key, values in runs.items()}
+    figures["stall_ratio"] = round(figures["cycler_stall_s"] / figures["dcp_stall_s"], 2)
+    figures["committed_vs_sync_ratio"] = round(
+        figures["cycler_committed_s"] / figures["dcp_sync_s"], 2)
+    return figures
+
+
+def _commit_rank(rank: int, world: int, port: int, root: str, rank_mb: int, repeats: int,
+                 out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                           world_size=world)
+    saver = AtomicDirectory(root, keep_last=1)
+    weights = torch.randn(rank_mb * 1024 * 1024 // 4)
+    times = []
+    for _ in range(repeats):
+        directory = saver.prepare_checkpoint_directory()
+        atomic_torch_save({"weights": weights}, os.path.join(directory, f"rank-{rank}.pt"))
+        dist.barrier()
+        started = time.perf_counter()
+        saver.symlink_latest(directory)
+        times.append(time.perf_counter() - started)
+    if rank == 0:
+        Path(out).write_text(json.dumps(times))
+    dist.destroy_process_group()
+
+
+def commit_by_world_size(rank_mb: int, repeats: int, root: Path) -> list[dict[str, float]]:
+    rows = []
+    for world in (1, 2, 4):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        out = root / f"commit-{world}.json"
+        mp.spawn(_commit_rank, args=(world, port, str(root / f"w{world}"), rank_mb, repeats,
+                                     str(out)), nprocs=world, join=True)
+        times = json.loads(out.read_text())
+        rows.append({"ranks": world, "data_mb": world * rank_mb,
+                     "rank0_commit_s": round(statistics.median(times), 4)})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes-mb", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rank-mb", type=int, default=256)
+    args = parser.parse_args()
+    print(f"cpus={os.cpu_count()} load={os.getloadavg()[0]:.1f}")
+    with tempfile.TemporaryDirectory(dir=".") as directory:
+        for size in args.sizes_mb:
+            root = Path(directory) / f"stall-{size}"
+            root.mkdir()
+            print("stall", json.dumps({"size_mb": size, **stall(size, args.repeats, root)}))
+            shutil.rmtree(root)
+        for row in commit_by_world_size(args.rank_mb, args.repeats, Path(directory)):
+            print("commit", json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()
