@@ -27,10 +27,31 @@ class Coordinator:
                  use_process_group: bool = True) -> None:
         self.namespace = namespace
         self.timeout = timeout
-        distributed = use_process_group and global_rank() is not None
-        self.rank = dist.get_rank() if distributed else 0
-        self.world_size = dist.get_world_size() if distributed else 1
-        self._store: Any = _default_store() if distributed and self.world_size > 1 else None
+        self._use_process_group = use_process_group
+        self._bound: tuple[int, int, Any] | None = None
+
+    def _binding(self) -> tuple[int, int, Any]:
+        # Resolved at the first round, not when the saver is built: a saver made before
+        # init_process_group would otherwise act alone on every rank for good.
+        if self._bound is None:
+            distributed = self._use_process_group and global_rank() is not None
+            rank = dist.get_rank() if distributed else 0
+            world_size = dist.get_world_size() if distributed else 1
+            store = _default_store() if distributed and world_size > 1 else None
+            self._bound = (rank, world_size, store)
+        return self._bound
+
+    @property
+    def rank(self) -> int:
+        return self._binding()[0]
+
+    @property
+    def world_size(self) -> int:
+        return self._binding()[1]
+
+    @property
+    def _store(self) -> Any:
+        return self._binding()[2]
 
     @property
     def is_creator(self) -> bool:

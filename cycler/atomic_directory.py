@@ -98,8 +98,7 @@ class AtomicDirectory:
         self._stager: Any = None
         self._async_group: Any = None
         announce(USES_SAVER)
-        if self._coordinator.is_creator:
-            _ensure_root(self.layout.root)
+        _ensure_root(self.layout.root)  # on every rank: the process group may not exist yet
 
     def prepare_checkpoint_directory(self, force_save: bool = False) -> str:
         """Create the next checkpoint directory (rank 0) and return its path on every rank.

@@ -143,3 +143,29 @@ def test_a_rank_that_never_commits_or_fails_makes_the_other_fail_instead_of_hang
         "check_a_failed_commit_on_rank_0_is_reported_to_rank_1_instead_of_hanging",
         root=tmp_path,
     )
+
+
+def _built_before_the_group(rank: int, port: int, root: str) -> None:
+    saver = AtomicDirectory(root, timeout=datetime.timedelta(seconds=30))  # no group yet
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=WORLD_SIZE)
+    try:
+        path = saver.prepare_checkpoint_directory()
+        assert every_rank(path) == [path, path]
+        atomic_torch_save({"rank": rank}, Path(path) / f"rank-{rank}.pt")
+        saver.symlink_latest(path)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_saver_built_before_init_process_group_still_makes_one_shared_checkpoint(
+        tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+    from gloo_ranks import free_port
+
+    mp.spawn(_built_before_the_group, args=(free_port(), str(tmp_path)), nprocs=WORLD_SIZE,
+             join=True)
+    latest = latest_checkpoint(tmp_path)
+    assert latest is not None
+    assert set(read_manifest(latest).files) == {"rank-0.pt", "rank-1.pt"}
+    assert read_manifest(latest).world_size == 2
