@@ -10,18 +10,57 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
 TEMP_MARKER = ".cycler-tmp-"
-"""Part of every temporary's name: ``.<final name>.cycler-tmp-<random>``."""
+"""Part of every temporary's name: ``.<final>.cycler-tmp-<host>-<pid>-<start>-<random>``; the
+writer's host, pid and start time let a later writer tell a dead writer's leftover from a live
+writer's temporary."""
+_HOST = socket.gethostname().replace("/", "_")
 
 
 def temporary_sibling(path: Path) -> Path:
     """A unique, hidden name in ``path``'s directory that no other writer will pick."""
-    return path.with_name(f".{path.name}{TEMP_MARKER}{uuid.uuid4().hex[:12]}")
+    writer = f"{_HOST}-{os.getpid()}-{process_start(os.getpid())}"
+    return path.with_name(f".{path.name}{TEMP_MARKER}{writer}-{uuid.uuid4().hex[:12]}")
+
+
+def process_start(pid: int) -> str:
+    """When ``pid`` started, in clock ticks since boot (``/proc/PID/stat`` field 22), or ``""``
+    where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return ""
+
+
+def left_by_dead_writer(name: str) -> bool:
+    """Whether the temporary ``name`` was made on this host by a process that is gone (pid
+    absent, or reused by a process that started at another time). Temporaries of other hosts
+    and of the older, unidentified format are never judged dead."""
+    writer = name.split(TEMP_MARKER, 1)[-1].rsplit("-", 3)
+    if len(writer) != 4 or writer[0] != _HOST or not writer[1].isdigit() or not writer[2]:
+        return False
+    return process_start(int(writer[1])) != writer[2]
+
+
+def remove_dead_writers_temporaries(path: Path) -> list[Path]:
+    """Remove the temporaries for ``path`` that writers on this host left when they died (a
+    kill between create and rename); the removed paths."""
+    prefix = f".{path.name}{TEMP_MARKER}"
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(path.parent):
+            if entry.name.startswith(prefix) and left_by_dead_writer(entry.name):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                    removed.append(Path(entry.path))
+    return removed
 
 
 def is_temporary(name: str) -> bool:

@@ -31,6 +31,8 @@ from typing import IO
 
 import psutil
 
+from cycler._fs import process_start
+
 STDERR_TAIL_BYTES = 64 * 1024
 """How much of torchrun's stderr is kept for the failure report."""
 _PR_SET_CHILD_SUBREAPER = 36
@@ -74,15 +76,6 @@ for pid in doomed:
 """
 
 
-def start_ticks(pid: int) -> str:
-    """When ``pid`` started, in clock ticks since boot (``/proc/PID/stat`` field 22), or ``""``."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
-        return ""
-
-
 def become_subreaper() -> bool:
     """Make orphaned descendants re-parent to this process (Linux); whether it worked."""
     try:
@@ -109,7 +102,7 @@ class Watchdog:
     def watch(self, pid: int) -> None:
         """Kill ``pid``'s tree and sessions if this process dies (only while ``pid`` is the
         process it is now: its start time is checked)."""
-        self._send(f"+{pid} {start_ticks(pid)}\n")
+        self._send(f"+{pid} {process_start(pid)}\n")
 
     def forget(self, pid: int) -> None:
         self._send(f"-{pid}\n")
