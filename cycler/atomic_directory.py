@@ -14,7 +14,7 @@ import datetime
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
@@ -95,6 +95,10 @@ class AtomicDirectory:
         self._writer_lock: SupervisorLock | None = None
         self._recording: Future[None] | None = None
         self._in_flight: SaveHandle | None = None
+        self._kept: list[int] | None = None
+        """Unpinned committed indices retention keeps, oldest first (``None``: not scanned)."""
+        self._uncommitted: list[Path] = []
+        """Directories this process prepared and has not committed (a failed save's)."""
         self._stager: Any = None
         self._async_group: Any = None
         announce(USES_SAVER)
@@ -136,6 +140,7 @@ class AtomicDirectory:
         index = layout.next_index()
         path = layout.path_of(CheckpointName(self.name, index, pinned))
         path.mkdir()
+        self._uncommitted.append(path)
         # Recording the index takes two fsyncs (5-15 ms on a busy disk): they overlap the
         # ranks' writes, and the commit waits for them before it can link the directory.
         self._recording = _RECORDER.submit(layout.record_index, index)
@@ -244,7 +249,7 @@ class AtomicDirectory:
         # The writer lock is held through retention: released before it, another writer could
         # prepare a directory that this retention then removes as torn.
         try:
-            self._apply_retention()
+            self._apply_retention(directory.name)
         finally:
             self._release_writer_lock()
 
@@ -292,19 +297,66 @@ class AtomicDirectory:
             self._writer_lock.release()
             self._writer_lock = None
 
-    def _apply_retention(self) -> None:
-        checkpoints = list_checkpoints(self.layout.root, self.name)
-        decisions = retention_decisions(checkpoints, keep_last=self.keep_last,
-                                        remove_torn=True, writer_active=False)
-        for decision in decisions:
-            if not decision.keep:
-                log.debug("removing %s: %s", decision.checkpoint.path.name, decision.reason)
-                _fs.discard_directory(decision.checkpoint.path)
-        # A writer killed during a removal leaves a renamed, half-deleted checkpoint that no
-        # reader lists: without this, every such kill would leak up to a checkpoint of disk.
-        for temporary in self.layout.own_temporaries():
-            log.debug("removing %s: left by a writer that died", temporary.name)
-            _fs.remove_leftover(temporary)
+    def _apply_retention(self, committed: str) -> None:
+        """Remove what retention says may go; a failure is logged and retried at the next
+        commit, never raised: the commit it follows has already succeeded on every rank.
+
+        The first commit of a saver scans the root (torn directories and temporaries that dead
+        writers left); later ones only drop this saver's own checkpoints beyond ``keep_last``
+        and the directories it prepared without committing, so a commit costs the same with 600
+        checkpoints kept as with one. Any failure makes the next commit scan again.
+        """
+        name = self.layout.parse(committed)
+        self._uncommitted = [p for p in self._uncommitted if p.name != committed]
+        if self._kept is None or name is None:
+            self._kept = self._scan_and_retain()
+            return
+        if not name.pinned:
+            self._kept.append(name.index)
+        doomed = self._uncommitted
+        self._uncommitted = []
+        if self.keep_last > 0:
+            beyond = len(self._kept) - self.keep_last
+            doomed += [self.layout.path_of(CheckpointName(self.name, index, False))
+                       for index in self._kept[:max(beyond, 0)]]
+            self._kept = self._kept[max(beyond, 0):]
+        for path in doomed:
+            if not self._without_raising(_fs.discard_directory, path, "checkpoint"):
+                self._kept = None
+
+    def _scan_and_retain(self) -> list[int] | None:
+        try:
+            checkpoints = list_checkpoints(self.layout.root, self.name, glance=True)
+            decisions = retention_decisions(checkpoints, keep_last=self.keep_last,
+                                            remove_torn=True, writer_active=False)
+            # A writer killed during a removal leaves a renamed, half-deleted checkpoint that
+            # no reader lists: without this, every such kill would leak up to a checkpoint.
+            leftovers = self.layout.own_temporaries()
+        except OSError as error:
+            log.warning("retention skipped after a commit (%s); it runs again at the next", error)
+            return None
+        removed = [self._without_raising(_fs.discard_directory, d.checkpoint.path, "checkpoint")
+                   for d in decisions if not d.keep]
+        removed += [self._without_raising(_fs.remove_leftover, temporary,
+                                          "leftover of a dead writer") for temporary in leftovers]
+        kept = [d.checkpoint.index for d in decisions
+                if d.keep and d.checkpoint.valid and not d.checkpoint.pinned
+                and d.checkpoint.is_directory]
+        self._uncommitted = []
+        return sorted(kept) if all(removed) else None
+
+    @staticmethod
+    def _without_raising(remove: Callable[[Path], object], path: Path, what: str) -> bool:
+        """``remove(path)``; whether it worked (a failure is logged, never raised)."""
+        try:
+            remove(path)
+        except FileNotFoundError:
+            return True  # gone already (cycle prune, another writer's retention)
+        except OSError as error:  # an undeletable file, NFS's .nfs* of a file still open...
+            log.warning("could not remove %s %s (%s); retention retries at the next commit",
+                        what, path.name, error.strerror or error)
+            return False
+        return True
 
     def is_checkpoint_directory(self, path: str | os.PathLike[str]) -> str | None:
         """cycling_utils' test: the suffix (``"3"`` or ``"3_force"``) if ``path`` is an existing

@@ -94,11 +94,34 @@ def inspect_checkpoint(layout: CheckpointLayout, name: CheckpointName,
     return Checkpoint(name, path, manifest, problem)
 
 
+def glance_at_checkpoint(layout: CheckpointLayout, name: CheckpointName) -> Checkpoint:
+    """Only whether an entry is a real directory with a manifest, read from two ``lstat``s:
+    enough for retention after a commit, where reading every manifest made each commit's cost
+    grow with the checkpoints kept (52 ms with 600 of them). ``manifest`` stays ``None``."""
+    path = layout.path_of(name)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return Checkpoint(name, path, None, "does not exist", is_directory=False)
+    if not stat.S_ISDIR(mode):
+        return inspect_checkpoint(layout, name)  # a link or a file: say exactly what
+    if not os.path.lexists(path / MANIFEST_NAME):
+        return Checkpoint(name, path, None, NEVER_COMMITTED)
+    return Checkpoint(name, path, None, None)
+
+
 def list_checkpoints(root: str | os.PathLike[str], name: str = DEFAULT_PREFIX,
-                     verify: bool = False) -> list[Checkpoint]:
-    """Every checkpoint of saver ``name`` under ``root`` by index, the latest one marked."""
+                     verify: bool = False, glance: bool = False) -> list[Checkpoint]:
+    """Every checkpoint of saver ``name`` under ``root`` by index, the latest one marked.
+
+    ``glance`` only tells committed directories from torn ones (:func:`glance_at_checkpoint`).
+    """
     layout = CheckpointLayout(root, name)
-    found = [inspect_checkpoint(layout, entry, verify) for entry in layout.checkpoint_names()]
+    names = layout.checkpoint_names()
+    if glance:
+        found = [glance_at_checkpoint(layout, entry) for entry in names]
+    else:
+        found = [inspect_checkpoint(layout, entry, verify) for entry in names]
     by_name = {c.name: c for c in found}
     latest, _ = _choose_latest(layout, [c.name for c in found], by_name.__getitem__)
     return [_marked(c, latest) for c in found]
