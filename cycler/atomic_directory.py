@@ -103,6 +103,7 @@ class AtomicDirectory:
         self._async_group: Any = None
         announce(USES_SAVER)
         _ensure_root(self.layout.root)  # on every rank: the process group may not exist yet
+        self.layout.check_supervisor_dir()
 
     def prepare_checkpoint_directory(self, force_save: bool = False) -> str:
         """Create the next checkpoint directory (rank 0) and return its path on every rank.

@@ -144,11 +144,34 @@ def _choose_latest(layout: CheckpointLayout, names: list[CheckpointName],
     target = layout.link_target_name()
     linked = inspect(target) if target in names else None
     if linked is not None and linked.valid:
-        return linked, None
+        return linked, link_outside_root(layout, names)
     newest = next((c for c in map(inspect, reversed(names)) if c.valid), None)
     if newest is None:
         return None, None
     return newest, _link_problem(layout, target, linked)
+
+
+def link_outside_root(layout: CheckpointLayout, names: list[CheckpointName]) -> str | None:
+    """What is suspicious about a latest link whose target lies outside the root, or ``None``.
+
+    The target is resolved by its name inside the root, which is silent and right when the
+    tree was moved or copied (the name is this root's newest checkpoint); it is said aloud when
+    the name inside is an older checkpoint than this root's newest, which a link meant for
+    another tree would silently make the resume point.
+    """
+    try:
+        target = Path(os.readlink(layout.link_path))
+    except OSError:
+        return None
+    if not target.is_absolute() or os.path.realpath(target.parent) == os.path.realpath(
+            layout.root):
+        return None
+    newest = max((name.index for name in names), default=None)
+    named = layout.parse(target.name)
+    if named is not None and named.index == newest:
+        return None
+    return (f"{layout.link_name} points outside the root, at {target}; this root's "
+            f"{target.name} is used, not that directory")
 
 
 def _link_problem(layout: CheckpointLayout, target: CheckpointName | None,
@@ -187,8 +210,9 @@ def latest_checkpoint(root: str | os.PathLike[str] | None = None, name: str = DE
     inspect = functools.cache(lambda entry: inspect_checkpoint(layout, entry, verify))
     latest, problem = _choose_latest(layout, layout.checkpoint_names(), inspect)
     if latest is not None and problem is not None:
-        warnings.warn(f"{problem}; using {latest.path.name} instead", CheckpointWarning,
-                      stacklevel=2)
+        using = "" if latest.is_latest or latest.name == layout.link_target_name() else \
+            f"; using {latest.path.name} instead"
+        warnings.warn(f"{problem}{using}", CheckpointWarning, stacklevel=2)
     return None if latest is None else latest.path
 
 

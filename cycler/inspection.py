@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cycler import _fs
-from cycler.checkpoints import Checkpoint, list_checkpoints
+from cycler.checkpoints import Checkpoint, link_outside_root, list_checkpoints
 from cycler.errors import CheckpointDirectoryError, DirectoryInUse
 from cycler.events import history_counts, job_history, read_events
 from cycler.layout import CheckpointLayout, saver_prefixes
@@ -53,12 +53,14 @@ class RootStatus:
     """The job's history (:func:`cycler.events.job_history`), its last entries, oldest first."""
     counts: dict[str, int] = field(default_factory=dict)
     """Starts, stops, restarts and requeues over the job's whole life."""
+    notes: list[str] = field(default_factory=list)
+    """What looks wrong beyond single checkpoints (a latest link pointing outside the root)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"root": str(self.root), "exists": self.exists,
                 "checkpoints": [c.as_dict() for c in self.checkpoints],
                 "supervisors": self.supervisors, "events": self.events,
-                "counts": self.counts}
+                "counts": self.counts, "notes": self.notes}
 
 
 def checked_root(root: str | os.PathLike[str]) -> Path | None:
@@ -87,8 +89,12 @@ def collect_status(root: str | os.PathLike[str], *, verify: bool = False, events
     path = checked_root(root)
     if path is None:
         return RootStatus(Path(os.path.abspath(root)), exists=False)
-    facts = []
+    facts, notes = [], []
     for prefix in saver_prefixes(path):
+        saver_layout = CheckpointLayout(path, prefix)
+        outside = link_outside_root(saver_layout, saver_layout.checkpoint_names())
+        if outside is not None:
+            notes.append(outside)
         for checkpoint in list_checkpoints(path, prefix, verify=verify):
             facts.append(_facts(prefix, checkpoint, clock()))
             if on_checked is not None:
@@ -99,7 +105,7 @@ def collect_status(root: str | os.PathLike[str], *, verify: bool = False, events
     merged.sort(key=lambda event: float(event.get("time", 0)))
     history = job_history(merged)
     return RootStatus(path, True, facts, live_supervisors(layout),
-                      history[-events:] if events > 0 else [], history_counts(merged))
+                      history[-events:] if events > 0 else [], history_counts(merged), notes)
 
 
 def total_size(root: str | os.PathLike[str], *, verify: bool = False) -> int:

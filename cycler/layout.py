@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cycler._fs import TEMP_MARKER, atomic_write_bytes, is_temporary
+from cycler.errors import CheckpointDirectoryError
 
 DEFAULT_PREFIX = "AtomicDirectory"
 CHECKPOINT_INFIX = "_checkpoint_"
@@ -103,6 +104,14 @@ class CheckpointLayout:
     @property
     def supervisor_dir(self) -> Path:
         return self.root / SUPERVISOR_DIRNAME
+
+    def check_supervisor_dir(self) -> None:
+        """Refuse a ``.cycler`` that is a symlink: locks, records and control files would land
+        outside the root, where another job's could be."""
+        if self.supervisor_dir.is_symlink():
+            raise CheckpointDirectoryError(
+                f"{self.supervisor_dir} is a symlink; cycler keeps its locks and records inside "
+                "the checkpoint root: replace it with a directory")
 
     def control_path(self, node_rank: int = 0) -> Path:
         return self.supervisor_dir / CONTROL_FILENAME.format(node=node_rank)

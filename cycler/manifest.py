@@ -201,11 +201,28 @@ def read_manifest(directory: Path) -> Manifest:
         raise CorruptCheckpoint(f"{path} is unreadable or malformed ({error})") from None
 
 
+def _linked_parent(directory: Path, name: Path, known_real: set[Path]) -> str | None:
+    """The first directory on the way to ``name`` inside ``directory`` that is a symlink
+    (which ``lstat`` of the file would silently follow), or ``None``."""
+    for depth in range(1, len(name.parts)):
+        parent = directory.joinpath(*name.parts[:depth])
+        if parent in known_real:
+            continue
+        if parent.is_symlink():
+            return name.parts[:depth][-1] if depth == 1 else "/".join(name.parts[:depth])
+        known_real.add(parent)
+    return None
+
+
 def check_files(directory: Path, manifest: Manifest, *, checksums: bool = False) -> str | None:
     """The first way ``directory`` differs from ``manifest``, or ``None`` if it matches."""
+    real_directories: set[Path] = set()
     for name, record in manifest.files.items():
         if Path(name).is_absolute() or ".." in Path(name).parts:
             return f"the manifest names {name!r}, outside the checkpoint"
+        linked = _linked_parent(Path(directory), Path(name), real_directories)
+        if linked is not None:
+            return f"{linked} is a symlink: a checkpoint holds plain files and directories only"
         path = Path(directory) / name
         try:
             size = path.lstat().st_size

@@ -49,6 +49,8 @@ def render_status(status: RootStatus) -> None:
         console.print(f"No checkpoints in {escape(str(status.root))}.", soft_wrap=True)
     else:
         _print_status_table(status)
+    for note in status.notes:
+        console.print(f"[yellow]warning:[/] {escape(note)}")
     _render_supervisors(status.supervisors)
     _render_events(status.events, status.counts)
 

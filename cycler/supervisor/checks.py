@@ -93,6 +93,7 @@ def prepare_checkpoint_root(options: RunOptions) -> None:
     """Create the root and its ``.cycler/``, and prove a file can be written there; create
     the lossy directory the workers are told about."""
     layout = CheckpointLayout(options.checkpoint_dir, options.checkpoint_name)
+    layout.check_supervisor_dir()
     probe_name = f".probe-{socket.gethostname()}-{os.getpid()}"
     try:
         layout.supervisor_dir.mkdir(parents=True, exist_ok=True)

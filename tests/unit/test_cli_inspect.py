@@ -235,3 +235,15 @@ def test_a_manifest_naming_a_file_outside_the_checkpoint_makes_it_corrupt(tmp_pa
     rows = status_json(tmp_path)["checkpoints"]
     assert rows[1]["state"] == "corrupt" and "outside the checkpoint" in rows[1]["problem"]
     assert rows[0]["state"] == "latest"
+
+
+def test_status_warns_about_a_latest_link_pointing_outside_the_root(tmp_path: Path) -> None:
+    root, other = tmp_path / "root", tmp_path / "other"
+    make_checkpoints(root, 3)
+    make_checkpoints(other, 2)
+    link = root / "AtomicDirectory.latest_checkpoint"
+    link.unlink()
+    os.symlink(other / "AtomicDirectory_checkpoint_1", link)
+    report = status_json(root)
+    assert any("points outside the root" in note for note in report["notes"])
+    assert "points outside the root" in " ".join(status_text(root).split())

@@ -252,12 +252,13 @@ def test_a_link_pointing_outside_the_root_is_never_followed(root: Path, outside:
     assert tree_digest(outside) == before
 
 
-def test_a_link_outside_the_root_resolves_to_the_same_named_checkpoint_inside_it(
+def test_a_link_outside_the_root_resolves_to_the_same_named_checkpoint_inside_it_and_says_so(
         root: Path, outside: Path) -> None:
     before = tree_digest(outside)
     (root / LINK).unlink()
     os.symlink(outside / ckpt(1), root / LINK)
-    assert latest_without_warning(root) == root / ckpt(1)
+    # Not this root's newest (2): a link meant for another tree is said aloud, not followed.
+    assert latest_with_warning(root, "points outside the root") == root / ckpt(1)
     assert states(root) == {ckpt(0): "valid", ckpt(1): "latest", ckpt(2): "valid"}
     (root / ckpt(1) / MANIFEST_NAME).unlink()  # outside's valid 1 must not stand in for it
     assert latest_with_warning(root, "incomplete") == root / ckpt(2)
@@ -405,3 +406,31 @@ def test_an_index_whose_torn_directory_was_removed_by_hand_is_never_reused(root:
     shutil.rmtree(torn)
     assert commit(root, 3, keep_last=-1).name == ckpt(4)
     assert layout.index_record_path.read_text() == "4\n"
+
+
+def test_a_subdirectory_inside_a_checkpoint_that_is_a_symlink_to_outside_is_refused(
+        root: Path, outside: Path) -> None:
+    from cycler import AtomicDirectory
+
+    saver = AtomicDirectory(root)
+    directory = Path(saver.prepare_checkpoint_directory())
+    (directory / "shards").mkdir()
+    (directory / "shards" / "part.bin").write_bytes(b"data")
+    saver.symlink_latest(directory)
+    # After the commit, the subdirectory is swapped for a link to an outside copy.
+    (outside / "shards").mkdir()
+    (outside / "shards" / "part.bin").write_bytes(b"data")
+    shutil.rmtree(directory / "shards")
+    os.symlink(outside / "shards", directory / "shards")
+    assert states(root)[directory.name] == "corrupt"
+    assert latest_with_warning(root, "shards is a symlink") != directory
+
+
+def test_a_cycler_directory_that_is_a_symlink_is_refused(root: Path, outside: Path) -> None:
+    from cycler import AtomicDirectory
+    from cycler.errors import CheckpointDirectoryError
+
+    shutil.rmtree(root / ".cycler", ignore_errors=True)
+    os.symlink(outside, root / ".cycler")
+    with pytest.raises(CheckpointDirectoryError, match=".cycler is a symlink"):
+        AtomicDirectory(root)
