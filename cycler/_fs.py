@@ -9,12 +9,15 @@ one before. Temporaries carry ``TEMP_MARKER`` in their name so readers and prune
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
+
+from cycler.errors import DiskFull
 
 TEMP_MARKER = ".cycler-tmp-"
 """Part of every temporary's name: ``.<final>.cycler-tmp-<host>-<pid>-<start>-<random>``; the
@@ -102,7 +105,7 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], object], durable: bool
     """
     path = Path(path)
     temporary = temporary_sibling(path)
-    with _removed_on_failure(temporary):
+    with _removed_on_failure(temporary), _disk_full_said_plainly(path, temporary):
         with open(temporary, "xb") as handle:
             write(handle)
             handle.flush()
@@ -111,6 +114,56 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], object], durable: bool
         os.replace(temporary, path)
     if durable:
         fsync_directory(path.parent)
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+@contextlib.contextmanager
+def _disk_full_said_plainly(path: Path, temporary: Path) -> Iterator[None]:
+    """Turn the many faces of a full disk (ENOSPC, EDQUOT, torch.save's 'unexpected pos')
+    into one :class:`DiskFull` line: where, how much was written, how much is free."""
+    try:
+        yield
+    except (OSError, RuntimeError) as error:
+        if not (_caused_by_full_disk(error) or _no_space_left(path.parent)):
+            raise
+        written = temporary.stat().st_size if temporary.exists() else None
+        full = DiskFull(disk_full_message(path, written))
+        full.errno = errno.ENOSPC  # one line when printed, and still ENOSPC for `except`
+        raise full from error
+
+
+def _caused_by_full_disk(error: BaseException | None) -> bool:
+    # torch.save reports ENOSPC as a RuntimeError whose context is the OSError.
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in _FULL:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _no_space_left(directory: Path) -> bool:
+    try:
+        stats = os.statvfs(directory)
+    except OSError:
+        return False
+    return stats.f_bavail * stats.f_frsize < (1 << 20)
+
+
+def disk_full_message(path: Path, written: int | None) -> str:
+    """One line: the filesystem, what was written when it ran out, what is free."""
+    mount = Path(os.path.abspath(path)).parent
+    while not os.path.ismount(mount) and mount != mount.parent:
+        mount = mount.parent
+    try:
+        stats = os.statvfs(path.parent)
+        free = f"{stats.f_bavail * stats.f_frsize / 2**20:.1f} MB free"
+    except OSError:
+        free = "free space unknown"
+    wrote = "" if written is None else f" after {written / 2**20:.1f} MB"
+    return (f"no space left on {mount} ({free}) writing {path.name}{wrote}: the checkpoints "
+            "committed before are intact; free space or choose another checkpoint directory")
 
 
 def atomic_write_bytes(path: Path, data: bytes, durable: bool = True) -> None:

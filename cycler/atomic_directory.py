@@ -21,7 +21,12 @@ from typing import Any, cast
 
 from cycler import _fs
 from cycler._coordination import Coordinator, global_rank
-from cycler.checkpoints import find_checkpoint, latest_checkpoint, list_checkpoints
+from cycler.checkpoints import (
+    CheckpointState,
+    find_checkpoint,
+    latest_checkpoint,
+    list_checkpoints,
+)
 from cycler.control import USES_SAVER, announce
 from cycler.errors import CheckpointDirectoryError, CyclerError
 from cycler.layout import DEFAULT_PREFIX, CheckpointLayout, CheckpointName
@@ -99,6 +104,7 @@ class AtomicDirectory:
         """Unpinned committed indices retention keeps, oldest first (``None``: not scanned)."""
         self._uncommitted: list[Path] = []
         """Directories this process prepared and has not committed (a failed save's)."""
+        self._reclaimed = False
         self._stager: Any = None
         self._async_group: Any = None
         announce(USES_SAVER)
@@ -137,6 +143,8 @@ class AtomicDirectory:
         if self._writer_lock is None:
             self._writer_lock = SupervisorLock(layout.writer_lock_path)
             self._writer_lock.acquire(role="writer", name=self.name)
+            if not self._reclaimed:
+                self._reclaim_torn_directories()
         _RECORDER.submit(_nothing).result()  # this process's earlier records have landed
         index = layout.next_index()
         path = layout.path_of(CheckpointName(self.name, index, pinned))
@@ -146,6 +154,21 @@ class AtomicDirectory:
         # ranks' writes, and the commit waits for them before it can link the directory.
         self._recording = _RECORDER.submit(layout.record_index, index)
         return path
+
+    def _reclaim_torn_directories(self) -> None:
+        """At this saver's first prepare, under the writer lock: every directory without a
+        manifest was left by a writer that died (a crash loop on a full disk leaves one per
+        run), so it goes now, before this run needs the space."""
+        self._reclaimed = True
+        try:
+            torn = [c for c in list_checkpoints(self.layout.root, self.name, glance=True)
+                    if c.state is CheckpointState.INCOMPLETE and not c.pinned]
+            if torn:  # indices never repeat, even those of directories removed
+                self.layout.record_index(max(c.index for c in torn))
+        except OSError:
+            return
+        for checkpoint in torn:
+            self._without_raising(_fs.discard_directory, checkpoint.path, "torn directory")
 
     def save(self, state_dict: dict[str, Any], metadata: Mapping[str, Any] | None = None, *,
              asynchronous: bool = False) -> SaveHandle:

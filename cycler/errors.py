@@ -42,6 +42,11 @@ class CheckpointDirectoryError(CyclerError, OSError):
     exit_code = EXIT_USAGE
 
 
+class DiskFull(CyclerError, OSError):
+    """The checkpoint's filesystem is full (ENOSPC, a quota, or torch's 'unexpected pos' when
+    ``torch.save`` hits the end of the disk); what was committed before is intact."""
+
+
 class DirectoryInUse(CyclerError, RuntimeError):
     """A live ``cycle run`` holds the checkpoint root's lock."""
 

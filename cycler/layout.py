@@ -217,7 +217,10 @@ class CheckpointLayout:
         return max([self._recorded_index(), *used], default=-1) + 1
 
     def record_index(self, index: int) -> None:
-        """Remember that ``index`` was used, so that removing its directory never frees it."""
+        """Remember that ``index`` was used, so that removing its directory never frees it
+        (the record only grows: a lower index leaves it as it is)."""
+        if index <= self._recorded_index():
+            return
         self.supervisor_dir.mkdir(exist_ok=True)
         atomic_write_bytes(self.index_record_path, f"{index}\n".encode())
 

@@ -1,0 +1,66 @@
+"""A full disk: one line saying so, the previous checkpoint intact, space reclaimed by the next
+run, and a later save succeeding. On a real 4 MB tmpfs (skipped where it cannot be mounted)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from cycler import AtomicDirectory, atomic_torch_save, latest_checkpoint, list_checkpoints
+from cycler.errors import DiskFull
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.strip()}): needs root")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def a_run_that_fills_the_disk(root: Path) -> str:
+    saver = AtomicDirectory(root)
+    directory = Path(saver.prepare_checkpoint_directory())
+    try:
+        atomic_torch_save({"weights": torch.randn(1 << 20)}, directory / "model.pt")  # 4 MB
+    except DiskFull as error:
+        message = str(error)
+    else:
+        raise AssertionError("a 4 MB save fit on a 4 MB disk")
+    del saver  # the run dies here: its writer lock goes with it
+    return message
+
+
+def test_a_full_disk_is_one_line_keeps_the_last_checkpoint_and_is_reclaimed(
+        small_disk: Path) -> None:
+    saver = AtomicDirectory(small_disk)
+    first = Path(saver.prepare_checkpoint_directory())
+    atomic_torch_save({"step": 0}, first / "model.pt")
+    saver.symlink_latest(first, metadata={"step": 0})
+    del saver
+    for _ in range(3):  # a crash loop: each run dies on the full disk
+        message = a_run_that_fills_the_disk(small_disk)
+        assert "\n" not in message and message.startswith("no space left on")
+        assert "MB free" in message and "committed before are intact" in message
+        assert latest_checkpoint(small_disk) == first
+        torn = [c for c in list_checkpoints(small_disk) if not c.valid]
+        assert len(torn) <= 1, "every run must reclaim what the one before left"
+    assert not any(name.startswith(".") and "cycler-tmp" in name
+                   for name in os.listdir(first)), "the failed temporary was removed"
+    later = AtomicDirectory(small_disk)
+    directory = Path(later.prepare_checkpoint_directory())
+    atomic_torch_save({"step": 1}, directory / "model.pt")
+    later.symlink_latest(directory, metadata={"step": 1})
+    assert latest_checkpoint(small_disk) == directory
+    assert [c.valid for c in list_checkpoints(small_disk)] == [True, True]
