@@ -390,7 +390,7 @@ class AtomicDirectory:
             return None
         return f"{name.index}_force" if name.pinned else str(name.index)
 
-    def latest_checkpoint(self, verify: bool = False) -> str | None:
+    def latest_checkpoint(self, verify: bool = True) -> str | None:
         """The newest valid checkpoint of this saver (see :func:`cycler.latest_checkpoint`)."""
         path = latest_checkpoint(self.layout.root, self.name, verify=verify)
         return None if path is None else str(path)

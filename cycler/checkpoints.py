@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from cycler._fs import atomic_write_bytes
 from cycler.environment import ENV_RESUME_FROM, default_checkpoint_root
 from cycler.errors import CheckpointNotFound, CorruptCheckpoint
 from cycler.layout import DEFAULT_PREFIX, MANIFEST_NAME, CheckpointLayout, CheckpointName
@@ -191,12 +192,15 @@ def _link_problem(layout: CheckpointLayout, target: CheckpointName | None,
 
 
 def latest_checkpoint(root: str | os.PathLike[str] | None = None, name: str = DEFAULT_PREFIX,
-                      verify: bool = False) -> Path | None:
+                      verify: bool = True) -> Path | None:
     """The newest valid checkpoint directory under ``root``, or ``None`` if there is none.
 
     The latest link's target when it validates; otherwise the newest valid checkpoint by index,
     with a :class:`CheckpointWarning` that names what was wrong. A directory without a valid
-    manifest is never returned. ``verify`` also checks every file's checksum (reads all data).
+    manifest is never returned. ``verify`` (the default: this is what a resume asks) also
+    checks the checksum of every file of the checkpoint it returns, so a bit flipped on disk is
+    never resumed: one read of that checkpoint's data, not of the others. A checkpoint that
+    fails it is recorded under ``.cycler/``, where ``cycle status`` shows it as corrupt.
     ``root`` defaults to ``$CYCLER_CHECKPOINT_DIR``, ``$CHECKPOINT_ARTIFACT_PATH``,
     ``./checkpoints``. When ``cycle run --resume-from NAME`` set ``$CYCLER_RESUME_FROM`` to one
     of this saver's checkpoints, that checkpoint is returned instead (validated).
@@ -209,11 +213,34 @@ def latest_checkpoint(root: str | os.PathLike[str] | None = None, name: str = DE
     # would read the data of all of them); older ones are inspected only if it is unusable.
     inspect = functools.cache(lambda entry: inspect_checkpoint(layout, entry, verify))
     latest, problem = _choose_latest(layout, layout.checkpoint_names(), inspect)
+    target = layout.link_target_name()
+    if verify and problem is not None and target is not None and target != (
+            latest.name if latest else None):
+        linked = inspect(target)  # inspected already: cached
+        if linked.problem and "checksum" in linked.problem:
+            record_failed_verification(layout, linked)
     if latest is not None and problem is not None:
         using = "" if latest.is_latest or latest.name == layout.link_target_name() else \
             f"; using {latest.path.name} instead"
         warnings.warn(f"{problem}{using}", CheckpointWarning, stacklevel=2)
     return None if latest is None else latest.path
+
+
+def record_failed_verification(layout: CheckpointLayout, checkpoint: Checkpoint) -> None:
+    """Remember that ``checkpoint`` failed its checksums (for ``cycle status``); best effort."""
+    try:
+        atomic_write_bytes(layout.verification_record_path(checkpoint.name),
+                           (checkpoint.problem or "").encode(), durable=False)
+    except OSError:
+        pass
+
+
+def failed_verification(layout: CheckpointLayout, name: CheckpointName) -> str | None:
+    """What a resume's verification found wrong with ``name``, if it failed."""
+    try:
+        return layout.verification_record_path(name).read_text() or "checksum mismatch"
+    except OSError:
+        return None
 
 
 def find_checkpoint(root: str | os.PathLike[str], checkpoint: str,

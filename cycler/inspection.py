@@ -15,7 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from cycler import _fs
-from cycler.checkpoints import Checkpoint, link_outside_root, list_checkpoints
+from cycler.checkpoints import (
+    Checkpoint,
+    failed_verification,
+    link_outside_root,
+    list_checkpoints,
+)
 from cycler.errors import CheckpointDirectoryError, DirectoryInUse
 from cycler.events import history_counts, job_history, read_events
 from cycler.layout import CheckpointLayout, saver_prefixes
@@ -96,7 +101,8 @@ def collect_status(root: str | os.PathLike[str], *, verify: bool = False, events
         if outside is not None:
             notes.append(outside)
         for checkpoint in list_checkpoints(path, prefix, verify=verify):
-            facts.append(_facts(prefix, checkpoint, clock()))
+            found = None if verify else failed_verification(saver_layout, checkpoint.name)
+            facts.append(_facts(prefix, checkpoint, clock(), found))
             if on_checked is not None:
                 on_checked(facts[-1].size)
     layout = CheckpointLayout(path)
@@ -117,15 +123,20 @@ def total_size(root: str | os.PathLike[str], *, verify: bool = False) -> int:
                for c in list_checkpoints(path, prefix) if c.is_directory)
 
 
-def _facts(prefix: str, checkpoint: Checkpoint, now: float) -> CheckpointFacts:
+def _facts(prefix: str, checkpoint: Checkpoint, now: float,
+           failed_check: str | None = None) -> CheckpointFacts:
+    """One row; ``failed_check`` is what a resume's verification found (state corrupt)."""
     manifest = checkpoint.manifest
     size = manifest.total_size if manifest is not None else _tree_size(checkpoint.path)
     created = manifest.created_at if manifest is not None else _mtime(checkpoint.path)
+    state, problem = checkpoint.state.value, checkpoint.problem
+    if failed_check is not None and checkpoint.valid:
+        state, problem = "corrupt", f"{failed_check} (found when resuming)"
     return CheckpointFacts(
         saver=prefix, name=checkpoint.path.name, index=checkpoint.index,
-        state=checkpoint.state.value, pinned=checkpoint.pinned,
+        state=state, pinned=checkpoint.pinned,
         step=manifest.step if manifest else None, epoch=manifest.epoch if manifest else None,
-        size=size, age_seconds=max(0.0, now - created), problem=checkpoint.problem,
+        size=size, age_seconds=max(0.0, now - created), problem=problem,
     )
 
 

@@ -122,6 +122,10 @@ class CheckpointLayout:
     def lock_path(self, node_rank: int = 0) -> Path:
         return self.supervisor_dir / LOCK_FILENAME.format(node=node_rank)
 
+    def verification_record_path(self, name: CheckpointName) -> Path:
+        """Where a resume that found ``name``'s checksums wrong says so (``cycle status``)."""
+        return self.supervisor_dir / f"verify-failed-{name}"
+
     def resume_record_path(self, node_rank: int = 0) -> Path:
         """Where ``cycle run`` records that a ``--resume-from`` rollback was carried out."""
         return self.supervisor_dir / RESUME_RECORD_FILENAME.format(node=node_rank)

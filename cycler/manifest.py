@@ -12,7 +12,6 @@ import json
 import os
 import re
 import time
-import zlib
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cycler._fs import atomic_write_bytes, fsync_directory, fsync_path, is_temporary
+from cycler.crc import file_crc32
 from cycler.errors import CorruptCheckpoint
 from cycler.layout import MANIFEST_NAME
 
@@ -91,17 +91,6 @@ def checkpoint_files(directory: Path) -> list[str]:
             if relative != MANIFEST_NAME and not is_temporary(name):
                 found.append(relative)
     return sorted(found)
-
-
-def file_crc32(path: Path) -> str:
-    """CRC-32 of a file's content, as 8 hex digits."""
-    crc = 0
-    buffer = bytearray(_CHUNK)
-    view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as handle:
-        while count := handle.readinto(buffer):
-            crc = zlib.crc32(view[:count], crc)
-    return f"{crc:08x}"
 
 
 def record_files(directory: Path, names: list[str]) -> dict[str, FileRecord]:

@@ -247,3 +247,23 @@ def test_status_warns_about_a_latest_link_pointing_outside_the_root(tmp_path: Pa
     report = status_json(root)
     assert any("points outside the root" in note for note in report["notes"])
     assert "points outside the root" in " ".join(status_text(root).split())
+
+
+def test_a_same_size_bit_flip_in_the_latest_is_not_resumed_and_status_shows_it(
+        tmp_path: Path) -> None:
+    import warnings
+
+    from cycler import CheckpointWarning, latest_checkpoint
+
+    make_checkpoints(tmp_path, 2)
+    model = tmp_path / "AtomicDirectory_checkpoint_1" / "model.pt"
+    data = bytearray(model.read_bytes())
+    data[10] ^= 0x01
+    model.write_bytes(bytes(data))  # same size: only a checksum can tell
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert latest_checkpoint(tmp_path) == tmp_path / "AtomicDirectory_checkpoint_0"
+    assert any(issubclass(w.category, CheckpointWarning) and "checksum" in str(w.message)
+               for w in caught)
+    rows = status_json(tmp_path)["checkpoints"]
+    assert rows[1]["state"] == "corrupt" and "found when resuming" in rows[1]["problem"]
