@@ -39,22 +39,13 @@ def crc32_combine(first: int, second: int, second_length: int) -> int:
     """The CRC-32 of ``a + b`` from ``crc32(a)``, ``crc32(b)`` and ``len(b)`` (zlib's method)."""
     if second_length <= 0:
         return first
-    odd = [_POLYNOMIAL] + [1 << row for row in range(31)]  # one zero bit
-    even = _squared(odd)  # two zero bits
-    odd = _squared(even)  # four zero bits
-    while True:
-        even = _squared(odd)
+    matrix = [_POLYNOMIAL] + [1 << row for row in range(31)]  # appends one zero bit
+    matrix = _squared(_squared(matrix))  # four zero bits
+    while second_length:
+        matrix = _squared(matrix)  # 8, 16, 32... zero bits: 1, 2, 4... zero bytes
         if second_length & 1:
-            first = _times(even, first)
+            first = _times(matrix, first)
         second_length >>= 1
-        if not second_length:
-            break
-        odd = _squared(even)
-        if second_length & 1:
-            first = _times(odd, first)
-        second_length >>= 1
-        if not second_length:
-            break
     return first ^ second
 
 
