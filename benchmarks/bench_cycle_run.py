@@ -42,9 +42,9 @@ STOP_SCRIPT = """\
 import os, sys, time
 from pathlib import Path
 import torch
-from cycler.atomic_directory import AtomicDirectory
+from cycler.checkpoint.atomic_directory import AtomicDirectory
 from cycler.control import Action, ControlFileWatcher
-from cycler.saving import atomic_torch_save
+from cycler.checkpoint.saving import atomic_torch_save
 
 out, size_mb, step_seconds = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 weights = torch.randn(size_mb * 1024 * 1024 // 4)

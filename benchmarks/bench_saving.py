@@ -35,9 +35,9 @@ from pathlib import Path
 
 import torch
 
-from cycler.atomic_directory import AtomicDirectory
-from cycler.manifest import file_crc32
-from cycler.saving import atomic_torch_save
+from cycler.checkpoint.atomic_directory import AtomicDirectory
+from cycler.checkpoint.manifest import file_crc32
+from cycler.checkpoint.saving import atomic_torch_save
 
 MIB = 1 << 20
 SIZES = {"10MB": 10 * MIB, "100MB": 100 * MIB, "1GB": 1024 * MIB}
@@ -110,7 +110,7 @@ def profile_commit(size: int, work: Path) -> dict[str, float]:
     fsync alone, its CRC-32 alone (data already on disk), ``seal`` (both at once, plus the
     manifest), and the fixed cost of prepare + commit of an empty checkpoint."""
     from cycler._fs import fsync_path
-    from cycler.manifest import seal
+    from cycler.checkpoint.manifest import seal
 
     figures = {}
     for part in ("fsync", "crc32", "seal"):

@@ -35,7 +35,7 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 
 from cycler import AtomicDirectory, atomic_torch_save
-from cycler.sharded import default_stager
+from cycler.checkpoint.sharded import default_stager
 
 
 def stall(size_mb: int, repeats: int, root: Path) -> dict[str, float]:

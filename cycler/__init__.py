@@ -24,8 +24,8 @@ if os.environ.get("CYCLER_CONTROL_FILE") and os.environ.get("LOCAL_RANK"):
     announce(USES_CYCLER)
 
 if TYPE_CHECKING:
-    from cycler.atomic_directory import AtomicDirectory
-    from cycler.checkpoints import (
+    from cycler.checkpoint.atomic_directory import AtomicDirectory
+    from cycler.checkpoint.listing import (
         Checkpoint,
         CheckpointState,
         CheckpointWarning,
@@ -33,6 +33,9 @@ if TYPE_CHECKING:
         latest_checkpoint,
         list_checkpoints,
     )
+    from cycler.checkpoint.manifest import Manifest, read_manifest
+    from cycler.checkpoint.saving import atomic_torch_save
+    from cycler.checkpoint.sharded import SaveHandle
     from cycler.control import Action, ControlRequest
     from cycler.datasets import DistributedShardedDataset
     from cycler.environment import default_checkpoint_root
@@ -48,7 +51,6 @@ if TYPE_CHECKING:
     )
     from cycler.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS, EXIT_USAGE
     from cycler.grouped_sampler import InterruptableDistributedGroupedBatchSampler
-    from cycler.manifest import Manifest, read_manifest
     from cycler.metrics import MetricsTracker, TimestampedTimer
     from cycler.readiness import torch_distributed_readiness
     from cycler.rng import RngRestoreWarning, capture_rng_state, restore_rng_state
@@ -59,18 +61,16 @@ if TYPE_CHECKING:
         InterruptibleDistributedSampler,
         InterruptibleSampler,
     )
-    from cycler.saving import atomic_torch_save
-    from cycler.sharded import SaveHandle
     from cycler.step_control import StepControl, StepDecision
 
 _PUBLIC = {
     "Action": "cycler.control",
     "AdvancedTooFarError": "cycler.samplers",
-    "AtomicDirectory": "cycler.atomic_directory",
-    "Checkpoint": "cycler.checkpoints",
+    "AtomicDirectory": "cycler.checkpoint.atomic_directory",
+    "Checkpoint": "cycler.checkpoint.listing",
     "CheckpointNotFound": "cycler.errors",
-    "CheckpointState": "cycler.checkpoints",
-    "CheckpointWarning": "cycler.checkpoints",
+    "CheckpointState": "cycler.checkpoint.listing",
+    "CheckpointWarning": "cycler.checkpoint.listing",
     "ConfigError": "cycler.errors",
     "ControlRequest": "cycler.control",
     "CoordinationTimeout": "cycler.errors",
@@ -88,23 +88,23 @@ _PUBLIC = {
     "InterruptableSampler": "cycler.samplers",
     "InterruptibleDistributedSampler": "cycler.samplers",
     "InterruptibleSampler": "cycler.samplers",
-    "Manifest": "cycler.manifest",
+    "Manifest": "cycler.checkpoint.manifest",
     "MetricsTracker": "cycler.metrics",
     "RngRestoreWarning": "cycler.rng",
-    "SaveHandle": "cycler.sharded",
+    "SaveHandle": "cycler.checkpoint.sharded",
     "StateMismatch": "cycler.errors",
     "StepControl": "cycler.step_control",
     "StepDecision": "cycler.step_control",
     "TimestampedTimer": "cycler.metrics",
-    "atomic_torch_save": "cycler.saving",
+    "atomic_torch_save": "cycler.checkpoint.saving",
     "capture_rng_state": "cycler.rng",
     "current_epoch": "cycler.epochs",
     "default_checkpoint_root": "cycler.environment",
-    "find_checkpoint": "cycler.checkpoints",
+    "find_checkpoint": "cycler.checkpoint.listing",
     "finished_epochs": "cycler.epochs",
-    "latest_checkpoint": "cycler.checkpoints",
-    "list_checkpoints": "cycler.checkpoints",
-    "read_manifest": "cycler.manifest",
+    "latest_checkpoint": "cycler.checkpoint.listing",
+    "list_checkpoints": "cycler.checkpoint.listing",
+    "read_manifest": "cycler.checkpoint.manifest",
     "remaining_epochs_until": "cycler.epochs",
     "restore_rng_state": "cycler.rng",
     "torch_distributed_readiness": "cycler.readiness",

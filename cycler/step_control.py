@@ -49,10 +49,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from cycler.checkpoint.sharded import stop_decided, wait_for_saves
 from cycler.control import Action, ControlFileWatcher, ControlRequest
 from cycler.environment import ENV_CONTROL_FILE
 from cycler.errors import ConfigError, CyclerError, StateMismatch
-from cycler.sharded import stop_decided, wait_for_saves
 from cycler.stray_signals import shield_from_stray_signals
 
 STEP_CONTROL_STATE_VERSION = 1

@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from cycler.checkpoint.inspection import PruneResult, RootStatus
 from cycler.events import describe
-from cycler.inspection import PruneResult, RootStatus
 
 console = Console(highlight=False)
 

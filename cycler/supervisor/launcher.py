@@ -22,9 +22,9 @@ import os
 import sys
 import time
 
+from cycler.checkpoint.layout import CheckpointLayout
 from cycler.control import stop_requested_since
 from cycler.environment import ENV_CHECKPOINT_DIR
-from cycler.layout import CheckpointLayout
 from cycler.stray_signals import ignore_stray, stop_signals
 
 

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from cycler.checkpoints import inspect_checkpoint, list_checkpoints
+from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
+from cycler.checkpoint.listing import inspect_checkpoint, list_checkpoints
+from cycler.checkpoint.lock import SupervisorLock
 from cycler.control import (
     announced,
     clear_announcements,
@@ -32,8 +34,6 @@ from cycler.control import (
     write_control,
 )
 from cycler.events import EventLog, describe
-from cycler.layout import CheckpointLayout, CheckpointName
-from cycler.lock import SupervisorLock
 from cycler.supervisor import core
 from cycler.supervisor.checks import (
     check_resume_from,

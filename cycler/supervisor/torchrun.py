@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from cycler.checkpoint.layout import CheckpointLayout
 from cycler.environment import (
     ENV_CHECKPOINT_DIR,
     ENV_CONTROL_FILE,
@@ -24,7 +25,6 @@ from cycler.environment import (
     ENV_RESUME_FROM,
     ENV_STOP_SIGNALS,
 )
-from cycler.layout import CheckpointLayout
 from cycler.supervisor.options import RunOptions
 
 # torch >= 2.10 reads the first; PET_* is torchrun's generic "flag from the environment" and

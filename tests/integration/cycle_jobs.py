@@ -17,8 +17,8 @@ from pathlib import Path
 
 import psutil
 
+from cycler.checkpoint.layout import CheckpointLayout
 from cycler.events import read_events
-from cycler.layout import CheckpointLayout
 
 STARTUP_TIMEOUT = 90.0  # torch imports are slow on a loaded 2-core machine
 

@@ -12,11 +12,11 @@ import torch
 import torch.distributed as dist
 from gloo_ranks import run_on_every_rank
 
-from cycler.atomic_directory import AtomicDirectory
-from cycler.checkpoints import latest_checkpoint
+from cycler.checkpoint.atomic_directory import AtomicDirectory
+from cycler.checkpoint.listing import latest_checkpoint
+from cycler.checkpoint.manifest import read_manifest
+from cycler.checkpoint.saving import atomic_torch_save
 from cycler.errors import CoordinationTimeout
-from cycler.manifest import read_manifest
-from cycler.saving import atomic_torch_save
 
 WORLD_SIZE = 2
 SHORT = datetime.timedelta(seconds=1.5)

@@ -19,11 +19,11 @@ from cycle_jobs import Job as _Job
 from cycle_jobs import assert_all_gone, wait_for
 from typer.testing import CliRunner
 
-from cycler.checkpoints import latest_checkpoint
+from cycler.checkpoint.layout import CheckpointLayout
+from cycler.checkpoint.listing import latest_checkpoint
+from cycler.checkpoint.lock import SupervisorLock
 from cycler.control import Action, read_control
 from cycler.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS, EXIT_USAGE
-from cycler.layout import CheckpointLayout
-from cycler.lock import SupervisorLock
 from cycler_cli.main import app
 
 WORKER = r'''
@@ -56,7 +56,8 @@ for step in range(args.steps):
     if request is not None and request.action is Action.CHECKPOINT_AND_EXIT:
         if args.mode != "ignore":
             if rank == 0:
-                from cycler.atomic_directory import AtomicDirectory  # torch only when saving
+                # torch only when saving
+                from cycler.checkpoint.atomic_directory import AtomicDirectory
 
                 saver = AtomicDirectory(os.environ["CYCLER_CHECKPOINT_DIR"], strategy="offline")
                 path = saver.prepare_checkpoint_directory()
@@ -399,7 +400,7 @@ def test_config_file_errors_exit_2_naming_the_key_and_the_file(tmp_path: Path):
 
 
 def test_resume_from_an_existing_checkpoint_is_exported_to_the_workers(tmp_path: Path):
-    from cycler.atomic_directory import AtomicDirectory
+    from cycler.checkpoint.atomic_directory import AtomicDirectory
 
     script = tmp_path / "train.py"
     script.write_text("")

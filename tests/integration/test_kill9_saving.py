@@ -42,9 +42,9 @@ def save_forever(root: Path, report_fd: int) -> None:
     """The saver: resume from the latest checkpoint, then commit step after step until killed."""
     import torch
 
-    from cycler.atomic_directory import AtomicDirectory
-    from cycler.manifest import read_manifest
-    from cycler.saving import atomic_torch_save
+    from cycler.checkpoint.atomic_directory import AtomicDirectory
+    from cycler.checkpoint.manifest import read_manifest
+    from cycler.checkpoint.saving import atomic_torch_save
 
     saver = AtomicDirectory(root, keep_last=KEEP_LAST)
     latest = saver.latest_checkpoint()
@@ -113,7 +113,7 @@ def observe(root: Path) -> dict[str, Any]:
     import torch
 
     from cycler._fs import is_temporary
-    from cycler.checkpoints import latest_checkpoint, list_checkpoints
+    from cycler.checkpoint.listing import latest_checkpoint, list_checkpoints
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -146,9 +146,9 @@ def observe(root: Path) -> dict[str, Any]:
 def harness(root: Path, kills: int, seed: int, out: Path) -> None:
     import torch
 
-    import cycler.atomic_directory
-    import cycler.checkpoints
-    import cycler.saving
+    import cycler.checkpoint.atomic_directory
+    import cycler.checkpoint.listing
+    import cycler.checkpoint.saving
 
     # Imported once here so that every forked saver starts saving at once.
     del cycler
@@ -226,8 +226,8 @@ def check_the_kills_landed_mid_save(records: list[dict[str, Any]]) -> None:
 
 def check_one_clean_commit_clears_every_leftover(root: Path, records: list[dict[str, Any]]) -> None:
     from cycler._fs import is_temporary
-    from cycler.atomic_directory import AtomicDirectory
-    from cycler.checkpoints import list_checkpoints
+    from cycler.checkpoint.atomic_directory import AtomicDirectory
+    from cycler.checkpoint.listing import list_checkpoints
 
     saver = AtomicDirectory(root, keep_last=KEEP_LAST)
     step = records[-1]["loaded_step"] + 1

@@ -18,7 +18,7 @@ from cycler._fs import (
     is_temporary,
     temporary_sibling,
 )
-from cycler.saving import atomic_torch_save
+from cycler.checkpoint.saving import atomic_torch_save
 
 
 class Explodes:

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cycler import AtomicDirectory
-from cycler.layout import CheckpointLayout
-from cycler.lock import SupervisorLock
+from cycler.checkpoint.layout import CheckpointLayout
+from cycler.checkpoint.lock import SupervisorLock
 from cycler_cli.main import app
 
 runner = CliRunner()

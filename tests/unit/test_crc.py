@@ -9,7 +9,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cycler.crc import crc32_combine, file_crc32
+from cycler.checkpoint.crc import crc32_combine, file_crc32
 
 
 @settings(max_examples=200, deadline=None)

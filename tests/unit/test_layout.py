@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cycler._fs import discard_directory
-from cycler.layout import CheckpointLayout, CheckpointName
+from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 
 
 def test_checkpoint_names_follow_cycling_utils_with_a_force_suffix_for_pins(

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from cycler.checkpoint.lock import SupervisorLock, lock_holder
 from cycler.errors import DirectoryInUse
-from cycler.lock import SupervisorLock, lock_holder
 
 
 def no_flock(fd: int, operation: int) -> None:

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cycler.checkpoints import Checkpoint, CheckpointState
-from cycler.layout import CheckpointName
-from cycler.manifest import FileRecord, Manifest
-from cycler.retention import retention_decisions
+from cycler.checkpoint.layout import CheckpointName
+from cycler.checkpoint.listing import Checkpoint, CheckpointState
+from cycler.checkpoint.manifest import FileRecord, Manifest
+from cycler.checkpoint.retention import retention_decisions
 
 ROOT = Path("/nowhere/root")
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from cycler.checkpoint.layout import CheckpointLayout
 from cycler.control import Action, ControlRequest, write_control
 from cycler.errors import CheckpointDirectoryError, ConfigError
-from cycler.layout import CheckpointLayout
 from cycler.supervisor.checks import check_script, prepare_checkpoint_root
 from cycler.supervisor.core import SignalReceived
 from cycler.supervisor.options import RunOptions
@@ -111,7 +111,7 @@ def test_resume_from_is_dropped_for_a_requeued_run_and_after_this_job_carried_it
         tmp_path: Path):
     from dataclasses import replace
 
-    from cycler.layout import CheckpointLayout
+    from cycler.checkpoint.layout import CheckpointLayout
     from cycler.supervisor.checks import record_resume_from, settle_resume_from
 
     options = RunOptions(script=Path("t.py"), checkpoint_dir=tmp_path, resume_from="3")
@@ -124,7 +124,7 @@ def test_resume_from_is_dropped_for_a_requeued_run_and_after_this_job_carried_it
 
 
 def test_a_rerun_whose_resume_from_checkpoint_was_rotated_away_is_no_error(tmp_path: Path):
-    from cycler.layout import CheckpointLayout
+    from cycler.checkpoint.layout import CheckpointLayout
     from cycler.supervisor.checks import record_resume_from
     from cycler.supervisor.shell import plan_run
 

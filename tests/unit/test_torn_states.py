@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from cycler._fs import TEMP_MARKER
-from cycler.atomic_directory import AtomicDirectory
-from cycler.checkpoints import CheckpointWarning, latest_checkpoint, list_checkpoints
+from cycler.checkpoint.atomic_directory import AtomicDirectory
+from cycler.checkpoint.layout import MANIFEST_NAME, CheckpointLayout
+from cycler.checkpoint.listing import CheckpointWarning, latest_checkpoint, list_checkpoints
+from cycler.checkpoint.manifest import read_manifest
 from cycler.errors import CheckpointDirectoryError
-from cycler.layout import MANIFEST_NAME, CheckpointLayout
-from cycler.manifest import read_manifest
 
 PREFIX = "AtomicDirectory"
 LINK = f"{PREFIX}.latest_checkpoint"

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cycler._fs import atomic_write_bytes
+from cycler.checkpoint.layout import DEFAULT_PREFIX, MANIFEST_NAME, CheckpointLayout, CheckpointName
+from cycler.checkpoint.manifest import Manifest, check_files, read_manifest
 from cycler.environment import ENV_RESUME_FROM, default_checkpoint_root
 from cycler.errors import CheckpointNotFound, CorruptCheckpoint
-from cycler.layout import DEFAULT_PREFIX, MANIFEST_NAME, CheckpointLayout, CheckpointName
-from cycler.manifest import Manifest, check_files, read_manifest
 
 NEVER_COMMITTED = "no manifest (never committed)"
 """The problem of a directory whose commit never wrote its manifest: state ``incomplete``."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cycler.checkpoints import Checkpoint
+from cycler.checkpoint.listing import Checkpoint
 
 
 @dataclass(frozen=True)

@@ -21,17 +21,15 @@ from typing import Any, cast
 
 from cycler import _fs
 from cycler._coordination import Coordinator, global_rank
-from cycler.checkpoints import (
+from cycler.checkpoint.layout import DEFAULT_PREFIX, CheckpointLayout, CheckpointName
+from cycler.checkpoint.listing import (
     CheckpointState,
     find_checkpoint,
     latest_checkpoint,
     list_checkpoints,
 )
-from cycler.control import USES_SAVER, announce
-from cycler.errors import CheckpointDirectoryError, CyclerError
-from cycler.layout import DEFAULT_PREFIX, CheckpointLayout, CheckpointName
-from cycler.lock import SupervisorLock
-from cycler.manifest import (
+from cycler.checkpoint.lock import SupervisorLock
+from cycler.checkpoint.manifest import (
     FileRecord,
     checkpoint_files,
     files_of_rank,
@@ -39,8 +37,8 @@ from cycler.manifest import (
     record_files,
     seal,
 )
-from cycler.retention import retention_decisions
-from cycler.sharded import (
+from cycler.checkpoint.retention import retention_decisions
+from cycler.checkpoint.sharded import (
     SaveHandle,
     alone,
     async_group,
@@ -50,6 +48,8 @@ from cycler.sharded import (
     stopping,
     track,
 )
+from cycler.control import USES_SAVER, announce
+from cycler.errors import CheckpointDirectoryError, CyclerError
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ class AtomicDirectory:
     def save(self, state_dict: dict[str, Any], metadata: Mapping[str, Any] | None = None, *,
              asynchronous: bool = False) -> SaveHandle:
         """Every rank: write ``state_dict`` with torch.distributed.checkpoint into a new
-        checkpoint and commit it (see :mod:`cycler.sharded`).
+        checkpoint and commit it (see :mod:`cycler.checkpoint.sharded`).
 
         ``asynchronous=False`` returns once the checkpoint is committed. ``asynchronous=True``
         returns as soon as the state is copied into staging memory: ``state_dict`` may change

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from cycler._fs import atomic_write_bytes, fsync_directory, fsync_path, is_temporary
-from cycler.crc import file_crc32
+from cycler.checkpoint.crc import file_crc32
+from cycler.checkpoint.layout import MANIFEST_NAME
 from cycler.errors import CorruptCheckpoint
-from cycler.layout import MANIFEST_NAME
 
 MANIFEST_FORMAT = "cycler.checkpoint"
 MANIFEST_VERSION = 1

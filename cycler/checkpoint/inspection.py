@@ -1,7 +1,8 @@
 """Facts about a checkpoint root for people and scripts: ``cycle status`` and ``cycle prune``.
 
-Everything here is read through :mod:`cycler.checkpoints` and decided through
-:mod:`cycler.retention`; this module only gathers, and (for prune) carries out the decisions.
+Everything here is read through :mod:`cycler.checkpoint.listing` and decided through
+:mod:`cycler.checkpoint.retention`; this module only gathers, and (for prune) carries out the
+decisions.
 """
 
 from __future__ import annotations
@@ -15,17 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from cycler import _fs
-from cycler.checkpoints import (
+from cycler.checkpoint.layout import CheckpointLayout, saver_prefixes
+from cycler.checkpoint.listing import (
     Checkpoint,
     failed_verification,
     link_outside_root,
     list_checkpoints,
 )
+from cycler.checkpoint.lock import lock_holder
+from cycler.checkpoint.retention import Decision, retention_decisions
 from cycler.errors import CheckpointDirectoryError, DirectoryInUse
 from cycler.events import history_counts, job_history, read_events
-from cycler.layout import CheckpointLayout, saver_prefixes
-from cycler.lock import lock_holder
-from cycler.retention import Decision, retention_decisions
 
 
 @dataclass(frozen=True)
