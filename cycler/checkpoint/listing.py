@@ -18,7 +18,7 @@ from pathlib import Path
 
 from cycler._fs import atomic_write_bytes
 from cycler.checkpoint.layout import DEFAULT_PREFIX, MANIFEST_NAME, CheckpointLayout, CheckpointName
-from cycler.checkpoint.manifest import Manifest, check_files, read_manifest
+from cycler.checkpoint.manifest import CHECKSUM_MISMATCH, Manifest, check_files, read_manifest
 from cycler.environment import ENV_RESUME_FROM, default_checkpoint_root
 from cycler.errors import CheckpointNotFound, CorruptCheckpoint
 
@@ -213,15 +213,16 @@ def latest_checkpoint(root: str | os.PathLike[str] | None = None, name: str = DE
     # would read the data of all of them); older ones are inspected only if it is unusable.
     inspect = functools.cache(lambda entry: inspect_checkpoint(layout, entry, verify))
     latest, problem = _choose_latest(layout, layout.checkpoint_names(), inspect)
+    if problem is None:
+        return None if latest is None else latest.path
     target = layout.link_target_name()
-    if verify and problem is not None and target is not None and target != (
-            latest.name if latest else None):
+    fell_back = latest is not None and latest.name != target
+    if verify and fell_back and target is not None:
         linked = inspect(target)  # inspected already: cached
-        if linked.problem and "checksum" in linked.problem:
+        if linked.problem and CHECKSUM_MISMATCH in linked.problem:
             record_failed_verification(layout, linked)
-    if latest is not None and problem is not None:
-        using = "" if latest.is_latest or latest.name == layout.link_target_name() else \
-            f"; using {latest.path.name} instead"
+    if latest is not None:
+        using = f"; using {latest.path.name} instead" if fell_back else ""
         warnings.warn(f"{problem}{using}", CheckpointWarning, stacklevel=2)
     return None if latest is None else latest.path
 

@@ -29,6 +29,8 @@ _CHUNK = 16 << 20
 # fsync waits on the disk while CRC-32 runs on the CPU (zlib releases the GIL on large buffers),
 # so running both at once keeps a commit close to the cost of the fsync alone.
 _IO_THREADS = 4
+CHECKSUM_MISMATCH = "does not match its checksum"
+"""How :func:`check_files` says a file's content changed since the commit."""
 _DCP_SHARD = re.compile(r"__(\d+)_\d+\.distcp")
 
 
@@ -222,5 +224,5 @@ def check_files(directory: Path, manifest: Manifest, *, checksums: bool = False)
         if size != record.size:
             return f"{name} has {size} bytes, the manifest says {record.size}"
         if checksums and file_crc32(path) != record.crc32:
-            return f"{name} does not match its checksum"
+            return f"{name} {CHECKSUM_MISMATCH}"
     return None
