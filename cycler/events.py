@@ -39,6 +39,9 @@ MESSAGES = {
     "workers_exited": "workers exited with code {code}",
     "restart_scheduled": "restarting in {delay:g} s (restart {restart} of {of} since the last "
                          "checkpoint)",
+    "restart_together": "workers failed (code {code}): torchrun restarts them with every "
+                        "node's (restart {restart} of {of} since the last checkpoint)",
+    "peer_lost": "node {node} {why}: ending this node's workers",
     "grace_expired": "the {grace:g} s grace is over: SIGTERM to every process of the job",
     "kill": "still running {after:g} s after SIGTERM: SIGKILL",
     "signal_sent": "sent {signal} to the job",
@@ -56,7 +59,8 @@ MESSAGES = {
 HISTORY = frozenset({
     "start", "signal", "stop_requested", "deadline", "stop_after_commit", "stop_handled_by_script",
     "stop_without_new_checkpoint", "stopped_by_another_node", "grace_expired", "kill",
-    "restart_scheduled", "requeue", "requeue_skipped", "exit", "checkpoint_committed",
+    "restart_scheduled", "restart_together", "peer_lost", "requeue", "requeue_skipped", "exit",
+    "checkpoint_committed",
 })
 """The events ``cycle status`` shows: what the job went through, not every checkpoint."""
 
@@ -93,8 +97,9 @@ def history_counts(events: list[dict[str, Any]]) -> dict[str, int]:
     def count(name: str) -> int:
         return sum(1 for record in events if record.get("event") == name)
 
+    restarts = count("restart_scheduled") + count("restart_together")
     return {"starts": count("start"), "stops": count("stop_requested"),
-            "restarts": count("restart_scheduled"), "requeues": count("requeue")}
+            "restarts": restarts, "requeues": count("requeue")}
 
 
 class EventLog:

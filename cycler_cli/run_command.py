@@ -109,6 +109,9 @@ def run(
     restart_delay: float = typer.Option(None, "--restart-delay", help="Seconds "
                                         "before the first restart, doubling without progress "
                                         "(default: 1)."),
+    node_timeout: float = typer.Option(None, "--node-timeout", help="Seconds another node "
+                                       "may go silent before this one gives the job up "
+                                       "(default: 30)."),
     requeue: bool = typer.Option(None, "--requeue/--no-requeue", help="scontrol requeue after a "
                                  "stop (default: on under Slurm)."),
     max_requeues: int = typer.Option(None, "--max-requeues", help="Requeues allowed, "
@@ -158,6 +161,7 @@ def run(
         "rdzv_backend": rdzv_backend, "rdzv_id": rdzv_id, "standalone": standalone,
         "checkpoint_dir": checkpoint_dir, "checkpoint_name": checkpoint_name, "grace": grace,
         "max_restarts": max_restarts, "restart_delay": restart_delay, "requeue": requeue,
+        "node_timeout": node_timeout,
         "max_requeues": max_requeues, "resume_from": resume_from, "signals": signals,
         "launch_mode": _launch_mode(module, no_python, run_path),
         "torchrun_args": _torchrun_arguments(passed),

@@ -36,6 +36,7 @@ CONTROL_FILENAME = "control-node{node}.json"
 EVENTS_FILENAME = "events-node{node}.jsonl"
 LOCK_FILENAME = "supervisor-node{node}.lock"
 RESUME_RECORD_FILENAME = "resumed-from-node{node}.json"
+HEARTBEAT_FILENAME = "alive-node{node}.json"
 INDEX_RECORD_SUFFIX = ".last_index"
 
 
@@ -148,6 +149,10 @@ class CheckpointLayout:
             if rank.isdigit():
                 found[int(rank)] = path
         return dict(sorted(found.items()))
+
+    def heartbeat_path(self, node_rank: int = 0) -> Path:
+        """Where node ``node_rank``'s supervisor shows it is alive, and how it ended."""
+        return self.supervisor_dir / HEARTBEAT_FILENAME.format(node=node_rank)
 
     def lock_paths(self) -> list[Path]:
         """Every node's supervisor lock file."""

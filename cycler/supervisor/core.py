@@ -12,6 +12,12 @@ Phases::
        |                                    workers exited --> DONE (75 or 1)
        +--workers exited 0--> DONE (0)
        +--workers failed--> BACKOFF --delay over--> RUNNING (restart)   or DONE (1)
+       +--another node lost--> TERMINATING --workers exited--> DONE (75 or 1)
+
+With several nodes, torchrun's agent restarts failed workers together with every node's
+(``restarts_by_torchrun``, under the same :class:`RestartBudget`); a torchrun that gives up ends
+the job. A node that goes silent or fails makes the others end their workers at once: no
+collective can complete without it, and a rendezvous would wait for it for many minutes.
 
 How a stop is carried out depends on what the workers announced they speak (:class:`StopPath`):
 a script that reads the control file stops at the step its ranks agree on; a script that only
@@ -35,6 +41,7 @@ from dataclasses import dataclass
 
 from cycler.control import Action, ControlRequest
 from cycler.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS
+from cycler.supervisor.budget import RestartBudget
 from cycler.supervisor.vocabulary import (
     Announced,
     CheckpointCommitted,
@@ -42,6 +49,7 @@ from cycler.supervisor.vocabulary import (
     Exit,
     HardDeadline,
     Log,
+    PeerLost,
     Requeue,
     SignalReceived,
     SignalTree,
@@ -57,7 +65,7 @@ from cycler.supervisor.vocabulary import (
 
 __all__ = [  # the vocabulary too: callers and tests speak it through this module
     "Announced", "CheckpointCommitted", "CoreConfig", "Event", "Exit", "HardDeadline", "Log",
-    "Phase", "Requeue",
+    "PeerLost", "Phase", "Requeue",
     "SignalReceived", "SignalTree", "SignalWorkers", "StartWorkers", "StopPath",
     "SupervisorAction", "SupervisorCore", "Tick", "WorkersExited", "WriteControl", "stop_path",
 ]
@@ -106,6 +114,9 @@ class CoreConfig:
     already rolled back to it in an earlier run)."""
     first_sequence: int = 0
     """Sequence number of the first control request (above any already in the file)."""
+    restarts_by_torchrun: bool = False
+    """Whether torchrun's agent restarts failed workers (with every node's, multi-node jobs):
+    a failed torchrun then ends the job instead of being restarted here."""
 
 
 class SupervisorCore:
@@ -120,7 +131,9 @@ class SupervisorCore:
         self._sequence = config.first_sequence
         self._starts = 0
         self._failures = 0
-        self._failures_without_progress = 0
+        self._budget = RestartBudget(max_restarts=config.max_restarts,
+                                     crash_loop_limit=config.crash_loop_limit)
+        self._peer_lost: PeerLost | None = None
         self._checkpoint_at_stop: int | None = None
         self._stop_signals: list[str] = []
         self._stop_path: StopPath | None = None
@@ -143,6 +156,8 @@ class SupervisorCore:
             return self._on_announced(event)
         if isinstance(event, HardDeadline):
             return self._on_hard_deadline(event)
+        if isinstance(event, PeerLost):
+            return self._on_peer_lost(event)
         if isinstance(event, WorkersExited):
             return self._on_exit(event)
         if isinstance(event, CheckpointCommitted):
@@ -228,6 +243,27 @@ class SupervisorCore:
         return [Log("signal", {"signal": event.name, "effect": "stop now"}),
                 SignalTree(signal.SIGTERM)]
 
+    def _on_peer_lost(self, event: PeerLost) -> list[SupervisorAction]:
+        """Another node is gone: no collective can complete, so nothing can be saved any more.
+        End the workers now instead of leaving them in a rendezvous or a collective."""
+        if self._peer_lost is not None or self.phase in (Phase.TERMINATING, Phase.KILLED):
+            return []
+        self._peer_lost = event
+        log = Log("peer_lost", {"node": event.node, "why": event.why}, warning=True)
+        if self.phase is Phase.BACKOFF:
+            return [log, *self._finish_peer_lost()]
+        self.phase, self.wake_at = Phase.TERMINATING, event.now + self.config.kill_after
+        return [log, SignalTree(signal.SIGTERM)]
+
+    def _finish_peer_lost(self) -> list[SupervisorAction]:
+        lost = self._peer_lost
+        assert lost is not None
+        reason = f"node {lost.node} {lost.why}"
+        if lost.failed or self.latest_checkpoint is None:
+            return self._exit(EXIT_FAILURE, f"{reason}; the job cannot go on without it")
+        return [*self._requeue(), *self._exit(
+            EXIT_REQUEUE, f"{reason}; checkpoint {self.latest_checkpoint} is the one to resume")]
+
     # -- time -------------------------------------------------------------------------------
 
     def _on_tick(self, event: Tick) -> list[SupervisorAction]:
@@ -255,7 +291,7 @@ class SupervisorCore:
         if self.latest_checkpoint is not None and event.index <= self.latest_checkpoint:
             return []
         self.latest_checkpoint = event.index
-        self._failures_without_progress = 0
+        self._budget.progress()
         logged = Log("checkpoint_committed", {"index": event.index})
         if self.phase is Phase.STOPPING and self._stop_path is StopPath.NEXT_COMMIT:
             # The script does not read the control file: this commit is the stop's checkpoint.
@@ -268,6 +304,8 @@ class SupervisorCore:
 
     def _on_exit(self, event: WorkersExited) -> list[SupervisorAction]:
         log = Log("workers_exited", {"code": event.code, "phase": self.phase.value})
+        if self._peer_lost is not None:
+            return [log, *self._finish_peer_lost()]
         if event.stopped_elsewhere and not self.stop_requested:
             self._checkpoint_at_stop = self.config.initial_checkpoint
             return [log, Log("stopped_by_another_node", {}), *self._finish_stop()]
@@ -281,26 +319,24 @@ class SupervisorCore:
 
     def _on_failure(self, event: WorkersExited) -> list[SupervisorAction]:
         self._failures += 1
-        self._failures_without_progress += 1
-        config = self.config
-        if self._failures_without_progress >= config.crash_loop_limit:
-            return self._exit(EXIT_FAILURE, f"the workers failed {self._failures_without_progress}"
-                              " times in a row without committing a checkpoint (crash loop)",
+        if self.config.restarts_by_torchrun:
+            # torchrun's agent restarted the workers with every node's as long as the budget
+            # allowed (cycler.supervisor.launcher applies it): its exit is the end.
+            return self._exit(EXIT_FAILURE, "the workers failed and torchrun stopped restarting "
+                              "them with the other nodes' (its reason is above)",
                               workers_failed=True)
-        # The budget is for restarts without progress: a weeks-long job with a rare fault must
-        # not end after its third fault however much it trained in between.
-        if self._failures_without_progress > config.max_restarts:
-            return self._exit(EXIT_FAILURE, f"the workers failed and all {config.max_restarts}"
-                              " restarts (--max-restarts) since the last checkpoint are used up",
-                              workers_failed=True)
+        given_up = self._budget.failure()
+        if given_up is not None:
+            return self._exit(EXIT_FAILURE, given_up, workers_failed=True)
         delay = self._restart_delay()
         self.phase, self.wake_at = Phase.BACKOFF, event.now + delay
-        fields = {"restart": self._failures_without_progress, "of": config.max_restarts,
-                  "delay": delay, "code": event.code, "restarts_in_job": self._failures}
+        fields = {"restart": self._budget.failures_without_progress,
+                  "of": self.config.max_restarts, "delay": delay, "code": event.code,
+                  "restarts_in_job": self._failures}
         return [Log("restart_scheduled", fields, warning=True)]
 
     def _restart_delay(self) -> float:
-        doubling = 2.0 ** (self._failures_without_progress - 1)
+        doubling = 2.0 ** (self._budget.failures_without_progress - 1)
         return min(self.config.restart_delay * doubling, self.config.max_restart_delay)
 
     def _finish_stop(self, handled_by_script: bool = False) -> list[SupervisorAction]:

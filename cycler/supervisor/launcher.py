@@ -13,6 +13,17 @@ with the same arguments) with two differences:
   teardown warnings and its ``ChildFailedError`` / ``SignalException`` traceback are replaced by
   one line: a worker ended by the forwarded SIGTERM is the stop working, not a crash. Any other
   failure is reported by torchrun exactly as usual.
+- Multi-node jobs (``--cycle-restarts=N`` and the other ``--cycle-*`` options first): torchrun's
+  agent restarts failed workers with every node's, and cycle's :class:`RestartBudget` decides
+  at each failure whether it may, counting only failures without a new checkpoint in between.
+  torchrun offers no hook for a restart policy, so the agent's ``_monitor_workers`` is wrapped
+  in this process: after a failure it either leaves torchrun's restart alone or sets the
+  agent's remaining restarts to 0. Each decision goes to this node's events log (the
+  supervisor's, on the same host: appends from one host never interleave).
+- In a job of a fixed number of nodes, node ``--node-rank R`` gets group rank R, as under
+  torchrun's static rendezvous (c10d would order nodes by host name and pid), so which node
+  holds global rank 0 stays what the command line says. Workers reach each other through the
+  rendezvous store, which does not depend on this order.
 """
 
 from __future__ import annotations
@@ -21,11 +32,14 @@ import logging
 import os
 import sys
 import time
+from typing import Any
 
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.control import stop_requested_since
 from cycler.environment import ENV_CHECKPOINT_DIR
+from cycler.events import EventLog
 from cycler.stray_signals import ignore_stray, stop_signals
+from cycler.supervisor.budget import RestartBudget
 
 
 class StopSeen:
@@ -50,8 +64,87 @@ class _QuietDuringStop(logging.Filter):
         return not (record.name.startswith("torch.distributed.elastic") and self._stopping())
 
 
+class BudgetedRestarts:
+    """Decides, at each failure torchrun's agent sees, whether it may restart the workers."""
+
+    def __init__(self, budget: RestartBudget, layout: CheckpointLayout, node_rank: int) -> None:
+        self._budget = budget
+        self._layout = layout
+        self._events = EventLog(layout.events_path(node_rank))
+        self._linked = layout.link_target_name()
+
+    def allows_restart(self, exit_code: int | None) -> bool:
+        """Count a failure of this node's workers; whether torchrun may restart them."""
+        linked = self._layout.link_target_name()
+        if linked != self._linked:
+            self._linked = linked
+            self._budget.progress()
+        given_up = self._budget.failure()
+        if given_up is not None:
+            sys.stderr.write(f"cycle: {given_up}\n")
+            return False
+        self._events.append("restart_together", code=exit_code,
+                            restart=self._budget.failures_without_progress,
+                            of=self._budget.max_restarts)
+        return True
+
+    def install(self) -> None:
+        """Wrap the agent's check of its workers so each failure goes through the budget."""
+        from torch.distributed.elastic.agent.server.api import WorkerState
+        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+        monitor = LocalElasticAgent._monitor_workers
+        decide = self.allows_restart
+
+        def monitor_within_budget(agent: Any, worker_group: Any) -> Any:
+            result = monitor(agent, worker_group)
+            if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+                codes = [failure.exitcode for failure in result.failures.values()]
+                if not decide(codes[0] if codes else None):
+                    agent._remaining_restarts = 0
+            return result
+
+        LocalElasticAgent._monitor_workers = monitor_within_budget  # type: ignore[method-assign]
+
+
+def keep_node_ranks(node_rank: int, nnodes: int) -> None:
+    """Make every completed rendezvous of ``nnodes`` nodes give this node group rank
+    ``node_rank`` (each node does the same with its own, so the ranks stay a permutation)."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousInfo
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    next_rendezvous = DynamicRendezvousHandler.next_rendezvous
+
+    def with_node_rank(handler: DynamicRendezvousHandler) -> RendezvousInfo:
+        info = next_rendezvous(handler)
+        if info.world_size != nnodes or info.bootstrap_store_info is None:
+            return info
+        return RendezvousInfo(info.store, node_rank, info.world_size, info.bootstrap_store_info)
+
+    DynamicRendezvousHandler.next_rendezvous = with_node_rank  # type: ignore[method-assign,assignment]
+
+
+def _own_options(arguments: list[str]) -> tuple[dict[str, str], list[str]]:
+    """The leading ``--cycle-NAME=VALUE`` options, and torchrun's arguments after them."""
+    own: dict[str, str] = {}
+    while arguments and arguments[0].startswith("--cycle-"):
+        name, _, value = arguments[0][len("--cycle-"):].partition("=")
+        own[name] = value
+        arguments = arguments[1:]
+    return own, arguments
+
+
+def _budgeted_restarts(own: dict[str, str]) -> BudgetedRestarts | None:
+    if "restarts" not in own:
+        return None
+    layout = CheckpointLayout(own["checkpoints"], own["checkpoint-name"])
+    budget = RestartBudget(max_restarts=int(own["restarts"]))
+    return BudgetedRestarts(budget, layout, int(own["node-rank"]))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run torchrun with ``argv`` (default: this process's arguments)."""
+    own, arguments = _own_options(sys.argv[1:] if argv is None else argv)
     stopping = StopSeen(os.environ.get(ENV_CHECKPOINT_DIR), time.time())
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -62,7 +155,11 @@ def main(argv: list[str] | None = None) -> None:
         for handler in logging.getLogger(name).handlers:
             handler.addFilter(quiet)
     ignore_stray(stop_signals())
-    arguments = sys.argv[1:] if argv is None else argv
+    restarts = _budgeted_restarts(own)
+    if restarts is not None:
+        restarts.install()
+    if "fixed-nodes" in own:
+        keep_node_ranks(int(own["node-rank"]), int(own["fixed-nodes"]))
     try:
         torchrun.main(["--signals-to-handle", "SIGQUIT", *arguments])
     except (ChildFailedError, SignalException) as error:

@@ -75,6 +75,9 @@ class RunOptions:
     """How often failed workers are restarted before the job fails."""
     restart_delay: float = 1.0
     """Seconds before the first restart; doubled after each failure without a new checkpoint."""
+    node_timeout: float = 30.0
+    """Seconds another node's supervisor may stay silent before this node gives the job up
+    (multi-node jobs; its workers could never finish a collective without that node)."""
     requeue: bool = False
     """Run ``scontrol requeue $SLURM_JOB_ID`` after a stop that leaves a checkpoint."""
     max_requeues: int = 100
@@ -109,6 +112,8 @@ class RunOptions:
         # math.isfinite also refuses nan; inf would overflow the deadline arithmetic.
         _require(math.isfinite(self.grace) and self.grace > 0, "grace",
                  "must be a finite number of seconds above 0 (such as 60)")
+        _require(math.isfinite(self.node_timeout) and self.node_timeout >= 2, "node_timeout",
+                 "must be a finite number of seconds, 2 or more (heartbeats come every second)")
         _require(math.isfinite(self.restart_delay) and self.restart_delay >= 0,
                  "restart_delay", "must be a finite number of seconds, 0 or more")
         port = self.master_port
@@ -177,7 +182,8 @@ _CONFIG_TYPES: dict[str, tuple[type, ...]] = {
     "master_addr": (str,), "master_port": (int,), "rdzv_endpoint": (str,),
     "rdzv_backend": (str,), "rdzv_id": (str, int), "standalone": (bool,), "checkpoint_dir": (str,),
     "checkpoint_name": (str,), "grace": (int, float), "max_restarts": (int,),
-    "restart_delay": (int, float), "requeue": (bool,), "max_requeues": (int,),
+    "restart_delay": (int, float), "node_timeout": (int, float), "requeue": (bool,),
+    "max_requeues": (int,),
     "resume_from": (str, int), "signals": (str, list),
 }
 CONFIG_KEYS = tuple(sorted(_CONFIG_TYPES))

@@ -44,12 +44,14 @@ from cycler.supervisor.checks import (
 )
 from cycler.supervisor.failure import failure_report
 from cycler.supervisor.options import RunOptions
+from cycler.supervisor.peers import Heartbeat, PeerWatch
 from cycler.supervisor.processes import Watchdog, WorkerTree, become_subreaper, start_torchrun
 from cycler.supervisor.slurm import RequeueResult, SlurmJob, hard_deadline, read_job, requeue_job
 from cycler.supervisor.torchrun import (
     LaunchPlan,
     full_environment,
     launch_plan,
+    restarts_by_torchrun,
 )
 
 log = logging.getLogger("cycler.supervisor")
@@ -138,6 +140,9 @@ class Supervisor:
         self._linked: CheckpointName | None = self.layout.link_target_name()
         self._started_at = clock()
         self._cut_short = False
+        self._heartbeat = Heartbeat(self.layout, options.node_rank)
+        self._peers = PeerWatch(self.layout, options.node_rank, options.nnodes,
+                                timeout=options.node_timeout)
 
     def handle_signal(self, number: int, frame: FrameType | None = None) -> None:
         """Signal handler: only records the signal; the loop decides what it means."""
@@ -154,6 +159,8 @@ class Supervisor:
             stack.callback(self._watchdog.close)
             stack.callback(self._reap)
             outcome = self._loop(core.SupervisorCore(self._core_config()))
+        if self.options.nnodes > 1:
+            self._heartbeat.finish(outcome.exit_code)
         return outcome
 
     def _loop(self, decisions: core.SupervisorCore) -> RunOutcome:
@@ -166,6 +173,7 @@ class Supervisor:
             for committed in self._new_checkpoints():
                 self._execute(decisions.handle(committed))
             self._cut_torchrun_short(decisions)
+            self._watch_other_nodes(decisions)
             if isinstance(event, core.SignalReceived):
                 event = dataclasses.replace(event, features=self._announced())
             stopping = decisions.stop_requested
@@ -175,6 +183,17 @@ class Supervisor:
             if decisions.awaiting_announcement:
                 self._execute(decisions.handle(core.Announced(self._announced(), self._clock())))
         return self._outcome
+
+    def _watch_other_nodes(self, decisions: core.SupervisorCore) -> None:
+        """Beat, and end this node's workers when another node is gone (multi-node jobs)."""
+        if self.options.nnodes == 1:
+            return
+        now = time.monotonic()  # never compared with another host's clock (see .peers)
+        self._heartbeat.beat(now)
+        loss = self._peers.lost(now)
+        if loss is not None:
+            self._execute(decisions.handle(
+                core.PeerLost(loss.node, loss.why, self._clock(), failed=loss.failed)))
 
     def _learn_hard_deadline(self, signalled_at: float, kill_after: float) -> None:
         """Ask Slurm, in a thread, when it will end the job; the answer comes as an event."""
@@ -222,6 +241,7 @@ class Supervisor:
             max_requeues=options.max_requeues, resume_from=options.resume_from,
             initial_checkpoint=newest_valid_index(self.layout),
             first_sequence=0 if previous is None else previous.sequence + 1,
+            restarts_by_torchrun=restarts_by_torchrun(options),
         )
 
     def _next_event(self, wake_at: float | None) -> core.Event:

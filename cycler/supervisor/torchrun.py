@@ -1,7 +1,13 @@
 """The torchrun command line and the environment every worker gets from ``cycle run``.
 
-torchrun is told never to restart workers itself (``--max-restarts 0``): restarts, backoff and
-crash-loop detection belong to the supervisor, which also knows about checkpoints. torchrun's own
+On one node torchrun is told never to restart workers itself (``--max-restarts 0``): restarts,
+backoff and crash-loop detection belong to the supervisor, which also knows about checkpoints.
+With several nodes a restart must bring every node's workers back together, which is what
+torchrun's c10d rendezvous and its agent's restart and membership logic do: the agent restarts
+its workers when they fail *and* when another node's agent re-joins the rendezvous, so a node
+whose workers hang in a collective is restarted too instead of waiting for the collective's
+timeout. There torchrun restarts, and the launcher (:mod:`.launcher`) applies cycle's restart
+budget to each of its restarts. torchrun's own
 shutdown timeout is raised above the grace, so that if the scheduler signals torchrun directly,
 torchrun's SIGKILL of the workers never comes before the grace the supervisor promised them.
 """
@@ -42,12 +48,17 @@ class LaunchPlan:
 
 
 MONITOR_INTERVAL = 0.02
+DEFAULT_MASTER_PORT = 29500
+"""torchrun's own default port for node 0's store."""
 
 
 _LAUNCH_FLAGS = {"script": [], "module": ["--module"], "no_python": ["--no-python"],
                  "run_path": ["--run-path"]}
 
 
+RESTART_CEILING = 1_000_000
+"""torchrun's ``--max-restarts`` where cycle's budget decides (in the launcher): torchrun keeps
+counting its restarts (``TORCHELASTIC_RESTART_COUNT``) and never gives up on its own."""
 LAUNCHER = "cycler.supervisor.launcher"
 """torchrun's own ``main``, quiet about the stops cycle asked for (:mod:`.launcher`)."""
 
@@ -62,10 +73,10 @@ def torchrun_command(options: RunOptions, python: str = sys.executable) -> list[
     nnodes = str(options.nnodes)
     if options.min_nodes is not None:
         nnodes = f"{options.min_nodes}:{options.nnodes}"
-    command = [python, "-m", LAUNCHER,
+    command = [python, "-m", LAUNCHER, *_launcher_arguments(options),
                "--nproc-per-node", str(options.nproc_per_node),
                "--nnodes", nnodes,
-               "--max-restarts", "0",
+               "--max-restarts", str(RESTART_CEILING if restarts_by_torchrun(options) else 0),
                # torchrun notices exited workers only at this interval (default 0.1 s): every
                # stop waits for it, and a 20 ms poll of a few pids costs nothing measurable.
                "--monitor-interval", str(MONITOR_INTERVAL)]
@@ -74,18 +85,50 @@ def torchrun_command(options: RunOptions, python: str = sys.executable) -> list[
     return command + [str(options.script), *options.script_args]
 
 
+def restarts_by_torchrun(options: RunOptions) -> bool:
+    """Whether torchrun's agent restarts failed workers (multi-node jobs), not the supervisor."""
+    return options.nnodes > 1
+
+
+def _launcher_arguments(options: RunOptions) -> list[str]:
+    if not restarts_by_torchrun(options):
+        return []
+    root = CheckpointLayout(options.checkpoint_dir, options.checkpoint_name).root
+    arguments = [f"--cycle-restarts={options.max_restarts}",
+                 f"--cycle-checkpoints={root}",
+                 f"--cycle-checkpoint-name={options.checkpoint_name}",
+                 f"--cycle-node-rank={options.node_rank}"]
+    if options.min_nodes is None and options.rdzv_endpoint is None:
+        arguments.append(f"--cycle-fixed-nodes={options.nnodes}")
+    return arguments
+
+
 def _rendezvous_arguments(options: RunOptions) -> list[str]:
+    run_id = options.rdzv_id or options.slurm_job_id or "cycler"
     if options.rdzv_endpoint is not None:
-        run_id = options.rdzv_id or options.slurm_job_id or "cycler"
         return ["--rdzv-backend", options.rdzv_backend or "c10d",
                 "--rdzv-endpoint", options.rdzv_endpoint, "--rdzv-id", run_id]
     if options.standalone or options.master_addr is None and options.master_port is None:
         return ["--standalone"]
-    arguments = ["--node-rank", str(options.node_rank),
-                 "--master-addr", options.master_addr or "127.0.0.1"]
-    if options.master_port is not None:
-        arguments += ["--master-port", str(options.master_port)]
+    host = options.master_addr or "127.0.0.1"
+    if options.nnodes == 1:
+        arguments = ["--node-rank", str(options.node_rank), "--master-addr", host]
+        if options.master_port is not None:
+            arguments += ["--master-port", str(options.master_port)]
+        return arguments
+    # Several nodes: c10d at node 0's address. Node 0 hosts its store because it is node 0,
+    # not because torch recognises the address as its own (which fails on hosts with several
+    # interfaces or names, and in network namespaces); a --rdzv-conf of the user's wins.
+    port = options.master_port or DEFAULT_MASTER_PORT
+    endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    arguments = ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id]
+    if not _has_option(options.torchrun_args, "--rdzv-conf", "--rdzv_conf"):
+        arguments += ["--rdzv-conf", f"is_host={int(options.node_rank == 0)}"]
     return arguments
+
+
+def _has_option(arguments: tuple[str, ...], *names: str) -> bool:
+    return any(argument.split("=", 1)[0] in names for argument in arguments)
 
 
 def lossy_directory(options: RunOptions) -> Path:

@@ -70,6 +70,17 @@ class HardDeadline:
 
 
 @dataclass(frozen=True)
+class PeerLost:
+    """Another node of the job is gone at ``now``: its supervisor went silent or exited with a
+    failure (``failed``). ``why`` says which, for the log and the exit reason."""
+
+    node: int
+    why: str
+    now: float
+    failed: bool = False
+
+
+@dataclass(frozen=True)
 class WorkersExited:
     """torchrun (and with it every worker) exited with ``code`` (negative: killed by signal)."""
 
@@ -95,7 +106,8 @@ class Tick:
     now: float
 
 
-Event = SignalReceived | Announced | HardDeadline | WorkersExited | CheckpointCommitted | Tick
+Event = (SignalReceived | Announced | HardDeadline | PeerLost | WorkersExited
+         | CheckpointCommitted | Tick)
 
 # --- actions ----------------------------------------------------------------------------------
 

@@ -203,19 +203,37 @@ def test_the_torchrun_command_never_restarts_and_passes_script_arguments_untouch
                          script_args=("--grace", "1", "--lr=0.1", "--"))
     command = torchrun_command(options, python="py")
     assert command[:3] == ["py", "-m", "cycler.supervisor.launcher"]
-    assert command[command.index("--max-restarts") + 1] == "0"
+    assert command[command.index("--max-restarts") + 1] == "0", "one node: the supervisor's"
     assert command[command.index("--nproc-per-node") + 1] == "2"
     assert command[-5:] == ["train.py", "--grace", "1", "--lr=0.1", "--"]
 
 
-def test_multi_node_commands_carry_rank_and_master_or_the_rendezvous_endpoint():
-    static = torchrun_command(RunOptions(script=Path("t.py"), nnodes=2, node_rank=1,
-                                         master_addr="head", master_port=1234), python="py")
-    assert " --node-rank 1 --master-addr head --master-port 1234 t.py" in " ".join(static)
+def test_multi_node_commands_meet_in_a_c10d_rendezvous_hosted_by_node_0_at_the_master():
+    def command(node_rank: int, *extra: str) -> str:
+        return " ".join(torchrun_command(RunOptions(
+            script=Path("t.py"), nnodes=2, node_rank=node_rank, master_addr="head",
+            master_port=1234, torchrun_args=extra), python="py"))
+
+    expected = " --rdzv-backend c10d --rdzv-endpoint head:1234 --rdzv-id cycler --rdzv-conf "
+    assert expected + "is_host=0 t.py" in command(1)
+    assert expected + "is_host=1 t.py" in command(0)
+    assert "is_host" not in command(0, "--rdzv-conf=join_timeout=30"), "the user's conf wins"
+    ipv6 = torchrun_command(RunOptions(script=Path("t.py"), nnodes=2, master_addr="fd00::1"))
+    assert ipv6[ipv6.index("--rdzv-endpoint") + 1] == "[fd00::1]:29500"
     dynamic = torchrun_command(RunOptions(script=Path("t.py"), nnodes=2,
                                           rdzv_endpoint="head:29400", slurm_job_id="77"),
                                python="py")
     assert " --rdzv-backend c10d --rdzv-endpoint head:29400 --rdzv-id 77 " in " ".join(dynamic)
+
+
+def test_with_several_nodes_torchrun_restarts_and_the_launcher_carries_cycles_budget():
+    command = torchrun_command(RunOptions(script=Path("t.py"), nnodes=2, node_rank=1,
+                                          master_addr="head", max_restarts=5,
+                                          checkpoint_dir=Path("/ck")), python="py")
+    assert command[3:8] == ["--cycle-restarts=5", "--cycle-checkpoints=/ck",
+                            "--cycle-checkpoint-name=AtomicDirectory", "--cycle-node-rank=1",
+                            "--cycle-fixed-nodes=2"]
+    assert int(command[command.index("--max-restarts") + 1]) >= 1000, "the budget decides"
 
 
 def test_workers_get_the_control_file_an_absolute_root_and_the_restart_count(tmp_path: Path):

@@ -2,7 +2,9 @@
 
 Each case is parsed twice by torchrun's own parser: once as the user wrote it for torchrun, and
 once as the command `cycle run --dry-run` prints. Every setting the user gave must come out the
-same, except the ones cycle owns on purpose (restarts, which the supervisor does itself).
+same, except the ones cycle owns on purpose: restarts (the supervisor's on one node; on several,
+torchrun's under cycle's budget), and a static multi-node rendezvous, which becomes c10d at the
+same address so that torchrun can restart every node's workers together.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pytest
 from torch.distributed.run import get_args_parser
 from typer.testing import CliRunner
 
+from cycler.supervisor.torchrun import RESTART_CEILING
 from cycler_cli.main import app
 
 # torchrun's restarts become the supervisor's; the rest must reach torchrun as given.
@@ -61,7 +64,11 @@ def dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, line: str) -> list[
     assert result.exit_code == 0, result.output
     command = shlex.split(result.stdout.strip().splitlines()[-1])
     assert command[1:3] == ["-m", "cycler.supervisor.launcher"], "torchrun, quiet on stops"
-    return command[3:]
+    return [argument for argument in command[3:] if not argument.startswith("--cycle-")]
+
+
+STATIC_RENDEZVOUS = {"node_rank", "master_addr", "master_port", "rdzv_backend",
+                     "rdzv_endpoint", "rdzv_conf"}
 
 
 @pytest.mark.parametrize("line", CASES)
@@ -69,9 +76,15 @@ def test_cycle_run_gives_torchrun_what_the_same_line_gives_torchrun(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, line: str) -> None:
     wanted = torchrun_namespace(shlex.split(line))
     produced = torchrun_namespace(dry_run(tmp_path, monkeypatch, line))
-    assert produced["max_restarts"] == 0, "restarts belong to the supervisor"
+    several_nodes = not str(wanted["nnodes"]).endswith(":1") and str(wanted["nnodes"]) != "1"
+    assert produced["max_restarts"] == (RESTART_CEILING if several_nodes else 0)
+    owned = set(OWNED_BY_CYCLE)
+    if several_nodes and wanted["rdzv_backend"] == "static" and not wanted["rdzv_endpoint"]:
+        owned |= STATIC_RENDEZVOUS
+        assert produced["rdzv_backend"] == "c10d"
+        assert produced["rdzv_endpoint"] == f"{wanted['master_addr']}:{wanted['master_port']}"
     for name, value in wanted.items():
-        if name in OWNED_BY_CYCLE or value == get_args_parser().get_default(name):
+        if name in owned or value == get_args_parser().get_default(name):
             continue
         assert produced[name] == value, f"{name}: torchrun got {produced[name]!r}"
     if "--monitor-interval" in line:

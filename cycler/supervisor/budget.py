@@ -1,0 +1,38 @@
+"""How many failed starts of the workers a job may restart: one rule for both places that
+restart them (the supervisor on one node, torchrun's agent on every node of a multi-node job).
+
+Only restarts without progress count: a committed checkpoint gives the whole budget back, so a
+weeks-long job with a rare fault does not end after its third fault however much it trained in
+between. Failures in a row without a checkpoint in between are a crash loop and end the job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(kw_only=True)
+class RestartBudget:
+    """Counts failures since the last checkpoint and says when to give up."""
+
+    max_restarts: int
+    """Restarts allowed after failures without a new checkpoint in between (0: none)."""
+    crash_loop_limit: int = 3
+    """Failures in a row without a new checkpoint that end the job."""
+    failures_without_progress: int = 0
+
+    def progress(self) -> None:
+        """A checkpoint was committed: the whole budget is back."""
+        self.failures_without_progress = 0
+
+    def failure(self) -> str | None:
+        """Count one failure; ``None`` to restart, else why the job must end instead."""
+        self.failures_without_progress += 1
+        count = self.failures_without_progress
+        if count >= self.crash_loop_limit:
+            return (f"the workers failed {count} times in a row without committing a checkpoint"
+                    " (crash loop)")
+        if count > self.max_restarts:
+            return (f"the workers failed and all {self.max_restarts} restarts (--max-restarts)"
+                    " since the last checkpoint are used up")
+        return None
