@@ -1,0 +1,174 @@
+"""What one node's supervisor decides about the others: the shared restart budget, the
+heartbeats through the checkpoint root, and the end of a job whose other node is gone."""
+
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from cycler.checkpoint.layout import CheckpointLayout
+from cycler.exit_codes import EXIT_FAILURE, EXIT_REQUEUE
+from cycler.supervisor.budget import RestartBudget
+from cycler.supervisor.core import (
+    CheckpointCommitted,
+    CoreConfig,
+    Exit,
+    Log,
+    PeerLost,
+    Phase,
+    Requeue,
+    SignalReceived,
+    SignalTree,
+    StartWorkers,
+    SupervisorAction,
+    SupervisorCore,
+    Tick,
+    WorkersExited,
+)
+from cycler.supervisor.peers import Heartbeat, PeerWatch
+
+MULTI_NODE = CoreConfig(grace=30.0, kill_after=2.0, restarts_by_torchrun=True, requeue=True,
+                        initial_checkpoint=4)
+
+
+def kinds(actions: list[SupervisorAction]) -> list[str]:
+    return [type(action).__name__ for action in actions]
+
+
+def exit_code(actions: list[SupervisorAction]) -> int:
+    (found,) = [action for action in actions if isinstance(action, Exit)]
+    return found.code
+
+
+# --- the budget --------------------------------------------------------------------------------
+
+
+def test_the_budget_counts_only_failures_since_the_last_checkpoint():
+    budget = RestartBudget(max_restarts=2, crash_loop_limit=10)
+    assert budget.failure() is None and budget.failure() is None
+    budget.progress()
+    assert budget.failure() is None and budget.failure() is None, "the whole budget came back"
+    assert "restarts (--max-restarts)" in (budget.failure() or "")
+
+
+def test_failures_in_a_row_without_a_checkpoint_are_a_crash_loop_whatever_the_budget():
+    budget = RestartBudget(max_restarts=100, crash_loop_limit=3)
+    assert budget.failure() is None and budget.failure() is None
+    assert "crash loop" in (budget.failure() or "")
+
+
+def test_no_restarts_allowed_means_the_first_failure_ends_the_job():
+    assert RestartBudget(max_restarts=0).failure() is not None
+
+
+# --- the core with several nodes ---------------------------------------------------------------
+
+
+def test_a_failed_torchrun_on_a_multi_node_job_ends_it_since_torchrun_already_restarted():
+    core = SupervisorCore(MULTI_NODE)
+    core.start(100.0)
+    actions = core.handle(WorkersExited(1, 130.0))
+    assert exit_code(actions) == EXIT_FAILURE
+    assert not any(isinstance(action, StartWorkers) for action in actions)
+
+
+def test_a_lost_node_ends_the_workers_and_the_job_resumes_from_the_checkpoint_by_requeue():
+    core = SupervisorCore(MULTI_NODE)
+    core.start(100.0)
+    core.handle(CheckpointCommitted(5, 110.0))
+    actions = core.handle(PeerLost(1, "is gone", 120.0))
+    assert [a.signal for a in actions if isinstance(a, SignalTree)] == [signal.SIGTERM]
+    assert core.phase is Phase.TERMINATING
+    assert kinds(core.handle(Tick(122.5))) == ["Log", "SignalTree"], "SIGKILL after kill_after"
+    actions = core.handle(WorkersExited(-9, 123.0))
+    assert exit_code(actions) == EXIT_REQUEUE
+    assert any(isinstance(action, Requeue) for action in actions)
+    (last,) = [action for action in actions if isinstance(action, Exit)]
+    assert "node 1 is gone" in last.reason and "checkpoint 5" in last.reason
+
+
+def test_a_node_that_failed_fails_the_job_and_nothing_is_requeued():
+    core = SupervisorCore(MULTI_NODE)
+    core.start(100.0)
+    core.handle(PeerLost(2, "failed (its supervisor exited 1)", 120.0, failed=True))
+    actions = core.handle(WorkersExited(-15, 121.0))
+    assert exit_code(actions) == EXIT_FAILURE
+    assert not any(isinstance(action, Requeue) for action in actions)
+
+
+def test_a_lost_node_without_any_checkpoint_ends_the_job_with_1():
+    core = SupervisorCore(replace(MULTI_NODE, initial_checkpoint=None))
+    core.start(100.0)
+    core.handle(PeerLost(1, "is gone", 120.0))
+    assert exit_code(core.handle(WorkersExited(-15, 121.0))) == EXIT_FAILURE
+
+
+def test_a_node_lost_during_a_stop_ends_the_wait_for_the_agreed_checkpoint_at_once():
+    core = SupervisorCore(MULTI_NODE)
+    core.start(100.0)
+    core.handle(SignalReceived("SIGTERM", 110.0))
+    assert core.phase is Phase.STOPPING
+    actions = core.handle(PeerLost(1, "is gone", 111.0))
+    assert "peer_lost" in [a.event for a in actions if isinstance(a, Log)]
+    assert core.phase is Phase.TERMINATING, "the agreed step can never come without node 1"
+    assert core.handle(PeerLost(1, "is gone", 112.0)) == [], "reported once"
+
+
+# --- heartbeats --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> CheckpointLayout:
+    layout = CheckpointLayout(tmp_path)
+    layout.supervisor_dir.mkdir()
+    return layout
+
+
+def test_a_node_that_beat_and_then_went_silent_is_lost_after_the_timeout(
+        layout: CheckpointLayout) -> None:
+    other, watch = Heartbeat(layout, 1), PeerWatch(layout, 0, 2, timeout=5.0)
+    other.beat(0.0)
+    assert watch.lost(0.0) is None
+    other.beat(1.0)
+    assert watch.lost(1.0) is None, "seen alive"
+    assert watch.lost(5.5) is None, "4.5 s of silence is within the timeout"
+    loss = watch.lost(6.5)
+    assert loss is not None and loss.node == 1 and not loss.failed
+    assert "not been heard for 6 s" in loss.why
+
+
+def test_a_record_left_by_an_earlier_run_is_never_taken_for_a_lost_node(
+        layout: CheckpointLayout) -> None:
+    Heartbeat(layout, 1).beat(0.0)  # the earlier run's last beat; no one beats any more
+    watch = PeerWatch(layout, 0, 2, timeout=5.0)
+    assert [watch.lost(now) for now in (100.0, 200.0, 900.0)] == [None, None, None]
+
+
+def test_a_node_whose_supervisor_exited_1_is_lost_at_once_and_one_that_stopped_is_not(
+        layout: CheckpointLayout) -> None:
+    failing, stopping = Heartbeat(layout, 1), Heartbeat(layout, 2)
+    watch = PeerWatch(layout, 0, 3, timeout=5.0)
+    failing.beat(0.0)
+    stopping.beat(0.0)
+    watch.lost(0.0)
+    stopping.finish(EXIT_REQUEUE)
+    assert watch.lost(1.0) is None
+    assert watch.lost(60.0) is None, "an ended node that said so is never silent"
+    failing.finish(EXIT_FAILURE)
+    loss = watch.lost(61.0)
+    assert loss is not None and loss.node == 1 and loss.failed
+
+
+def test_heartbeats_are_written_at_most_once_a_second_and_readable_as_json(
+        layout: CheckpointLayout) -> None:
+    beat = Heartbeat(layout, 3)
+    beat.beat(10.0)
+    beat.beat(10.5)
+    record = json.loads(layout.heartbeat_path(3).read_text())
+    assert record["beat"] == 1 and record["node"] == 3 and record["exit_code"] is None
+    beat.beat(11.0)
+    assert json.loads(layout.heartbeat_path(3).read_text())["beat"] == 2
