@@ -20,14 +20,9 @@ from typing import Any
 
 from torch.utils.data import Dataset, DistributedSampler
 
+from cycler.epoch_order import epoch_order, per_rank_length, rank_share
 from cycler.errors import StateMismatch
-from cycler.samplers import (
-    AdvancedTooFarError,
-    _default_world,
-    _epoch_order,
-    _per_rank_length,
-    _rank_share,
-)
+from cycler.samplers import AdvancedTooFarError, _default_world
 
 GROUPED_STATE_VERSION = 1
 
@@ -82,15 +77,16 @@ class InterruptableDistributedGroupedBatchSampler(DistributedSampler[list[int]])
     @property
     def num_batches(self) -> int:
         """Batches this rank yields in a whole epoch."""
-        share = _per_rank_length(self._dataset_length, self.num_replicas, self.drop_last)
+        share = per_rank_length(self._dataset_length, self.num_replicas, self.drop_last)
         return math.ceil(share / self.batch_size)
 
     @property
     def batches(self) -> list[list[int]]:
         """The epoch's batches on this rank, made on first use after the epoch was set."""
         if self._batches is None:
-            order = _epoch_order(self._dataset_length, self.seed, self.epoch, self.shuffle)
-            share = _rank_share(order, self.num_replicas, self.rank, self.drop_last, 0)
+            length = self._dataset_length
+            order = epoch_order("torch", length, self.seed, self.epoch, self.shuffle)
+            share = rank_share(order, length, self.num_replicas, self.rank, self.drop_last)
             self._batches = grouped_batches(share, self.group_ids, self.batch_size)
         return self._batches
 

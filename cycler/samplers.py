@@ -6,8 +6,11 @@ import line.
 
 How an epoch's order is made, and why resuming costs nothing extra:
 
-- The epoch's *base order* is ``torch.randperm(n)`` drawn from a ``torch.Generator`` seeded with
-  ``seed + epoch`` (``range(n)`` without shuffle), exactly as ``DistributedSampler`` draws it.
+- The epoch's *base order* is, with ``order="torch"`` (the default), ``torch.randperm(n)`` drawn
+  from a ``torch.Generator`` seeded with ``seed + epoch`` (``range(n)`` without shuffle), exactly
+  as ``DistributedSampler`` draws it. With ``order="scalable"`` it is a keyed bijection of
+  ``[0, n)`` (:mod:`cycler.permutation`) that is never built: memory, the first index and a
+  resume cost O(1) in ``n``. See :mod:`cycler.epoch_order`.
 - The *global order* is the base order padded cyclically (or, with ``drop_last``, truncated) to a
   multiple of the world size ``W``; rank ``r`` takes entries ``r, r + W, r + 2W, ...``. Without an
   interruption every rank yields what ``torch.utils.data.DistributedSampler`` yields.
@@ -15,17 +18,19 @@ How an epoch's order is made, and why resuming costs nothing extra:
   ``advance(n)``. Iterating the sampler never changes it, so DataLoader prefetching and workers
   cannot shift it. After every rank consumed ``p`` samples the job consumed the first ``p * W``
   entries of the global order.
-- Resuming recomputes the permutation (what torch pays to start any epoch) and slices off what
-  was consumed: no sample is replayed or loaded.
+- Resuming skips what was consumed by arithmetic on positions: no sample is replayed or loaded.
+  The torch order recomputes the permutation first (what torch pays to start any epoch).
 
 Changing the world size mid-epoch: the job consumed the first ``G`` entries of the base order
 (``G = p * W``, or all of it once the epoch's share was used up). The new ranks split the rest,
 ``base_order[G:]``, with the same rule as above (padded or truncated to a multiple of the new world
-size, rank ``r`` taking every ``W'``-th entry from ``r``). Over all ranks no sample of the epoch is
-lost or repeated, except for the padding (fewer than ``W`` + ``W'`` repeats) or, with
-``drop_last``, the truncation (fewer than ``W`` + ``W'`` samples skipped) that each split adds,
-as torch's own sampler does. The saved state carries no rank: every rank saves the same state in
-synchronous data-parallel training, and any rank's state (typically rank 0's) loads on all ranks.
+size, rank ``r`` taking every ``W'``-th entry from ``r``): positions ``G..`` of the same order,
+so the scalable order re-splits without building anything either. Over all ranks no sample of
+the epoch is lost or repeated, except for the padding (fewer than ``W`` + ``W'`` repeats) or,
+with ``drop_last``, the truncation (fewer than ``W`` + ``W'`` samples skipped) that each split
+adds, as torch's own sampler does. The saved state carries no rank: every rank saves the same
+state in synchronous data-parallel training, and any rank's state (typically rank 0's) loads on
+all ranks.
 """
 
 from __future__ import annotations
@@ -34,10 +39,16 @@ from collections.abc import Iterator, Mapping, Sized
 from contextlib import contextmanager
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
+from cycler.epoch_order import (
+    check_order,
+    epoch_order,
+    iterate_share,
+    per_rank_length,
+    share_positions,
+)
 from cycler.errors import CyclerError, StateMismatch
 
 __all__ = [
@@ -49,10 +60,12 @@ __all__ = [
     "InterruptibleSampler",
 ]
 
-SAMPLER_STATE_VERSION = 1
-"""Version of the dict ``state_dict()`` returns; ``load_state_dict`` refuses any other."""
+SAMPLER_STATE_VERSION = 2
+"""Version of the dict ``state_dict()`` returns. ``load_state_dict`` also reads version 1 (before
+``order`` was recorded: every such state is of the torch order) and refuses any other."""
 
 _MUST_MATCH = {
+    "order": "build the sampler with the saved order",
     "dataset_length": "build the sampler over the same dataset",
     "seed": "build the sampler with the saved seed",
     "shuffle": "build the sampler with the saved shuffle",
@@ -68,43 +81,11 @@ class AdvancedTooFarError(CyclerError, ValueError):
     """
 
 
-def _per_rank_length(remaining: int, world_size: int, drop_last: bool) -> int:
-    """How many of ``remaining`` samples each of ``world_size`` ranks yields, by torch's rule."""
-    if drop_last:
-        return remaining // world_size
-    return -(-remaining // world_size)
-
-
-def _epoch_order(length: int, seed: int, epoch: int, shuffle: bool) -> torch.Tensor:
-    """The epoch's base order, drawn exactly as ``torch.utils.data.DistributedSampler`` draws it."""
-    if not shuffle:
-        return torch.arange(length)
-    generator = torch.Generator()
-    generator.manual_seed(seed + epoch)
-    return torch.randperm(length, generator=generator)
-
-
-def _rank_share(
-    remaining: torch.Tensor, world_size: int, rank: int, drop_last: bool, skip: int
-) -> list[int]:
-    """Rank ``rank``'s entries of ``remaining`` split over ``world_size`` ranks, minus its first
-    ``skip``: torch's padding (cyclic repeat) or truncation, without building the padded list."""
-    length = len(remaining)
-    total = _per_rank_length(length, world_size, drop_last) * world_size
-    positions = range(rank + skip * world_size, total, world_size)
-    inside = range(positions.start, min(total, length), world_size)
-    share: list[int] = remaining[inside.start : inside.stop : world_size].tolist()
-    # Torch pads by repeating the order from its start: position i past the end is entry i mod
-    # length. Each rank gets at most one such position, so a Python loop costs nothing.
-    share += [int(remaining[position % length]) for position in positions[len(inside) :]]
-    return share
-
-
 def _consumed_count(
     length: int, resplit_at: int, progress: int, world_size: int, drop_last: bool
 ) -> int:
     """How many entries of the epoch's base order the whole job has consumed."""
-    share = _per_rank_length(length - resplit_at, world_size, drop_last)
+    share = per_rank_length(length - resplit_at, world_size, drop_last)
     if progress and progress == share:
         # The epoch's share is used up: its padding was consumed, its truncated tail dropped.
         return length
@@ -114,8 +95,8 @@ def _consumed_count(
 class _ResumableSampler:
     """Epoch, progress and saved state, shared by both samplers.
 
-    A subclass sets ``num_replicas``, ``rank``, ``shuffle``, ``seed``, ``drop_last``, ``epoch``
-    and ``_dataset_length``, then calls ``reset_progress()``.
+    A subclass sets ``num_replicas``, ``rank``, ``shuffle``, ``seed``, ``drop_last``, ``epoch``,
+    ``order`` and ``_dataset_length``, then calls ``reset_progress()``.
     """
 
     num_replicas: int
@@ -124,6 +105,8 @@ class _ResumableSampler:
     seed: int
     drop_last: bool
     epoch: int
+    order: str
+    """How each epoch's order is made: ``"torch"`` or ``"scalable"`` (module docstring)."""
     _dataset_length: int
     progress: int
     """Samples of this epoch the training loop consumed on this rank, as told by ``advance``."""
@@ -133,7 +116,7 @@ class _ResumableSampler:
     def epoch_length(self) -> int:
         """Samples this rank yields in a whole epoch at the current world size: torch's
         ``num_samples``, and what ``len()`` returns, whatever the progress."""
-        return _per_rank_length(self._dataset_length, self.num_replicas, self.drop_last)
+        return per_rank_length(self._dataset_length, self.num_replicas, self.drop_last)
 
     @property
     def remaining(self) -> int:
@@ -144,7 +127,7 @@ class _ResumableSampler:
     @property
     def _share(self) -> int:
         remaining = self._dataset_length - self._resplit_at
-        return _per_rank_length(remaining, self.num_replicas, self.drop_last)
+        return per_rank_length(remaining, self.num_replicas, self.drop_last)
 
     def __len__(self) -> int:
         """The whole per-rank epoch share at any progress, as in torch and cycling_utils:
@@ -153,12 +136,14 @@ class _ResumableSampler:
         return self.epoch_length
 
     def __iter__(self) -> Iterator[int]:
-        # Eager like torch's: the iterator is fixed by the epoch and progress at iter() time.
-        order = _epoch_order(self._dataset_length, self.seed, self.epoch, self.shuffle)
-        share = _rank_share(
-            order[self._resplit_at :], self.num_replicas, self.rank, self.drop_last, self.progress
+        # Fixed by the epoch and progress at iter() time, as torch's: later calls to advance or
+        # set_epoch do not change an iterator already made.
+        length = self._dataset_length
+        order = epoch_order(self.order, length, self.seed, self.epoch, self.shuffle)
+        positions = share_positions(
+            length, self._resplit_at, self.num_replicas, self.rank, self.drop_last, self.progress
         )
-        return iter(share)
+        return iterate_share(order, positions, length, self._resplit_at)
 
     def advance(self, n: int) -> None:
         """Record that the training loop consumed ``n`` more samples of this rank's epoch."""
@@ -195,6 +180,7 @@ class _ResumableSampler:
         """A small dict of ints and bools (torch.save- and JSON-safe), the same on every rank."""
         return {
             "version": SAMPLER_STATE_VERSION,
+            "order": self.order,
             "dataset_length": self._dataset_length,
             "seed": self.seed,
             "shuffle": self.shuffle,
@@ -210,12 +196,15 @@ class _ResumableSampler:
         """Continue from ``state``: the next iteration yields what the saved run would have.
 
         Raises StateMismatch if the state is of another version or was saved with another
-        dataset length, seed, shuffle or drop_last. A different ``num_replicas`` is allowed: the
-        rest of the epoch is split over the new ranks (see the module docstring). A cycling_utils
-        state (``{"epoch", "progress"}`` only) is taken as saved by this sampler's configuration.
+        order, dataset length, seed, shuffle or drop_last. A different ``num_replicas`` is
+        allowed: the rest of the epoch is split over the new ranks (see the module docstring). A
+        cycling_utils state (``{"epoch", "progress"}`` only) is taken as saved by this sampler's
+        configuration; a version-1 state as one of the torch order.
         """
         if "version" not in state and set(state) == _LEGACY_FIELDS:
             state = self._from_cycling_utils(state)
+        if state.get("version") == 1:
+            state = {**state, "version": SAMPLER_STATE_VERSION, "order": "torch"}
         _check_version(state)
         for field, fix in _MUST_MATCH.items():
             self._check_matches(state, field, fix)
@@ -255,7 +244,7 @@ class _ResumableSampler:
         consumed = _int_field(state, "consumed", 0, length)
         if state["num_replicas"] == self.num_replicas:
             resplit_at = _int_field(state, "resplit_at", 0, length)
-            share = _per_rank_length(length - resplit_at, self.num_replicas, self.drop_last)
+            share = per_rank_length(length - resplit_at, self.num_replicas, self.drop_last)
             progress = _int_field(state, "progress", 0, share)
             saved_consumed = _consumed_count(
                 length, resplit_at, progress, self.num_replicas, self.drop_last
@@ -327,6 +316,12 @@ class InterruptableDistributedSampler(_ResumableSampler, DistributedSampler[int]
     Use ``with sampler.in_epoch(epoch):`` around each epoch (or ``set_epoch`` plus
     ``reset_progress``). ``num_samples`` and ``total_size`` keep torch's meaning (a whole epoch
     at this world size).
+
+    ``order="scalable"`` shuffles with a keyed bijection instead of ``randperm``: the same
+    guarantees (each sample once per epoch across ranks, a new order each epoch, exact resume,
+    world-size changes), at O(1) memory and time to the first index for any dataset length, even
+    a dataset that only reports its ``len()``. It is not torch's order: a state saved with one
+    order does not load into a sampler of the other.
     """
 
     def __init__(
@@ -337,9 +332,13 @@ class InterruptableDistributedSampler(_ResumableSampler, DistributedSampler[int]
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
+        *,
+        order: str = "torch",
     ) -> None:
+        check_order(order)
         num_replicas, rank = _default_world(num_replicas, rank)
         DistributedSampler.__init__(self, dataset, num_replicas, rank, shuffle, seed, drop_last)
+        self.order = order
         self._dataset_length = len(dataset)  # type: ignore[arg-type]
         self.reset_progress()
 
@@ -349,7 +348,8 @@ class InterruptableSampler(_ResumableSampler, Sampler[int]):
     :class:`cycler.DistributedShardedDataset`) that can be stopped and resumed mid-epoch.
 
     Each epoch yields ``torch.randperm(len(dataset))`` drawn from a generator seeded with
-    ``seed + epoch``, or ``range(len(dataset))`` without shuffle. Progress, ``advance``,
+    ``seed + epoch``, or ``range(len(dataset))`` without shuffle; ``order="scalable"`` as in
+    :class:`InterruptableDistributedSampler`. Progress, ``advance``,
     ``in_epoch``, ``state_dict``, ``load_state_dict``, ``len()``, ``epoch_length``,
     ``remaining`` and ``progress`` behave as in :class:`InterruptableDistributedSampler` with
     one replica. The signature is cycling_utils': ``num_replicas``, ``rank`` and ``drop_last``
@@ -357,7 +357,10 @@ class InterruptableSampler(_ResumableSampler, Sampler[int]):
     """
 
     def __init__(self, dataset: Sized, num_replicas: int | None = None, rank: int | None = None,
-                 shuffle: bool = True, seed: int = 0, drop_last: bool = False) -> None:
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, *,
+                 order: str = "torch") -> None:
+        check_order(order)
+        self.order = order
         self.data_source = dataset
         self.dataset = dataset
         self.shuffle = shuffle
