@@ -1,0 +1,146 @@
+"""Two `cycle run` nodes on two simulated hosts (network namespaces, one address each, one shared
+checkpoint directory), running examples/train.py with one worker per node over gloo.
+
+One job goes through every way a node can fail or stop, run after run, and must end bit-identical
+to an uninterrupted job:
+- a worker on node 1 is killed with SIGKILL while node 0's worker waits for it in a collective:
+  torchrun restarts both nodes' workers together from the newest checkpoint;
+- node 1's supervisor alone gets SIGTERM: both nodes stop at one agreed step and exit 75;
+- node 1's supervisor is killed with SIGKILL: its watchdog ends node 1's processes, and node 0
+  notices the silence and ends its own workers within seconds (``--node-timeout``), not after a
+  rendezvous or collective timeout, with exit 75 and the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from hosts import Host
+
+from cycler import EXIT_REQUEUE, EXIT_SUCCESS, latest_checkpoint
+from cycler.checkpoint.layout import CheckpointLayout
+from cycler.events import read_events
+
+pytestmark = pytest.mark.netns
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "train.py"
+TRAIN_ARGS = ["--epochs", "3", "--samples", "2048", "--hidden", "32", "--checkpoint-every", "8",
+              "--step-delay", "0.05"]
+NODE_TIMEOUT = 5.0
+
+
+class Node:
+    """One node's ``cycle run`` on its host, output in a file."""
+
+    def __init__(self, host: Host, rank: int, master: Host, root: Path, final: Path,
+                 port: int) -> None:
+        self.rank = rank
+        self.output = root.parent / f"{root.name}-node{rank}-{time.monotonic_ns()}.txt"
+        command = host.command(
+            sys.executable, "-m", "cycler_cli", "run", "--nnodes", "2", "--node-rank", str(rank),
+            "--nproc-per-node", "1", "--master-addr", master.address, "--master-port", str(port),
+            "--local-addr", host.address, "--checkpoint-dir", str(root), "--grace", "60",
+            "--node-timeout", str(NODE_TIMEOUT), "--no-requeue", str(EXAMPLE), *TRAIN_ARGS,
+            "--final-weights", str(final))
+        environment = {key: value for key, value in os.environ.items()
+                       if not key.startswith(("SLURM_", "CYCLER_", "MASTER_"))}
+        # gloo finds its own address through the host name, which no namespace resolves.
+        environment.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=host.interface)
+        with self.output.open("wb") as sink:
+            self.process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT,
+                                            env=environment, cwd=REPO)
+
+    def text(self) -> str:
+        return self.output.read_text(errors="replace")
+
+    def wait(self, timeout: float = 180.0) -> int:
+        return self.process.wait(timeout)
+
+    def worker(self) -> psutil.Process:
+        """The training process under this node's torchrun."""
+        for process in psutil.Process(self.process.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                line = " ".join(process.cmdline())
+                if str(EXAMPLE) in line and "cycler" not in line:
+                    return process
+        raise AssertionError(f"node {self.rank} has no worker: {self.text()}")
+
+
+@contextlib.contextmanager
+def job(hosts: tuple[Host, Host], root: Path, final: Path) -> Iterator[list[Node]]:
+    port = 29000 + os.getpid() % 1000
+    nodes = [Node(host, rank, hosts[0], root, final, port) for rank, host in enumerate(hosts)]
+    try:
+        yield nodes
+    finally:
+        for node in nodes:
+            if node.process.poll() is None:
+                for process in psutil.Process(node.process.pid).children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        process.kill()
+                node.process.kill()
+                node.process.wait()
+
+
+def wait_for_text(node: Node, text: str, count: int = 1, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while node.text().count(text) < count:
+        assert node.process.poll() is None, f"node {node.rank} ended early:\n{node.text()}"
+        assert time.monotonic() < deadline, f"no {text!r} x{count} on node {node.rank}"
+        time.sleep(0.1)
+
+
+def history(root: Path, node: int) -> list[str]:
+    return [record["event"] for record in read_events(CheckpointLayout(root).events_path(node))]
+
+
+def test_nodes_on_two_hosts_restart_together_stop_together_and_survive_a_lost_node(
+        hosts: tuple[Host, Host], tmp_path: Path) -> None:
+    reference = tmp_path / "reference.pt"
+    with job(hosts, tmp_path / "uninterrupted", reference) as nodes:
+        assert [node.wait() for node in nodes] == [EXIT_SUCCESS, EXIT_SUCCESS]
+
+    root, final = tmp_path / "ck", tmp_path / "final.pt"
+    with job(hosts, root, final) as nodes:
+        wait_for_text(nodes[0], "[train] training from step")
+        time.sleep(1.0)
+        nodes[1].worker().kill()  # node 0's worker is in, or about to enter, an all-reduce
+        wait_for_text(nodes[0], "[train] training from step", count=2)  # node 0 restarted too
+        assert "restart_together" in history(root, 1)
+        time.sleep(1.0)
+        nodes[1].process.send_signal(signal.SIGTERM)
+        assert [node.wait() for node in nodes] == [EXIT_REQUEUE, EXIT_REQUEUE], nodes[0].text()
+        assert "another node asked for this stop" in nodes[0].text()
+
+    with job(hosts, root, final) as nodes:
+        wait_for_text(nodes[0], "[train] training from step")
+        time.sleep(1.0)
+        node1_processes = psutil.Process(nodes[1].process.pid).children(recursive=True)
+        nodes[1].process.kill()
+        killed_at = time.monotonic()
+        code = nodes[0].wait(timeout=60)
+        took = time.monotonic() - killed_at
+        assert code == EXIT_REQUEUE, nodes[0].text()
+        assert took < NODE_TIMEOUT + 10, f"node 0 took {took:.1f} s to give node 1 up"
+        assert "node 1 is gone" in nodes[0].text()
+        time.sleep(1.0)
+        assert not [p for p in node1_processes if p.is_running()
+                    and p.status() != psutil.STATUS_ZOMBIE], "node 1's watchdog ended its job"
+
+    assert latest_checkpoint(root) is not None
+    with job(hosts, root, final) as nodes:
+        assert [node.wait() for node in nodes] == [EXIT_SUCCESS, EXIT_SUCCESS], nodes[0].text()
+    expected, actual = torch.load(reference), torch.load(final)
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name
