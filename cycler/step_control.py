@@ -46,9 +46,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
+from cycler._exchange import Exchange, record_close, starter, wait_or_name_the_missing
 from cycler.checkpoint.sharded import stop_decided, wait_for_saves
 from cycler.control import Action, ControlFileWatcher, ControlRequest
 from cycler.environment import ENV_CONTROL_FILE
@@ -65,6 +65,10 @@ within about 0.4 s (or two steps) of a request, far inside any grace period."""
 
 MAX_SYNC_EVERY = 1024
 """Most steps between two exchanges, whatever the step time."""
+
+DEFAULT_EXCHANGE_TIMEOUT = 600.0
+"""Seconds a rank waits for the others at an exchange before naming the missing ones: NCCL's
+default collective timeout, and a third of gloo's."""
 
 DEFAULT_POLL_INTERVAL = 0.01
 """Seconds between two looks at the control file: well under any grace period, and it keeps the
@@ -118,62 +122,11 @@ _NOTHING = _Signals()
 
 _MICROSECONDS_LIMIT = 2**31 - 1
 
-_Start = Callable[[list[int], Any], Callable[[], list[int]]]
-"""Starts a non-blocking ``all_reduce(MAX)`` of the values over a group; returns the waiter."""
-
-
-@dataclass(frozen=True)
-class _Exchange:
-    """An exchange in flight, started at global step ``started_at``; ``result`` waits for it."""
-
-    started_at: int
-    result: Callable[[], list[int]]
-
-
 def adaptive_sync_every(step_seconds: float) -> int:
     """Steps between exchanges for steps of ``step_seconds``: about ``DEFAULT_SYNC_SECONDS``."""
     if step_seconds <= 0:
         return MAX_SYNC_EVERY
     return max(1, min(MAX_SYNC_EVERY, int(DEFAULT_SYNC_SECONDS / step_seconds)))
-
-
-def _starter(group: Any) -> _Start:
-    # A mixed backend ("cpu:gloo,cuda:nccl") reduces CPU tensors on gloo, which never touches the
-    # GPU; only a pure NCCL group needs the values on the device.
-    return _start_on_cuda if str(dist.get_backend(group)).lower() == "nccl" else _start_on_cpu
-
-
-def _start_on_cpu(values: list[int], group: Any) -> Callable[[], list[int]]:
-    flags = torch.tensor(values, dtype=torch.int32)
-    work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group, async_op=True)
-
-    def result() -> list[int]:
-        work.wait()
-        return list(flags.tolist())
-
-    return result
-
-
-def _start_on_cuda(values: list[int], group: Any) -> Callable[[], list[int]]:
-    # Every copy is non-blocking and the result comes back on a side stream, so the host waits
-    # only for the collective (queued behind step s), never for the steps queued after it.
-    device = torch.device("cuda", torch.cuda.current_device())
-    flags = torch.tensor(values, dtype=torch.int32).pin_memory().to(device, non_blocking=True)
-    work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group, async_op=True)
-    host = torch.empty(len(values), dtype=torch.int32, pin_memory=True)
-    side = torch.cuda.Stream(device)
-    with torch.cuda.stream(side):
-        work.wait()
-        host.copy_(flags, non_blocking=True)
-        copied = torch.cuda.Event()
-        copied.record(side)
-    flags.record_stream(side)
-
-    def result() -> list[int]:
-        copied.synchronize()
-        return list(host.tolist())
-
-    return result
 
 
 def _distributed_group(process_group: Any) -> Any | None:
@@ -217,6 +170,7 @@ class StepControl:
         clock: Callable[[], float] = time.monotonic,
         ignore_requests_before: float | None = None,
         environ: Mapping[str, str] | None = None,
+        exchange_timeout: float = DEFAULT_EXCHANGE_TIMEOUT,
     ) -> None:
         """Set up the sources of decisions.
 
@@ -231,8 +185,15 @@ class StepControl:
         including a stop that arrived before this process even imported cycler (a time-based
         cut-off would drop exactly that one and let the grace period run out).
         ``environ`` replaces ``os.environ`` for finding the control file.
+        ``exchange_timeout`` bounds the wait for the other ranks at an exchange: past it,
+        :class:`~cycler.errors.CoordinationTimeout` names the ranks that stopped calling
+        :meth:`step` (make it longer than any work one rank does alone between two steps, such
+        as an evaluation on rank 0 only).
         """
         _validate(every_steps, every_seconds, sync_every, poll_interval, start_step)
+        if not exchange_timeout > 0:
+            raise ConfigError(f"exchange_timeout must be a number of seconds > 0, got "
+                              f"{exchange_timeout!r}")
         self.every_steps = every_steps
         self.every_seconds = every_seconds
         self.sync_every = sync_every
@@ -242,7 +203,9 @@ class StepControl:
             float("-inf") if ignore_requests_before is None else ignore_requests_before
         )
         self._group = _distributed_group(process_group)
-        self._start = None if self._group is None else _starter(self._group)
+        self._start = None if self._group is None else starter(self._group)
+        self.exchange_timeout = exchange_timeout
+        self._exchanges = 0
         self._clock = clock
         self._watcher = ControlFileWatcher(self.control_file)
         if self.control_file is not None:
@@ -255,7 +218,7 @@ class StepControl:
         self._last_exchange = (start_step, self._timer_start)
         self._next_exchange_step = self._first_exchange_step()
         self._requested = _NOTHING
-        self._pending: _Exchange | None = None
+        self._pending: Exchange | None = None
         self._last_decision = StepDecision(checkpoint=False, stop=False, reason="", step=start_step)
         self.last_request: ControlRequest | None = None
         """The latest live request this rank read itself (other ranks may have seen none)."""
@@ -302,8 +265,10 @@ class StepControl:
         rank, or on none."""
         wait_for_saves()
         if self._pending is not None:
-            self._pending.result()
+            self._wait(self._pending)
             self._pending = None
+        if self._group is not None:
+            record_close(self._step, self._group)
 
     def __enter__(self) -> StepControl:
         return self
@@ -354,7 +319,7 @@ class StepControl:
         if self._pending is None:
             return _NOTHING, None
         pending, self._pending = self._pending, None
-        values = pending.result()
+        values = self._wait(pending)
         agreed, step_seconds = _Signals.from_list(values), values[3] / 1e6
         # A checkpoint saved after the signals were gathered already answers a checkpoint request
         # or an expired timer: a second one at once would only cost time.
@@ -371,7 +336,11 @@ class StepControl:
         values = self._take_local_signals().to_list() + [
             min(_MICROSECONDS_LIMIT, max(0, step_micros))
         ]
-        self._pending = _Exchange(self._step, self._start(values, self._group))
+        self._pending = Exchange(self._exchanges, self._step, self._start(values, self._group))
+        self._exchanges += 1
+
+    def _wait(self, exchange: Exchange) -> list[int]:
+        return wait_or_name_the_missing(exchange, self._step, self.exchange_timeout, self._group)
 
     def _steps_to_next_exchange(self, agreed_step_seconds: float | None) -> int:
         if self.sync_every is not None:
