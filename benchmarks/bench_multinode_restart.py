@@ -85,7 +85,7 @@ def wait_steady(out: Path, ranks: int, timeout: float = 120.0) -> None:
         time.sleep(0.2)
 
 
-def back_in_training(out: Path, ranks: int, killed_at: float, timeout: float = 300.0) -> float:
+def back_in_training(out: Path, ranks: int, killed_at: float, timeout: float = 120.0) -> float:
     """Seconds from the kill until every rank finished a step in a process started after it."""
     old = {rank: {pid for _, pid in steps(out, rank)} for rank in range(ranks)}
     deadline = time.monotonic() + timeout
@@ -97,7 +97,9 @@ def back_in_training(out: Path, ranks: int, killed_at: float, timeout: float = 3
         if all(first is not None for first in firsts):
             return max(first for first in firsts if first is not None) - killed_at
         if time.monotonic() > deadline:
-            raise SystemExit("not training again after the kill")
+            tails = [path.read_text(errors="replace")[-3000:]
+                     for path in sorted(out.glob("output-node*"))]
+            raise SystemExit("not training again after the kill:\n" + "\n".join(tails))
         time.sleep(0.1)
 
 
@@ -126,8 +128,9 @@ def end(processes: list[subprocess.Popen[bytes]]) -> None:
 
 def one_node(work: Path) -> float:
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(cycle_command(work, "--nproc-per-node", "2"), env=environment,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with (work / "output-node0").open("wb") as output:
+        process = subprocess.Popen(cycle_command(work, "--nproc-per-node", "2"),
+                                   env=environment, stdout=output, stderr=subprocess.STDOUT)
     try:
         wait_steady(work, 2)
         killed_at = kill_worker(latest_pid(work, 1))
@@ -143,8 +146,9 @@ def two_nodes(work: Path, hosts: tuple[Host, Host], port: int) -> float:
         command = host.command(*cycle_command(
             work, "--nnodes", "2", "--node-rank", str(rank), "--master-addr", hosts[0].address,
             "--master-port", str(port), "--local-addr", host.address))
-        processes.append(subprocess.Popen(command, env=environment, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL, cwd=REPO))
+        with (work / f"output-node{rank}").open("wb") as output:
+            processes.append(subprocess.Popen(command, env=environment, stdout=output,
+                                              stderr=subprocess.STDOUT, cwd=REPO))
     try:
         wait_steady(work, 2)
         killed_at = kill_worker(latest_pid(work, 1))
