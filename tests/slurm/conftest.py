@@ -1,0 +1,167 @@
+"""A real Slurm for the session, started fresh for each process-tracking mode in turn
+(proctrack/cgroup, proctrack/pgid, then proctrack/linuxproc for the tests that ask for it).
+
+A test names its scenario (``@pytest.mark.scenario("requeue")``) and the modes it runs under
+(``@pytest.mark.proctrack(...)``, default cgroup and pgid); each mode runs the scenarios of the
+selected tests once, concurrently where they fit. The daemons live under a private temporary
+directory and are stopped by their pid files when the mode is done. Where Slurm cannot run (not
+root, packages missing, a daemon that does not start) every test is skipped with the one reason.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from local_slurm import LocalSlurm, SlurmUnavailable, cgroup_v1_freezer_problem, missing_binaries
+from scenarios import Scenarios
+from slurm_jobs import EXAMPLE, REPO, TRAIN_ARGS, Outcome, write_environment
+
+KEEP = os.environ.get("CYCLER_SLURM_KEEP") == "1"  # keep the session's directory to debug
+SUMMARY: list[str] = []
+
+
+def unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "not root (the daemons run as root)"
+    if missing := missing_binaries():
+        return f"{', '.join(missing)} not installed (apt-get install slurmctld slurmd " \
+               "slurm-client munge)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def session_directory() -> Iterator[Path]:
+    # Not pytest's tmp_path: munged wants every directory above its socket searchable by all.
+    directory = Path(tempfile.mkdtemp(prefix="cycler-slurm-"))
+    directory.chmod(0o755)
+    yield directory
+    if not KEEP:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def reference(session_directory: Path) -> dict[str, torch.Tensor]:
+    """Final weights of the same training run uninterrupted, outside Slurm."""
+    root = session_directory / "uninterrupted"
+    root.mkdir()
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("SLURM_", "CYCLER_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    command = [sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", "1",
+               "--checkpoint-dir", str(root / "checkpoints"), "--no-requeue", str(EXAMPLE),
+               *TRAIN_ARGS, "--final-weights", str(root / "final.pt")]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=root,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return torch.load(root / "final.pt", weights_only=True)
+
+
+MODES = ("cgroup", "pgid", "linuxproc")
+DEFAULT_MODES = ("cgroup", "pgid")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "scenario(name): the Slurm scenario a test judges")
+    config.addinivalue_line("markers", "proctrack(*modes): the ProctrackTypes it runs under")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "cluster" in metafunc.fixturenames:
+        marker = metafunc.definition.get_closest_marker("proctrack")
+        modes = marker.args if marker is not None else DEFAULT_MODES
+        # In MODES order, so that pytest starts each cluster once.
+        metafunc.parametrize("cluster", [mode for mode in MODES if mode in modes],
+                             indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
+def cluster(request: pytest.FixtureRequest, session_directory: Path) -> Iterator[LocalSlurm]:
+    if (reason := unavailable()) is not None:
+        pytest.skip(f"real Slurm unavailable: {reason}")
+    proctrack: str = request.param
+    if proctrack == "cgroup" and (problem := cgroup_v1_freezer_problem()) is not None:
+        pytest.skip(f"proctrack/cgroup unavailable: {problem}")
+    slurm = LocalSlurm(session_directory / proctrack / "slurm", proctrack)
+    try:
+        slurm.start()
+    except SlurmUnavailable as error:
+        slurm.stop()
+        pytest.skip(f"real Slurm unavailable: {error}")
+    yield slurm
+    slurm.stop()
+
+
+@pytest.fixture(scope="session")
+def outcomes(request: pytest.FixtureRequest, cluster: LocalSlurm,
+             session_directory: Path) -> dict[str, Outcome | str]:
+    """The scenarios that this mode's selected tests judge, each run once against it."""
+    base = session_directory / cluster.proctrack
+    environment = write_environment(base / "venv")
+    results = Scenarios(cluster, base, environment).run_all(
+        scenarios_wanted(request.session.items, cluster.proctrack))
+    SUMMARY.extend(summary_lines(cluster.proctrack, results))
+    return results
+
+
+def scenarios_wanted(items: list[pytest.Item], proctrack: str) -> set[str]:
+    wanted = set()
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        marker = item.get_closest_marker("scenario")
+        if callspec is not None and callspec.params.get("cluster") == proctrack and marker:
+            wanted.add(marker.args[0])
+    return wanted
+
+
+@pytest.fixture
+def outcome(request: pytest.FixtureRequest, outcomes: dict[str, Outcome | str]) -> Outcome:
+    """What the scenario named by the test's ``scenario`` marker left behind."""
+    name = request.node.get_closest_marker("scenario").args[0]
+    result = outcomes[name]
+    if isinstance(result, str):
+        pytest.fail(f"the {name} scenario did not finish:\n{result}", pytrace=False)
+    return result
+
+
+def summary_lines(proctrack: str, results: dict[str, Outcome | str]) -> list[str]:
+    lines = []
+    for name, outcome in results.items():
+        if isinstance(outcome, str):
+            lines.append(f"proctrack/{proctrack} {name}: failed")
+            continue
+        runs = ", ".join(
+            f"exit {run.code}" + ("" if run.signal_at is None else
+                                  f" (commit {_seconds(run.commit_after_signal)}, exit "
+                                  f"{_seconds(run.exit_after_signal)} after the signal)")
+            for run in outcome.runs())
+        lines.append(f"proctrack/{proctrack} {name}: {outcome.seconds:.0f} s, "
+                     f"Restarts={outcome.fields.get('Restarts')}, runs: {runs}; "
+                     f"rerun after {_seconds(rerun_delay(outcome))}")
+    return lines
+
+
+def rerun_delay(outcome: Outcome) -> float | None:
+    """From the first run's exit to the next run's start."""
+    runs = outcome.runs()
+    if len(runs) < 2 or runs[0].ended_at is None or runs[1].started_at is None:
+        return None
+    return runs[1].started_at - runs[0].ended_at
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if SUMMARY:
+        terminalreporter.section("Slurm scenarios")
+        for line in SUMMARY:
+            terminalreporter.write_line(line)

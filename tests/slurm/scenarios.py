@@ -1,0 +1,112 @@
+"""The four ways Slurm stops a job, each driven to its end on a real cluster.
+
+They run concurrently (the requeue, the time limit and the scancel: Slurm queues whatever does
+not fit on the node), and the preemption alone afterwards: the urgent job takes the whole node,
+so it would preempt whatever else of partition debug was running.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from local_slurm import LocalSlurm
+from slurm_jobs import Outcome, SubmittedJob, submit, survivors
+
+FIRST_CHECKPOINT = "cycle: checkpoint 0 committed"
+SHORT_RUN_DELAY = 0.05  # 256 steps: ~13 s of training
+LONG_RUN_DELAY = 0.2  # ~51 s: still training when the time-limit notice comes
+NOTICE = 15  # --signal=B:TERM@15 with --time=1: Slurm sends it 15..45 s before the limit
+STAYS_CANCELLED_FOR = 20.0  # longer than cred_expire + sched_interval: a requeue would show
+
+
+class Scenarios:
+    """Runs the scenarios against one cluster, each in ``base/<name>``."""
+
+    def __init__(self, cluster: LocalSlurm, base: Path, environment: Path) -> None:
+        self.cluster = cluster
+        self.base = base
+        self.environment = environment
+
+    def run_all(self, names: set[str]) -> dict[str, Outcome | str]:
+        """Each named scenario's outcome, or the traceback that ended it."""
+        concurrent = {name: getattr(self, name) for name in sorted(names - {"preemption"})}
+        results: dict[str, Outcome | str] = {}
+        if concurrent:
+            with ThreadPoolExecutor(len(concurrent)) as pool:
+                futures = {name: pool.submit(_captured, scenario)
+                           for name, scenario in concurrent.items()}
+                results = {name: future.result() for name, future in futures.items()}
+        if "preemption" in names:
+            results["preemption"] = _captured(self.preemption)
+        return results
+
+    def _submit(self, name: str, *sbatch_args: str,
+                delay: float = SHORT_RUN_DELAY) -> SubmittedJob:
+        return submit(self.cluster, self.base / name, self.environment, "--job-name", name,
+                      *sbatch_args, step_delay=delay)
+
+    def requeue(self) -> Outcome:
+        """``scontrol requeue`` from outside while the job trains."""
+        job = self._submit("requeue")
+        job.wait_for_log(FIRST_CHECKPOINT)
+        self.cluster.run(["scontrol", "requeue", job.id], check=True)
+        job.wait_for_restarts(1)
+        between = survivors(job.directory)
+        job.wait_until_finished()
+        return job.outcome(between + survivors(job.directory))
+
+    def preemption(self) -> Outcome:
+        """A job of the ``urgent`` partition that needs the whole node arrives."""
+        job = self._submit("preemption")
+        job.wait_for_log(FIRST_CHECKPOINT)
+        urgent = self.cluster.run(
+            ["sbatch", "--parsable", "--partition=urgent", "--exclusive", "--job-name=urgent",
+             f"--output={job.directory / 'urgent.out'}", "--wrap", "sleep 2"],
+            check=True, cwd=job.directory).strip()
+        job.wait_for_restarts(1)
+        between = survivors(job.directory)
+        job.wait_until_finished()
+        return job.outcome(between + survivors(job.directory),
+                           urgent=self.cluster.job(urgent))
+
+    def time_limit(self) -> Outcome:
+        """``--time=1 --signal=B:TERM@15``: cycle stops at the notice and requeues the job.
+
+        The requeued job gets ten minutes, so that its rerun trains to the end instead of
+        hearing another notice (the first run shows the notice and the self-requeue)."""
+        job = self._submit("time_limit", "--time=1", f"--signal=B:TERM@{NOTICE}",
+                           delay=LONG_RUN_DELAY)
+        fields = job.wait_for_restarts(1)
+        between = survivors(job.directory)
+        self.cluster.run(["scontrol", "update", f"JobId={job.id}", "TimeLimit=10"], check=True)
+        job.wait_until_finished()
+        return job.outcome(between + survivors(job.directory), requeued=fields)
+
+    def scancel(self) -> Outcome:
+        """``scancel``: the job stops at a checkpoint and stays cancelled; a new job submitted
+        from the same directory finishes the training."""
+        job = self._submit("scancel")
+        job.wait_for_log(FIRST_CHECKPOINT)
+        self.cluster.run(["scancel", job.id], check=True)
+        cancelled_at = time.monotonic()
+        job.wait_until_finished()
+        left = survivors(job.directory)
+        rerun = self._submit("scancel")
+        rerun.wait_until_finished()
+        left += survivors(job.directory)
+        time.sleep(max(0.0, cancelled_at + STAYS_CANCELLED_FOR - time.monotonic()))
+        outcome = job.outcome(left, rerun=rerun.fields(), later=self.cluster.job(job.id))
+        outcome.log += rerun.log()
+        return outcome
+
+
+def _captured(scenario: Callable[[], Outcome]) -> Outcome | str:
+    try:
+        return scenario()
+    except Exception:  # reported by the scenario's own test, not by the others
+        return traceback.format_exc()
+
