@@ -138,8 +138,12 @@ class SubmittedJob:
         """Until Slurm has requeued the job ``restarts`` times and it is waiting to rerun."""
         def requeued() -> bool:
             fields = self.fields()
-            return fields.get("Restarts") == str(restarts) and fields.get("JobState") in (
-                "PENDING", "RUNNING", *FINISHED)
+            if fields.get("Restarts") == str(restarts):
+                return fields.get("JobState") in ("PENDING", "RUNNING", *FINISHED)
+            if fields.get("JobState") in FINISHED:
+                raise AssertionError(f"job {self.id} ended without being requeued: {fields}\n"
+                                     f"output:\n{self.log()[-3000:]}")
+            return False
         self._wait(requeued, f"Restarts={restarts}", timeout)
         return self.fields()
 
