@@ -67,9 +67,9 @@ class Outcome:
 
     job_id: str
     directory: Path
-    fields: dict[str, str]
-    log: str
-    events: list[dict[str, Any]]
+    fields: dict[str, str] = field(repr=False)
+    log: str = field(repr=False)
+    events: list[dict[str, Any]] = field(repr=False)
     survivors: list[str]
     seconds: float
     notes: dict[str, Any] = field(default_factory=dict)
