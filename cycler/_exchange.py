@@ -57,7 +57,11 @@ def _start_on_cpu(values: list[int], group: Any) -> Result:
     def result(timeout: float) -> list[int]:
         try:
             work.wait(datetime.timedelta(seconds=timeout))
-        except RuntimeError as error:  # gloo says "Timed out waiting ..." in a RuntimeError
+        except RuntimeError as error:
+            # gloo says "Timed out waiting ..." in a RuntimeError; anything else (a peer that
+            # died: "Connection closed by peer") is torch's own error, and a worker failure.
+            if "timed out" not in str(error).lower():
+                raise
             raise TimeoutError(str(error)) from None
         return list(flags.tolist())
 

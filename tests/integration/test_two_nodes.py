@@ -64,3 +64,44 @@ def test_a_stop_heard_by_one_node_stops_both_at_one_step_and_resumes_exactly(
     expected, actual = torch.load(reference), torch.load(resumed)
     for name in expected:
         assert torch.equal(expected[name], actual[name]), name
+
+
+HANGING_WORKER = """\
+import os, sys, time
+from pathlib import Path
+import torch.distributed as dist
+from cycler import StepControl
+dist.init_process_group("gloo")
+rank, out = dist.get_rank(), Path(sys.argv[1])
+if (out / "failed").exists():  # the restart (torchrun counts no restart on node 0: it only
+    (out / f"restarted-{rank}").write_text(repr(time.time()))  # followed node 1)
+    sys.exit(0)
+control = StepControl(sync_every=1)  # shields this worker from stray SIGTERMs
+for step in range(20):
+    control.step()
+if rank == 1:
+    (out / "failed").write_text(repr(time.time()))
+    os._exit(3)
+time.sleep(600)  # rank 0 hangs, as in a collective that never completes, and never fails
+"""
+
+
+def test_a_failure_on_one_node_restarts_a_node_whose_workers_hang_instead_of_failing(
+        tmp_path: Path) -> None:
+    """Node 1's worker fails while node 0's hangs without failing (as an NCCL collective
+    would, for 10 minutes) and ignores SIGTERM (StepControl's shield): torchrun's agent on node
+    0 sees node 1 re-join the rendezvous and restarts its worker too, in seconds."""
+    script = tmp_path / "hang.py"
+    script.write_text(HANGING_WORKER)
+    port = str(free_port())
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "cycler_cli", "run", "--nnodes", "2", "--node-rank", str(rank),
+         "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", port,
+         "--checkpoint-dir", str(tmp_path / "ck"), "--no-requeue", str(script), str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"}) for rank in (0, 1)]
+    results = finish(nodes)
+    assert [code for code, _ in results] == [EXIT_SUCCESS, EXIT_SUCCESS], results
+    failed = float((tmp_path / "failed").read_text())
+    restarted = max(float((tmp_path / f"restarted-{rank}").read_text()) for rank in (0, 1))
+    assert restarted - failed < 20, f"both workers back {restarted - failed:.1f} s after"
