@@ -47,21 +47,41 @@ def session_directory() -> Iterator[Path]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+class ReferenceRun:
+    """The same training run uninterrupted, outside Slurm, started in the background."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir()
+        self.final = directory / "final.pt"
+        env = {key: value for key, value in os.environ.items()
+               if not key.startswith(("SLURM_", "CYCLER_"))}
+        env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+        command = [sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", "1",
+                   "--checkpoint-dir", str(directory / "checkpoints"), "--no-requeue",
+                   str(EXAMPLE), *TRAIN_ARGS, "--final-weights", str(self.final)]
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True, env=env,
+                                        cwd=directory)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        output, _ = self.process.communicate(timeout=300)
+        assert self.process.returncode == 0, output
+        return torch.load(self.final, weights_only=True)
+
+
 @pytest.fixture(scope="session")
-def reference(session_directory: Path) -> dict[str, torch.Tensor]:
+def reference_run(session_directory: Path) -> Iterator[ReferenceRun]:
+    run = ReferenceRun(session_directory / "uninterrupted")
+    yield run
+    if run.process.poll() is None:
+        run.process.kill()
+        run.process.wait()
+
+
+@pytest.fixture(scope="session")
+def reference(reference_run: ReferenceRun) -> dict[str, torch.Tensor]:
     """Final weights of the same training run uninterrupted, outside Slurm."""
-    root = session_directory / "uninterrupted"
-    root.mkdir()
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("SLURM_", "CYCLER_"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    command = [sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", "1",
-               "--checkpoint-dir", str(root / "checkpoints"), "--no-requeue", str(EXAMPLE),
-               *TRAIN_ARGS, "--final-weights", str(root / "final.pt")]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=root,
-                          timeout=300, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return torch.load(root / "final.pt", weights_only=True)
+    return reference_run.weights()
 
 
 MODES = ("cgroup", "pgid", "linuxproc")
@@ -89,6 +109,7 @@ def cluster(request: pytest.FixtureRequest, session_directory: Path) -> Iterator
     proctrack: str = request.param
     if proctrack == "cgroup" and (problem := cgroup_v1_freezer_problem()) is not None:
         pytest.skip(f"proctrack/cgroup unavailable: {problem}")
+    request.getfixturevalue("reference_run")  # trains while the cluster starts and runs
     slurm = LocalSlurm(session_directory / proctrack / "slurm", proctrack)
     try:
         slurm.start()

@@ -14,12 +14,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from local_slurm import LocalSlurm
-from slurm_jobs import Outcome, SubmittedJob, submit, survivors
+from slurm_jobs import MULTI_NODE, SINGLE_NODE, Outcome, SubmittedJob, submit, survivors
 
 FIRST_CHECKPOINT = "cycle: checkpoint 0 committed"
 SHORT_RUN_DELAY = 0.05  # 256 steps: ~13 s of training
 LONG_RUN_DELAY = 0.2  # ~51 s: still training when the time-limit notice comes
 NOTICE = 15  # --signal=B:TERM@15 with --time=1: Slurm sends it 15..45 s before the limit
+CONCURRENT = ("time_limit", "requeue", "scancel", "multi_node")
+SUBMIT_STAGGER = 0.5
 STAYS_CANCELLED_FOR = 20.0  # longer than cred_expire + sched_interval: a requeue would show
 
 
@@ -33,25 +35,34 @@ class Scenarios:
 
     def run_all(self, names: set[str]) -> dict[str, Outcome | str]:
         """Each named scenario's outcome, or the traceback that ended it."""
-        concurrent = {name: getattr(self, name) for name in sorted(names - {"preemption"})}
+        # Longest first: Slurm starts jobs in submission order, and the others fit around it.
+        concurrent = [name for name in CONCURRENT if name in names]
         results: dict[str, Outcome | str] = {}
         if concurrent:
             with ThreadPoolExecutor(len(concurrent)) as pool:
-                futures = {name: pool.submit(_captured, scenario)
-                           for name, scenario in concurrent.items()}
+                futures = {}
+                for name in concurrent:
+                    futures[name] = pool.submit(_captured, getattr(self, name))
+                    time.sleep(SUBMIT_STAGGER)
                 results = {name: future.result() for name, future in futures.items()}
         if "preemption" in names:
             results["preemption"] = _captured(self.preemption)
         return results
 
-    def _submit(self, name: str, *sbatch_args: str,
-                delay: float = SHORT_RUN_DELAY) -> SubmittedJob:
+    def _submit(self, name: str, *sbatch_args: str, delay: float = SHORT_RUN_DELAY,
+                template: Path = SINGLE_NODE) -> SubmittedJob:
         return submit(self.cluster, self.base / name, self.environment, "--job-name", name,
-                      *sbatch_args, step_delay=delay)
+                      *sbatch_args, step_delay=delay, template=template)
 
     def requeue(self) -> Outcome:
         """``scontrol requeue`` from outside while the job trains."""
-        job = self._submit("requeue")
+        return self._requeued(self._submit("requeue"))
+
+    def multi_node(self) -> Outcome:
+        """The same with ``multi_node.sbatch`` on one node: ``cycle run`` in an srun step."""
+        return self._requeued(self._submit("multi_node", "--nodes=1", template=MULTI_NODE))
+
+    def _requeued(self, job: SubmittedJob) -> Outcome:
         job.wait_for_log(FIRST_CHECKPOINT)
         self.cluster.run(["scontrol", "requeue", job.id], check=True)
         job.wait_for_restarts(1)

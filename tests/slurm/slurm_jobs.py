@@ -1,4 +1,4 @@
-"""Jobs submitted with the repo's own ``scripts/slurm/single_node.sbatch``, as a user would, and
+"""Jobs submitted with the repo's own ``scripts/slurm/*.sbatch``, as a user would, and
 what the tests read of them: Slurm's record, the job's output file, cycle's events, the final
 weights and any process of the job still alive after it.
 
@@ -24,7 +24,8 @@ from local_slurm import LocalSlurm
 from cycler.events import read_events
 
 REPO = Path(__file__).resolve().parents[2]
-TEMPLATE = REPO / "scripts" / "slurm" / "single_node.sbatch"
+SINGLE_NODE = REPO / "scripts" / "slurm" / "single_node.sbatch"
+MULTI_NODE = REPO / "scripts" / "slurm" / "multi_node.sbatch"
 EXAMPLE = REPO / "examples" / "train.py"
 # examples/train.py small and deterministic: 256 steps, a checkpoint every 40, one DataLoader
 # worker (a process that a stray signal could kill). --step-delay only sleeps, so it sets how long
@@ -166,13 +167,13 @@ class SubmittedJob:
 
 
 def submit(cluster: LocalSlurm, directory: Path, environment: Path, *sbatch_args: str,
-           step_delay: float) -> SubmittedJob:
-    """``sbatch [ARGS] single_node.sbatch examples/train.py ...`` from ``directory``."""
+           step_delay: float, template: Path = SINGLE_NODE) -> SubmittedJob:
+    """``sbatch [ARGS] TEMPLATE examples/train.py ...`` from ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
     env = {key: value for key, value in cluster.env.items()
            if not key.startswith(("SLURM_", "CYCLER_")) or key == "SLURM_CONF"}
     env.update(CYCLER_VENV=str(environment), OMP_NUM_THREADS="1")
-    command = ["sbatch", "--parsable", "--cpus-per-task=1", *sbatch_args, str(TEMPLATE),
+    command = ["sbatch", "--parsable", "--cpus-per-task=1", *sbatch_args, str(template),
                str(EXAMPLE), *TRAIN_ARGS, "--step-delay", str(step_delay),
                "--final-weights", str(directory / "final.pt")]
     job_id = cluster.run(command, check=True, env=env, cwd=directory).strip().split(";")[0]

@@ -1,6 +1,7 @@
 """`cycle run` under a real Slurm, submitted with scripts/slurm/single_node.sbatch as a user
 would: an outside `scontrol requeue`, a preemption by a higher-priority partition, the time-limit
-notice, and a scancel. Each stop commits a checkpoint at the agreed step, the job ends with
+notice, and a scancel; and an outside requeue of scripts/slurm/multi_node.sbatch on one node,
+where `cycle run` runs in an srun step. Each stop commits a checkpoint at the agreed step, the job ends with
 weights bit-identical to an uninterrupted run, and no process of it is left behind. Run with
 proctrack/cgroup (only the batch shell gets Slurm's TERM) and proctrack/pgid (its whole process
 group does, and torchrun is in a session of its own), and, for the outside requeue, with
@@ -48,6 +49,17 @@ def assert_cycle_did_not_requeue(outcome: Outcome) -> None:
 
 @pytest.mark.scenario("requeue")
 def test_an_outside_scontrol_requeue_reruns_the_job_from_its_stop_checkpoint(
+        outcome: Outcome, reference: dict[str, torch.Tensor]) -> None:
+    assert "DUE TO JOB REQUEUE" in outcome.log, outcome.log
+    assert_stopped_at_a_checkpoint_then_finished(outcome)
+    assert_cycle_did_not_requeue(outcome)
+    assert (outcome.fields["JobState"], outcome.fields["Restarts"]) == ("COMPLETED", "1")
+    assert_bit_identical(outcome, reference)
+    assert not outcome.survivors
+
+
+@pytest.mark.scenario("multi_node")
+def test_the_multi_node_template_runs_cycle_in_an_srun_step_that_an_outside_requeue_reruns(
         outcome: Outcome, reference: dict[str, torch.Tensor]) -> None:
     assert "DUE TO JOB REQUEUE" in outcome.log, outcome.log
     assert_stopped_at_a_checkpoint_then_finished(outcome)
