@@ -1,9 +1,9 @@
-"""The four ways Slurm stops a job, each driven to its end on a real cluster.
+"""The ways Slurm stops a job, each driven to its end on a real cluster.
 
-They run concurrently (the requeue, the time limit and the scancel: Slurm queues whatever does
-not fit on the node), and the preemption alone afterwards: the urgent job takes the whole node,
-so it would preempt whatever else of partition debug was running.
-"""
+The time limit, the outside requeues (single_node.sbatch and multi_node.sbatch) and the scancel
+run concurrently: Slurm queues whatever does not fit on the node. The preemption runs alone
+afterwards: its urgent job takes the whole node, so it would preempt any other job of partition
+debug that is running."""
 
 from __future__ import annotations
 

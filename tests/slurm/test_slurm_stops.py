@@ -1,16 +1,15 @@
 """`cycle run` under a real Slurm, submitted with scripts/slurm/single_node.sbatch as a user
 would: an outside `scontrol requeue`, a preemption by a higher-priority partition, the time-limit
 notice, and a scancel; and an outside requeue of scripts/slurm/multi_node.sbatch on one node,
-where `cycle run` runs in an srun step. Each stop commits a checkpoint at the agreed step, the job ends with
-weights bit-identical to an uninterrupted run, and no process of it is left behind. Run with
-proctrack/cgroup (only the batch shell gets Slurm's TERM) and proctrack/pgid (its whole process
-group does, and torchrun is in a session of its own), and, for the outside requeue, with
-proctrack/linuxproc, which sends the TERM to every process of the job, DataLoader workers
-included.
+where `cycle run` runs in an srun step. Each stop commits a checkpoint at the agreed step, the
+job ends with weights bit-identical to an uninterrupted run, and no process of it is left
+behind. Run with proctrack/cgroup (only the batch shell gets Slurm's TERM) and proctrack/pgid
+(its whole process group does, and torchrun is in a session of its own), and, for the outside
+requeue, with proctrack/linuxproc, which sends the TERM to every process of the job, DataLoader
+workers included.
 
 Not part of the default run: ``python -m pytest -m slurm tests/slurm`` (as root, with Debian's
-slurmctld, slurmd, slurm-client and munge installed).
-"""
+slurmctld, slurmd, slurm-client and munge installed)."""
 
 from __future__ import annotations
 
