@@ -65,7 +65,7 @@ for epoch in range(start_epoch, EPOCHS):
                 checkpoint_directory = saver.prepare_checkpoint_directory()
                 atomic_torch_save(
                     {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                     "sampler": sampler.state_dict(), "metrics": metrics.state_dict(),
+                     "sampler": sampler.state_dict(), "metrics": metrics.reduce().state_dict(),
                      "epoch": epoch},
                     os.path.join(checkpoint_directory, "checkpoint.pt"),
                 )

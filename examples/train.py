@@ -114,7 +114,9 @@ class Trainer:
                 "sampler": self.sampler.state_dict(), "epochs": self.epochs.state_dict(),
                 "control": self.control.state_dict(),
             }, directory / "train.pt")
-        atomic_torch_save({"metrics": self.metrics.state_dict(), "rng": capture_rng_state()},
+        # reduce() first: a state keeps only the reduced sums (per-rank sums differ by rank).
+        atomic_torch_save({"metrics": self.metrics.reduce().state_dict(),
+                           "rng": capture_rng_state()},
                           directory / f"rank-{self.rank}.pt")
         step, epoch = self.control.global_step, self.epochs.current_epoch()
         self.saver.symlink_latest(directory, metadata={"step": step, "epoch": epoch})
