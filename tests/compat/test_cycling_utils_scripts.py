@@ -23,6 +23,8 @@ import torch
 
 from cycler import EXIT_REQUEUE, EXIT_SUCCESS, list_checkpoints
 
+pytestmark = pytest.mark.e2e  # heavy: .ci/run runs them after README's command
+
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 ARGUMENTS = {
     "ddp_classifier.py": ["--epochs", "3", "--samples", "1536", "--save-every", "10",

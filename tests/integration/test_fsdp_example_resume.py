@@ -12,9 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from cycler import EXIT_REQUEUE, EXIT_SUCCESS
+
+pytestmark = pytest.mark.e2e  # heavy: .ci/run runs them after README's command
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fsdp_train.py"
 ARGS = ["--epochs", "3", "--samples", "2048", "--checkpoint-every", "20", "--step-delay", "0.03"]

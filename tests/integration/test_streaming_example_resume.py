@@ -19,6 +19,8 @@ from test_train_example_resume import committed_steps
 
 from cycler import EXIT_REQUEUE, EXIT_SUCCESS
 
+pytestmark = pytest.mark.e2e  # heavy: .ci/run runs them after README's command
+
 pytest.importorskip("torchdata.stateful_dataloader")
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "streaming_train.py"

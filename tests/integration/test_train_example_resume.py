@@ -20,6 +20,8 @@ import torch
 
 from cycler import EXIT_REQUEUE, EXIT_SUCCESS, list_checkpoints
 
+pytestmark = pytest.mark.e2e  # heavy: .ci/run runs them after README's command
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train.py"
 TRAIN_ARGS = ["--epochs", "2", "--samples", "2048", "--batch-size", "16", "--hidden", "64",
               "--checkpoint-every", "40", "--step-delay", "0.01"]

@@ -12,10 +12,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from gloo_ranks import free_port
 
 from cycler import EXIT_REQUEUE, EXIT_SUCCESS, latest_checkpoint, read_manifest
+
+pytestmark = pytest.mark.e2e  # heavy: .ci/run runs them after README's command
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train.py"
 TRAIN_ARGS = ["--epochs", "3", "--samples", "2048", "--hidden", "32", "--checkpoint-every", "0",
@@ -70,6 +73,7 @@ HANGING_WORKER = """\
 import os, sys, time
 from pathlib import Path
 import torch.distributed as dist
+import pytest
 from cycler import StepControl
 dist.init_process_group("gloo")
 rank, out = dist.get_rank(), Path(sys.argv[1])
