@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 import time
 from typing import Any
@@ -105,15 +104,7 @@ class BudgetedRestarts:
                     agent._remaining_restarts = 0
             return result
 
-        def stop_at_once(agent: Any, worker_group: Any) -> None:
-            agent._shutdown(death_sig=signal.SIGKILL)
-
         LocalElasticAgent._monitor_workers = monitor_within_budget  # type: ignore[method-assign]
-        # torchrun stops the surviving workers of a failed or re-forming group with SIGTERM
-        # and waits 30 s for them. They resume from the newest checkpoint anyway, and one
-        # stuck in a collective, or shielded from stray SIGTERMs (StepControl), would hold
-        # every node's restart up for those 30 s.
-        LocalElasticAgent._stop_workers = stop_at_once  # type: ignore[method-assign]
 
 
 def keep_node_ranks(node_rank: int, nnodes: int) -> None:
