@@ -11,13 +11,13 @@ Each size is a state dict of float32 tensors (64 MiB at most each). Three ways o
 - ``atomic_torch_save``: the same file through a unique temporary, fsync, rename, fsync of the
   directory.
 - ``AtomicDirectory``: ``prepare_checkpoint_directory()``, ``torch.save`` into it (no fsync of
-  its own), ``symlink_latest()``: the commit fsyncs, checksums (CRC-32) and writes the manifest,
+  its own), ``symlink_latest()``: the commit fsyncs, checksums (XXH3) and writes the manifest,
   then swaps the link. ``keep_last=-1``, so no retention runs inside the timing.
 
 Every repetition runs the three in a rotated order (so none always goes first, with a cold
 cache or after another's writeback), each into a fresh file or directory; what the previous
 repetition wrote is deleted before the timing. Figures are medians. ``--profile-commit`` also
-times the commit's parts alone: fsync, CRC-32, and both at once as ``seal`` runs them.
+times the commit's parts alone: fsync, checksum, and both at once as ``seal`` runs them.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from cycler.checkpoint.atomic_directory import AtomicDirectory
-from cycler.checkpoint.manifest import file_crc32
+from cycler.checkpoint.checksum import file_checksum
 from cycler.checkpoint.saving import atomic_torch_save
 
 MIB = 1 << 20
@@ -107,24 +107,24 @@ def measure(size: int, repeats: int, work: Path) -> dict[str, list[float]]:
 
 def profile_commit(size: int, work: Path) -> dict[str, float]:
     """The commit's parts for one file of ``size`` bytes, each on freshly written data: its
-    fsync alone, its CRC-32 alone (data already on disk), ``seal`` (both at once, plus the
+    fsync alone, its checksum alone (data already on disk), ``seal`` (both at once, plus the
     manifest), and the fixed cost of prepare + commit of an empty checkpoint."""
     from cycler._fs import fsync_path
     from cycler.checkpoint.manifest import seal
 
     figures = {}
-    for part in ("fsync", "crc32", "seal"):
+    for part in ("fsync", "checksum", "seal"):
         place = work / "profile"
         shutil.rmtree(place, ignore_errors=True)
         place.mkdir()
         torch.save(make_state(size), place / "model.pt")
-        if part == "crc32":
+        if part == "checksum":
             os.sync()
         started = time.perf_counter()
         if part == "fsync":
             fsync_path(place / "model.pt")
-        elif part == "crc32":
-            file_crc32(place / "model.pt")
+        elif part == "checksum":
+            file_checksum(place / "model.pt")
         else:
             seal(place, index=0)
         figures[part] = time.perf_counter() - started

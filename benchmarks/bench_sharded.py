@@ -11,7 +11,9 @@ Stall: one process, a state dict of one float32 tensor of the given size; after 
 save (DCP's stager allocates its staging buffers then and reuses them), each repetition times
 the call until it returns (the stall) and until the save is durable: for DCP until its future
 completes, for cycler until ``handle.wait()`` returns, i.e. written, fsynced, checksummed and
-committed. The synchronous baseline is ``dcp.save`` of the same state.
+committed. The synchronous baseline is ``dcp.save`` of the same state. The three run in turn,
+each going first in one repetition of three, after an ``os.sync()``: the disk here varies 2x
+from one write to the next, and a write right after another pays for its dirty pages.
 
 Commit: 1, 2 and 4 gloo ranks each write ``--rank-mb`` MB with ``atomic_torch_save`` into one
 prepared directory; the figure is ``symlink_latest`` on rank 0 (median of the repetitions).
@@ -42,32 +44,46 @@ def stall(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
     state = {"weights": torch.randn(size_mb * 1024 * 1024 // 4)}
     stager = default_stager()
     saver = AtomicDirectory(root / "cycler", keep_last=2)
-    runs: dict[str, list[float]] = {key: [] for key in (
-        "dcp_stall_s", "dcp_durable_s", "cycler_stall_s", "cycler_committed_s", "dcp_sync_s")}
-    for repeat in range(repeats + 1):  # the first of each is a warm-up
-        target = root / f"dcp-{repeat}"
+    target = root / "dcp"
+
+    def dcp_async() -> tuple[float, float]:
         started = time.perf_counter()
         future = dcp.async_save(state, checkpoint_id=str(target), async_stager=stager,
                                 no_dist=True)
         returned = time.perf_counter()
         future.result()
-        durable = time.perf_counter()
-        shutil.rmtree(target)
-        started_ours = time.perf_counter()
+        return returned - started, time.perf_counter() - started
+
+    def cycler_async() -> tuple[float, float]:
+        started = time.perf_counter()
         handle = saver.save(state, asynchronous=True)
-        returned_ours = time.perf_counter()
+        returned = time.perf_counter()
         handle.wait()
-        committed = time.perf_counter()
-        synced = time.perf_counter()
+        committed = time.perf_counter() - started
+        saver.wait()  # retention (its removal of an old checkpoint) is not part of the figure
+        return returned - started, committed
+
+    def dcp_sync() -> tuple[float, float]:
+        started = time.perf_counter()
         dcp.save(state, checkpoint_id=str(target), no_dist=True)
-        sync_done = time.perf_counter()
-        shutil.rmtree(target)
-        if repeat:
-            runs["dcp_stall_s"].append(returned - started)
-            runs["dcp_durable_s"].append(durable - started)
-            runs["cycler_stall_s"].append(returned_ours - started_ours)
-            runs["cycler_committed_s"].append(committed - started_ours)
-            runs["dcp_sync_s"].append(sync_done - synced)
+        return 0.0, time.perf_counter() - started
+
+    variants = {"dcp": dcp_async, "cycler": cycler_async, "sync": dcp_sync}
+    runs: dict[str, list[float]] = {key: [] for key in (
+        "dcp_stall_s", "dcp_durable_s", "cycler_stall_s", "cycler_committed_s", "dcp_sync_s")}
+    names = list(variants)
+    for repeat in range(repeats + 1):  # the first is a warm-up (staging buffers allocated)
+        for name in names[repeat % 3:] + names[:repeat % 3]:  # each goes first in turn
+            os.sync()  # no variant pays for another's dirty pages
+            blocked, durable = variants[name]()
+            shutil.rmtree(target, ignore_errors=True)
+            if not repeat:
+                continue
+            if name == "sync":
+                runs["dcp_sync_s"].append(durable)
+            else:
+                runs[f"{name}_stall_s"].append(blocked)
+                runs["dcp_durable_s" if name == "dcp" else "cycler_committed_s"].append(durable)
     figures = {key: round(statistics.median(values), 4) for key, values in runs.items()}
     figures["stall_ratio"] = round(figures["cycler_stall_s"] / figures["dcp_stall_s"], 2)
     figures["committed_vs_sync_ratio"] = round(

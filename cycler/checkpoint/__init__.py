@@ -1,7 +1,7 @@
 """The checkpoint half of cycler, split by responsibility (DESIGN.md):
 
 - :mod:`.layout`: names, the root's entries, ``.cycler/`` (the one owner of naming);
-- :mod:`.manifest` and :mod:`.crc`: what a committed checkpoint holds, and its checksums;
+- :mod:`.manifest` and :mod:`.checksum`: what a committed checkpoint holds, and its checksums;
 - :mod:`.saving`: ``atomic_torch_save``, one file at a time;
 - :mod:`.atomic_directory`: the saver and its commit across ranks;
 - :mod:`.sharded`: torch.distributed.checkpoint saves, synchronous and asynchronous;

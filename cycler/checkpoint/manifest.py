@@ -1,6 +1,7 @@
 """The checkpoint manifest: written last, it is what makes a directory a complete checkpoint.
 
-A manifest records every file of the checkpoint with its size and CRC-32, plus step, epoch, world
+A manifest records every file of the checkpoint with its size and checksum (XXH3; CRC-32 in
+version 1), plus step, epoch, world
 size, wall time, library version and the user's JSON metadata. It is written with the durable
 write of ``cycler._fs`` after every file it lists has been fsynced, so a manifest on disk implies
 the data it describes is on disk. Reading metadata needs no tensor to be loaded.
@@ -19,14 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from cycler._fs import atomic_write_bytes, fsync_directory, fsync_path, is_temporary
-from cycler.checkpoint.crc import file_crc32
+from cycler.checkpoint.checksum import ALGORITHMS, CRC32, XXH3, file_checksum
 from cycler.checkpoint.layout import MANIFEST_NAME
 from cycler.errors import CorruptCheckpoint
 
 MANIFEST_FORMAT = "cycler.checkpoint"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+"""Version 2 records XXH3 checksums and names the algorithm; version 1 (CRC-32) is still read."""
 _CHUNK = 16 << 20
-# fsync waits on the disk while CRC-32 runs on the CPU (zlib releases the GIL on large buffers),
+# fsync waits on the disk while XXH3 runs on the CPU (xxhash releases the GIL on large buffers),
 # so running both at once keeps a commit close to the cost of the fsync alone.
 _IO_THREADS = 4
 CHECKSUM_MISMATCH = "does not match its checksum"
@@ -37,7 +39,7 @@ _DCP_SHARD = re.compile(r"__(\d+)_\d+\.distcp")
 @dataclass(frozen=True)
 class FileRecord:
     size: int
-    crc32: str
+    checksum: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +54,8 @@ class Manifest:
     epoch: int | None = None
     cycler_version: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
+    checksum: str = XXH3
+    """The algorithm of every file's ``checksum`` (one of ``checksum.ALGORITHMS``)."""
 
     @property
     def total_size(self) -> int:
@@ -68,9 +72,17 @@ class Manifest:
         fields = json.loads(text)
         if fields.pop("format", None) != MANIFEST_FORMAT:
             raise ValueError("not a cycler manifest")
-        if fields.pop("version", None) != MANIFEST_VERSION:
-            raise ValueError(f"manifest version is not {MANIFEST_VERSION}")
-        files = {str(name): FileRecord(int(r["size"]), str(r["crc32"]))
+        version = fields.pop("version", None)
+        if version == 1:  # CRC-32, each record's under "crc32"
+            files = {str(name): FileRecord(int(r["size"]), str(r["crc32"]))
+                     for name, r in fields.pop("files").items()}
+            return cls(files=files, checksum=CRC32, **fields)
+        if version != MANIFEST_VERSION:
+            raise ValueError(f"manifest version {version} is not one this cycler reads "
+                             f"(1 or {MANIFEST_VERSION}): a newer cycler wrote it?")
+        if fields.get("checksum") not in ALGORITHMS:
+            raise ValueError(f"unknown checksum {fields.get('checksum')!r}")
+        files = {str(name): FileRecord(int(r["size"]), str(r["checksum"]))
                  for name, r in fields.pop("files").items()}
         return cls(files=files, **fields)
 
@@ -96,7 +108,7 @@ def checkpoint_files(directory: Path) -> list[str]:
 
 
 def record_files(directory: Path, names: list[str]) -> dict[str, FileRecord]:
-    """Fsync each of ``names`` in ``directory`` and record its size and CRC-32.
+    """Fsync each of ``names`` in ``directory`` and record its size and XXH3 checksum.
 
     A rank records the files it is responsible for (see :func:`files_of_rank`); the records
     travel to the rank that writes the manifest, which then reads no other rank's data.
@@ -104,9 +116,9 @@ def record_files(directory: Path, names: list[str]) -> dict[str, FileRecord]:
     directory = Path(directory)
     with ThreadPoolExecutor(_IO_THREADS) as pool:
         synced = [pool.submit(fsync_path, directory / name) for name in names]
-        crcs = pool.map(file_crc32, (directory / name for name in names))
-        records = {name: FileRecord((directory / name).stat().st_size, crc)
-                   for name, crc in zip(names, crcs, strict=True)}
+        digests = pool.map(file_checksum, (directory / name for name in names))
+        records = {name: FileRecord((directory / name).stat().st_size, digest)
+                   for name, digest in zip(names, digests, strict=True)}
         for future in synced:
             future.result()
     return records
@@ -223,6 +235,6 @@ def check_files(directory: Path, manifest: Manifest, *, checksums: bool = False)
             return f"{name} is not a plain file"
         if size != record.size:
             return f"{name} has {size} bytes, the manifest says {record.size}"
-        if checksums and file_crc32(path) != record.crc32:
+        if checksums and file_checksum(path, manifest.checksum) != record.checksum:
             return f"{name} {CHECKSUM_MISMATCH}"
     return None

@@ -7,8 +7,9 @@ writes the manifest from their records and swaps the latest link. Nothing here r
 the format, the planners, the resharding on load and the staging are torch's.
 
 Asynchronous saves (``asynchronous=True``) block training only while DCP's ``DefaultStager``
-copies the state into staging memory that is reused from one save to the next; the write,
-the fsyncs and checksums and the commit run in a background thread. At most one save is in
+copies the state into staging memory that is reused from one save to the next; preparing the
+directory, DCP's write (``dcp.save`` of the staged copy, as ``dcp.async_save`` runs it), the
+fsyncs and checksums and the commit run in a background thread. At most one save is in
 flight per saver (the next save, commit or load waits for it), a stop decided by
 ``StepControl`` and the interpreter's exit wait for every save in flight, and a process killed
 during the background write leaves the previous latest checkpoint as it was.
@@ -36,18 +37,24 @@ class _Waitable(Protocol):
 
 class SaveHandle:
     """One save: ``wait()`` returns once the checkpoint is committed on every rank, and raises
-    what made it fail. ``directory`` is the checkpoint's path."""
+    what made it fail. ``directory`` is the checkpoint's path; for an asynchronous save it is
+    chosen in the background, so reading it waits until the directory exists."""
 
-    def __init__(self, directory: str, future: Future[None] | None = None) -> None:
-        self.directory = directory
-        self._future = future
+    def __init__(self, directory: str | Future[str], committed: Future[None] | None = None,
+                 ) -> None:
+        self._directory = directory
+        self._committed = committed
+
+    @property
+    def directory(self) -> str:
+        return self._directory if isinstance(self._directory, str) else self._directory.result()
 
     def done(self) -> bool:
-        return self._future is None or self._future.done()
+        return self._committed is None or self._committed.done()
 
     def wait(self, timeout: float | None = None) -> None:
-        if self._future is not None:
-            self._future.result(timeout)
+        if self._committed is not None:
+            self._committed.result(timeout)
 
 
 def track(saver: _Waitable) -> None:
@@ -79,20 +86,47 @@ def wait_for_saves() -> None:
 atexit.register(wait_for_saves)
 
 
-def in_background(work: Callable[[], None]) -> Future[None]:
-    """Run ``work`` in a thread of its own (not a daemon: the exit waits for it anyway)."""
-    future: Future[None] = Future()
+def in_background(work: Callable[[Callable[[str], None], Callable[[], None]], None],
+                  ) -> tuple[SaveHandle, Future[None]]:
+    """Run a save's ``work`` in a thread of its own (not a daemon: the exit waits for it
+    anyway). ``work`` is given two functions to call: with the checkpoint's directory once it
+    exists (the handle's ``directory`` waits for it), and once the checkpoint is committed (the
+    handle's ``wait`` returns then, before retention's removals). Returns the handle and a
+    future of the whole work, retention included, which the saver's next call waits for."""
+    directory: Future[str] = Future()
+    committed: Future[None] = Future()
+    finished: Future[None] = Future()
 
     def run() -> None:
         try:
-            work()
+            work(directory.set_result, lambda: committed.set_result(None))
         except BaseException as error:  # handed to whoever waits
-            future.set_exception(error)
+            for future in (directory, committed):
+                if not future.done():
+                    future.set_exception(error)
+            finished.set_exception(error)
         else:
-            future.set_result(None)
+            if not committed.done():
+                committed.set_result(None)
+            finished.set_result(None)
 
-    threading.Thread(target=run, name="cycler-async-commit").start()
-    return future
+    threading.Thread(target=run, name="cycler-async-save").start()
+    return SaveHandle(directory, committed), finished
+
+
+def stage(stager: Any, state_dict: dict[str, Any]) -> Any:
+    """The snapshot an asynchronous save writes: ``Stateful`` entries turned into their state
+    dicts now (as ``dcp.async_save`` does), then every tensor copied into ``stager``'s
+    staging memory. The only part of an asynchronous save that training waits for."""
+    from torch.distributed.checkpoint.stateful import Stateful
+
+    return stager.stage({key: value.state_dict() if isinstance(value, Stateful) else value
+                         for key, value in state_dict.items()})
+
+
+def staged_result(staged: Any) -> Any:
+    """The staged state dict (a stager with asynchronous staging returns a future of it)."""
+    return staged.result() if isinstance(staged, Future) else staged
 
 
 def default_stager() -> Any:
