@@ -12,11 +12,15 @@ save (DCP's stager allocates its staging buffers then and reuses them), each rep
 the call until it returns (the stall) and until the save is durable: for DCP until its future
 completes, for cycler until ``handle.wait()`` returns, i.e. written, fsynced, checksummed and
 committed. The synchronous baseline is ``dcp.save`` of the same state. The three run in turn,
-each going first in one repetition of three, after an ``os.sync()``: the disk here varies 2x
+each going first in one repetition of four (the fourth is the stager's copy alone, the
+floor of any stall), after an ``os.sync()``: the disk here varies 2x
 from one write to the next, and a write right after another pays for its dirty pages.
 
 Commit: 1, 2 and 4 gloo ranks each write ``--rank-mb`` MB with ``atomic_torch_save`` into one
-prepared directory; the figure is ``symlink_latest`` on rank 0 (median of the repetitions).
+prepared directory; the figure is ``symlink_latest`` on rank 0 (median of the repetitions), once
+with nothing to remove (``keep_last=-1``, the old checkpoints removed outside the timing) and
+once with ``keep_last=1``, where rank 0 also removes the previous checkpoint (retention runs
+after the commit is announced: the other ranks have returned by then).
 """
 
 from __future__ import annotations
@@ -63,17 +67,23 @@ def stall(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
         saver.wait()  # retention (its removal of an old checkpoint) is not part of the figure
         return returned - started, committed
 
+    def copy_alone() -> tuple[float, float]:  # the floor: the stager's copy, nothing else
+        started = time.perf_counter()
+        stager.stage(state)
+        return time.perf_counter() - started, 0.0
+
     def dcp_sync() -> tuple[float, float]:
         started = time.perf_counter()
         dcp.save(state, checkpoint_id=str(target), no_dist=True)
         return 0.0, time.perf_counter() - started
 
-    variants = {"dcp": dcp_async, "cycler": cycler_async, "sync": dcp_sync}
+    variants = {"dcp": dcp_async, "cycler": cycler_async, "sync": dcp_sync, "copy": copy_alone}
     runs: dict[str, list[float]] = {key: [] for key in (
-        "dcp_stall_s", "dcp_durable_s", "cycler_stall_s", "cycler_committed_s", "dcp_sync_s")}
+        "dcp_stall_s", "dcp_durable_s", "cycler_stall_s", "cycler_committed_s", "dcp_sync_s",
+        "staging_copy_s")}
     names = list(variants)
     for repeat in range(repeats + 1):  # the first is a warm-up (staging buffers allocated)
-        for name in names[repeat % 3:] + names[:repeat % 3]:  # each goes first in turn
+        for name in names[repeat % 4:] + names[:repeat % 4]:  # each goes first in turn
             os.sync()  # no variant pays for another's dirty pages
             blocked, durable = variants[name]()
             shutil.rmtree(target, ignore_errors=True)
@@ -81,6 +91,8 @@ def stall(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
                 continue
             if name == "sync":
                 runs["dcp_sync_s"].append(durable)
+            elif name == "copy":
+                runs["staging_copy_s"].append(blocked)
             else:
                 runs[f"{name}_stall_s"].append(blocked)
                 runs["dcp_durable_s" if name == "dcp" else "cycler_committed_s"].append(durable)
@@ -95,16 +107,24 @@ def _commit_rank(rank: int, world: int, port: int, root: str, rank_mb: int, repe
                  out: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                            world_size=world)
-    saver = AtomicDirectory(root, keep_last=1)
     weights = torch.randn(rank_mb * 1024 * 1024 // 4)
-    times = []
-    for _ in range(repeats):
-        directory = saver.prepare_checkpoint_directory()
-        atomic_torch_save({"weights": weights}, os.path.join(directory, f"rank-{rank}.pt"))
-        dist.barrier()
-        started = time.perf_counter()
-        saver.symlink_latest(directory)
-        times.append(time.perf_counter() - started)
+    times: dict[str, list[float]] = {"commit": [], "with_retention": []}
+    for kind, keep_last in (("commit", -1), ("with_retention", 1)):
+        saver = AtomicDirectory(os.path.join(root, kind), keep_last=keep_last)
+        for _ in range(repeats + 1):  # the first is a warm-up (the saver's first scan)
+            directory = saver.prepare_checkpoint_directory()
+            atomic_torch_save({"weights": weights}, os.path.join(directory, f"rank-{rank}.pt"))
+            dist.barrier()
+            started = time.perf_counter()
+            saver.symlink_latest(directory)
+            times[kind].append(time.perf_counter() - started)
+            dist.barrier()
+            if rank == 0 and keep_last == -1:  # keep the disk from filling, outside the figure
+                for old in Path(saver.output_directory).glob(f"{saver.name}_checkpoint_*"):
+                    if old.name != Path(directory).name:
+                        shutil.rmtree(old)
+            dist.barrier()
+        del times[kind][0]
     if rank == 0:
         Path(out).write_text(json.dumps(times))
     dist.destroy_process_group()
@@ -121,7 +141,9 @@ def commit_by_world_size(rank_mb: int, repeats: int, root: Path) -> list[dict[st
                                      str(out)), nprocs=world, join=True)
         times = json.loads(out.read_text())
         rows.append({"ranks": world, "data_mb": world * rank_mb,
-                     "rank0_commit_s": round(statistics.median(times), 4)})
+                     "rank0_commit_s": round(statistics.median(times["commit"]), 4),
+                     "rank0_commit_and_retention_s": round(
+                         statistics.median(times["with_retention"]), 4)})
     return rows
 
 

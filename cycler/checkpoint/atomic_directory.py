@@ -109,6 +109,8 @@ class AtomicDirectory:
         """Directories this process prepared and has not committed (a failed save's)."""
         self._reclaimed = False
         self._stager: Any = None
+        self._worker: ThreadPoolExecutor | None = None
+        """The thread of this saver's asynchronous saves, from its first one on."""
         self._async_group: Any = None
         announce(USES_SAVER)
         _ensure_root(self.layout.root)  # on every rank: the process group may not exist yet
@@ -194,8 +196,9 @@ class AtomicDirectory:
                 dcp.save(state_dict, checkpoint_id=directory, no_dist=alone())
             self._commit(directory, metadata)
             return SaveHandle(directory)
-        if self._stager is None:
+        if self._worker is None:
             self._stager, self._async_group = default_stager(), async_group()
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="cycler-async-save")
         staged, group = stage(self._stager, state_dict), self._async_group
 
         # Everything after the snapshot runs in the background, preparing the directory too
@@ -210,7 +213,7 @@ class AtomicDirectory:
             self._commit(directory, metadata, committed)
 
         track(self)
-        handle, self._in_flight = in_background(prepare_write_commit)  # returns at once
+        handle, self._in_flight = in_background(self._worker, prepare_write_commit)
         if stopping():
             self.wait()  # the stop's own save: the process ends next
         return handle

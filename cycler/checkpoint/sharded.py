@@ -23,7 +23,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 _IN_FLIGHT: weakref.WeakSet[_Waitable] = weakref.WeakSet()
@@ -86,12 +86,15 @@ def wait_for_saves() -> None:
 atexit.register(wait_for_saves)
 
 
-def in_background(work: Callable[[Callable[[str], None], Callable[[], None]], None],
+def in_background(worker: ThreadPoolExecutor,
+                  work: Callable[[Callable[[str], None], Callable[[], None]], None],
                   ) -> tuple[SaveHandle, Future[None]]:
-    """Run a save's ``work`` in a thread of its own (not a daemon: the exit waits for it
-    anyway). ``work`` is given two functions to call: with the checkpoint's directory once it
-    exists (the handle's ``directory`` waits for it), and once the checkpoint is committed (the
-    handle's ``wait`` returns then, before retention's removals). Returns the handle and a
+    """Run a save's ``work`` on ``worker``, the saver's own thread (kept from one save to the
+    next: starting a thread makes the caller wait while the new one takes the GIL, up to the
+    5 ms switch interval, which ``dcp.async_save`` pays at every call). ``work`` is given two
+    functions to call: with the checkpoint's directory once it exists (the handle's
+    ``directory`` waits for it), and once the checkpoint is committed (the handle's ``wait``
+    returns then, before retention's removals). Returns the handle and a
     future of the whole work, retention included, which the saver's next call waits for."""
     directory: Future[str] = Future()
     committed: Future[None] = Future()
@@ -110,7 +113,7 @@ def in_background(work: Callable[[Callable[[str], None], Callable[[], None]], No
                 committed.set_result(None)
             finished.set_result(None)
 
-    threading.Thread(target=run, name="cycler-async-save").start()
+    worker.submit(run)  # not a daemon: the interpreter's exit runs what is queued first
     return SaveHandle(directory, committed), finished
 
 
