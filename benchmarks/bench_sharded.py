@@ -12,9 +12,15 @@ save (DCP's stager allocates its staging buffers then and reuses them), each rep
 the call until it returns (the stall) and until the save is durable: for DCP until its future
 completes, for cycler until ``handle.wait()`` returns, i.e. written, fsynced, checksummed and
 committed. The synchronous baseline is ``dcp.save`` of the same state. The three run in turn,
-each going first in one repetition of four (the fourth is the stager's copy alone, the
-floor of any stall), after an ``os.sync()``: the disk here varies 2x
+each going first in one repetition of three, after an ``os.sync()``: the disk here varies 2x
 from one write to the next, and a write right after another pays for its dirty pages.
+
+Both stalls are mostly the same ``DefaultStager`` copy, whose time varies 9-16 ms per 100 MB
+from one call to the next here; each stager's ``stage`` is timed too, and ``*_above_copy_ms``
+is what each call adds to its own copy; ``stall_ratio_same_copy`` puts both on the same
+(median) copy. Likewise ``cycler_commit_above_write_ms`` is cycler's committed time less its
+own ``dcp.save``: what the checksums and the commit add to DCP's write, free of the write's own
+variation.
 
 Commit: 1, 2 and 4 gloo ranks each write ``--rank-mb`` MB with ``atomic_torch_save`` into one
 prepared directory; the figure is ``symlink_latest`` on rank 0 (median of the repetitions), once
@@ -32,8 +38,10 @@ import shutil
 import socket
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -44,11 +52,37 @@ from cycler import AtomicDirectory, atomic_torch_save
 from cycler.checkpoint.sharded import default_stager
 
 
+def timing_copies(stager: Any, copies: list[float]) -> None:
+    """Make ``stager`` append the time of each of its copies to ``copies``."""
+    stage = stager.stage
+
+    def timed(state_dict: Any) -> Any:
+        started = time.perf_counter()
+        staged = stage(state_dict)
+        copies.append(time.perf_counter() - started)
+        return staged
+
+    stager.stage = timed
+
+
 def stall(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
     state = {"weights": torch.randn(size_mb * 1024 * 1024 // 4)}
     stager = default_stager()
     saver = AtomicDirectory(root / "cycler", keep_last=2)
     target = root / "dcp"
+    copies: dict[str, list[float]] = {"dcp": [], "cycler": []}
+    timing_copies(stager, copies["dcp"])
+    writes: list[float] = []  # cycler's own dcp.save, in its background thread
+    save = dcp.save
+
+    def timed_save(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        result = save(*args, **kwargs)
+        if threading.current_thread().name.startswith("cycler-async-save"):
+            writes.append(time.perf_counter() - started)
+        return result
+
+    dcp.save = timed_save
 
     def dcp_async() -> tuple[float, float]:
         started = time.perf_counter()
@@ -65,25 +99,23 @@ def stall(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
         handle.wait()
         committed = time.perf_counter() - started
         saver.wait()  # retention (its removal of an old checkpoint) is not part of the figure
+        runs["cycler_commit_above_write_ms"].append(1000 * (committed - writes[-1]))
         return returned - started, committed
-
-    def copy_alone() -> tuple[float, float]:  # the floor: the stager's copy, nothing else
-        started = time.perf_counter()
-        stager.stage(state)
-        return time.perf_counter() - started, 0.0
 
     def dcp_sync() -> tuple[float, float]:
         started = time.perf_counter()
         dcp.save(state, checkpoint_id=str(target), no_dist=True)
         return 0.0, time.perf_counter() - started
 
-    variants = {"dcp": dcp_async, "cycler": cycler_async, "sync": dcp_sync, "copy": copy_alone}
     runs: dict[str, list[float]] = {key: [] for key in (
         "dcp_stall_s", "dcp_durable_s", "cycler_stall_s", "cycler_committed_s", "dcp_sync_s",
-        "staging_copy_s")}
+        "dcp_above_copy_ms", "cycler_above_copy_ms", "cycler_commit_above_write_ms")}
+    variants = {"dcp": dcp_async, "cycler": cycler_async, "sync": dcp_sync}
     names = list(variants)
     for repeat in range(repeats + 1):  # the first is a warm-up (staging buffers allocated)
-        for name in names[repeat % 4:] + names[:repeat % 4]:  # each goes first in turn
+        if repeat == 1:  # the saver's stager exists from the warm-up on
+            timing_copies(saver._stager, copies["cycler"])
+        for name in names[repeat % 3:] + names[:repeat % 3]:  # each goes first in turn
             os.sync()  # no variant pays for another's dirty pages
             blocked, durable = variants[name]()
             shutil.rmtree(target, ignore_errors=True)
@@ -91,12 +123,19 @@ def stall(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
                 continue
             if name == "sync":
                 runs["dcp_sync_s"].append(durable)
-            elif name == "copy":
-                runs["staging_copy_s"].append(blocked)
-            else:
+            else:  # what the call adds to its own staging copy, a figure free of the copy's
+                # own variation from one call to the next (10-16 ms for the same 100 MB here)
+                runs[f"{name}_above_copy_ms"].append(1000 * (blocked - copies[name][-1]))
                 runs[f"{name}_stall_s"].append(blocked)
                 runs["dcp_durable_s" if name == "dcp" else "cycler_committed_s"].append(durable)
+    dcp.save = save
+    del runs["cycler_commit_above_write_ms"][0]  # the warm-up's
     figures = {key: round(statistics.median(values), 4) for key, values in runs.items()}
+    # The same copy for both (the median of all of both stagers' copies) plus what each call
+    # adds to it: the stall ratio without the copy's own noise.
+    copy = statistics.median(copies["dcp"][1:] + copies["cycler"])
+    ours, theirs = figures["cycler_above_copy_ms"] / 1000, figures["dcp_above_copy_ms"] / 1000
+    figures["stall_ratio_same_copy"] = round((copy + ours) / (copy + theirs), 3)
     figures["stall_ratio"] = round(figures["cycler_stall_s"] / figures["dcp_stall_s"], 2)
     figures["committed_vs_sync_ratio"] = round(
         figures["cycler_committed_s"] / figures["dcp_sync_s"], 2)
@@ -158,7 +197,10 @@ def main() -> None:
         for size in args.sizes_mb:
             root = Path(directory) / f"stall-{size}"
             root.mkdir()
-            print("stall", json.dumps({"size_mb": size, **stall(size, args.repeats, root)}))
+            # Small saves are quick and noisier: as many repetitions as 1 GB's time allows.
+            repeats = min(max(args.repeats, args.repeats * 1000 // size), 6 * args.repeats)
+            figures = stall(size, repeats, root)
+            print("stall", json.dumps({"size_mb": size, "repeats": repeats, **figures}))
             shutil.rmtree(root)
         for row in commit_by_world_size(args.rank_mb, args.repeats, Path(directory)):
             print("commit", json.dumps(row))
