@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import xxhash
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
