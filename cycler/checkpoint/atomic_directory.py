@@ -46,7 +46,6 @@ from cycler.checkpoint.sharded import (
     in_background,
     quiet_if_alone,
     stage,
-    staged_result,
     stopping,
     track,
 )
@@ -208,7 +207,7 @@ class AtomicDirectory:
             directory = self._prepare(force_save=False)
             prepared(directory)
             with quiet_if_alone():
-                dcp.save(staged_result(staged), checkpoint_id=directory, no_dist=alone(),
+                dcp.save(staged, checkpoint_id=directory, no_dist=alone(),
                          process_group=group)
             self._commit(directory, metadata, committed)
 

@@ -1,10 +1,10 @@
 """The checkpoint manifest: written last, it is what makes a directory a complete checkpoint.
 
 A manifest records every file of the checkpoint with its size and checksum (XXH3; CRC-32 in
-version 1), plus step, epoch, world
-size, wall time, library version and the user's JSON metadata. It is written with the durable
-write of ``cycler._fs`` after every file it lists has been fsynced, so a manifest on disk implies
-the data it describes is on disk. Reading metadata needs no tensor to be loaded.
+version 1), plus step, epoch, world size, wall time, library version and the user's JSON
+metadata. It is written with the durable write of ``cycler._fs`` after every file it lists has
+been fsynced, so a manifest on disk implies the data it describes is on disk. Reading metadata
+needs no tensor to be loaded.
 """
 
 from __future__ import annotations
@@ -73,16 +73,15 @@ class Manifest:
         if fields.pop("format", None) != MANIFEST_FORMAT:
             raise ValueError("not a cycler manifest")
         version = fields.pop("version", None)
-        if version == 1:  # CRC-32, each record's under "crc32"
-            files = {str(name): FileRecord(int(r["size"]), str(r["crc32"]))
-                     for name, r in fields.pop("files").items()}
-            return cls(files=files, checksum=CRC32, **fields)
-        if version != MANIFEST_VERSION:
+        if version not in (1, MANIFEST_VERSION):
             raise ValueError(f"manifest version {version} is not one this cycler reads "
                              f"(1 or {MANIFEST_VERSION}): a newer cycler wrote it?")
+        if version == 1:  # CRC-32, each record's under "crc32"
+            fields["checksum"] = CRC32
         if fields.get("checksum") not in ALGORITHMS:
             raise ValueError(f"unknown checksum {fields.get('checksum')!r}")
-        files = {str(name): FileRecord(int(r["size"]), str(r["checksum"]))
+        key = "crc32" if version == 1 else "checksum"
+        files = {str(name): FileRecord(int(r["size"]), str(r[key]))
                  for name, r in fields.pop("files").items()}
         return cls(files=files, **fields)
 

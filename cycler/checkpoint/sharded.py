@@ -120,16 +120,12 @@ def in_background(worker: ThreadPoolExecutor,
 def stage(stager: Any, state_dict: dict[str, Any]) -> Any:
     """The snapshot an asynchronous save writes: ``Stateful`` entries turned into their state
     dicts now (as ``dcp.async_save`` does), then every tensor copied into ``stager``'s
-    staging memory. The only part of an asynchronous save that training waits for."""
+    staging memory (:func:`default_stager` stages synchronously, so this is the staged state
+    dict itself). The only part of an asynchronous save that training waits for."""
     from torch.distributed.checkpoint.stateful import Stateful
 
     return stager.stage({key: value.state_dict() if isinstance(value, Stateful) else value
                          for key, value in state_dict.items()})
-
-
-def staged_result(staged: Any) -> Any:
-    """The staged state dict (a stager with asynchronous staging returns a future of it)."""
-    return staged.result() if isinstance(staged, Future) else staged
 
 
 def default_stager() -> Any:
