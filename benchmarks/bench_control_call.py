@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from cycler.step_control import StepControl
+from cycler.training.step_control import StepControl
 
 SYNC_EVERY_CHOICES: tuple[int | None, ...] = (None, 1, 8, 32)
 """``None`` is the default: the period adapts to the step time."""

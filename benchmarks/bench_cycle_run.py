@@ -43,7 +43,7 @@ import os, sys, time
 from pathlib import Path
 import torch
 from cycler.checkpoint.atomic_directory import AtomicDirectory
-from cycler.control import Action, ControlFileWatcher
+from cycler.protocol.control import Action, ControlFileWatcher
 from cycler.checkpoint.saving import atomic_torch_save
 
 out, size_mb, step_seconds = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])

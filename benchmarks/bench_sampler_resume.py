@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
-from cycler.samplers import InterruptableDistributedSampler
+from cycler.data.samplers import InterruptableDistributedSampler
 
 SIZES = (1_000_000, 10_000_000)
 WORLD_SIZES = (1, 8)

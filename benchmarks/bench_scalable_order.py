@@ -27,7 +27,7 @@ from itertools import islice
 
 import torch
 
-from cycler.samplers import InterruptableDistributedSampler
+from cycler.data.samplers import InterruptableDistributedSampler
 
 SIZES = (10**6, 10**8, 10**10)
 ORDERS = ("torch", "scalable")

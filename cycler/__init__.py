@@ -1,7 +1,7 @@
 """cycler: make PyTorch training survive preemption.
 
 This module only wires the public API together; see README.md for how to use it. Names are
-imported on first use (PEP 562), so ``cycle`` and ``import cycler.control`` do not pay for
+imported on first use (PEP 562), so ``cycle`` and ``import cycler.protocol.control`` do not pay for
 importing torch: the supervisor's start-up stays close to bare torchrun's.
 """
 
@@ -11,15 +11,19 @@ import importlib
 import os
 from typing import TYPE_CHECKING, Any
 
+from cycler import _moved_modules
+
 __version__ = "0.1.0"
 IS_TORCH_CYCLER = True
 """Marker that tells torch-cycler apart from matplotlib's ``cycler`` package of the same name."""
+
+_moved_modules.install()
 
 if os.environ.get("CYCLER_CONTROL_FILE") and os.environ.get("LOCAL_RANK"):
     # A worker of cycle run (torchrun sets LOCAL_RANK for workers only, not for itself): say so
     # at once, so that a stop arriving before the script builds its StepControl or saver waits
     # for them instead of treating it as a plain script.
-    from cycler.control import USES_CYCLER, announce
+    from cycler.protocol.control import USES_CYCLER, announce
 
     announce(USES_CYCLER)
 
@@ -36,10 +40,15 @@ if TYPE_CHECKING:
     from cycler.checkpoint.manifest import Manifest, read_manifest
     from cycler.checkpoint.saving import atomic_torch_save
     from cycler.checkpoint.sharded import SaveHandle
-    from cycler.control import Action, ControlRequest
-    from cycler.datasets import DistributedShardedDataset
-    from cycler.environment import default_checkpoint_root
-    from cycler.epochs import EpochLoop, current_epoch, finished_epochs, remaining_epochs_until
+    from cycler.data.datasets import DistributedShardedDataset
+    from cycler.data.grouped_sampler import InterruptableDistributedGroupedBatchSampler
+    from cycler.data.samplers import (
+        AdvancedTooFarError,
+        InterruptableDistributedSampler,
+        InterruptableSampler,
+        InterruptibleDistributedSampler,
+        InterruptibleSampler,
+    )
     from cycler.errors import (
         CheckpointNotFound,
         ConfigError,
@@ -49,65 +58,65 @@ if TYPE_CHECKING:
         DatasetNotFound,
         StateMismatch,
     )
-    from cycler.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS, EXIT_USAGE
-    from cycler.grouped_sampler import InterruptableDistributedGroupedBatchSampler
-    from cycler.metrics import MetricsTracker, TimestampedTimer
-    from cycler.readiness import torch_distributed_readiness
-    from cycler.rng import RngRestoreWarning, capture_rng_state, restore_rng_state
-    from cycler.samplers import (
-        AdvancedTooFarError,
-        InterruptableDistributedSampler,
-        InterruptableSampler,
-        InterruptibleDistributedSampler,
-        InterruptibleSampler,
+    from cycler.protocol.control import Action, ControlRequest
+    from cycler.protocol.environment import default_checkpoint_root
+    from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS, EXIT_USAGE
+    from cycler.training.epochs import (
+        EpochLoop,
+        current_epoch,
+        finished_epochs,
+        remaining_epochs_until,
     )
-    from cycler.step_control import StepControl, StepDecision
+    from cycler.training.metrics import MetricsTracker, TimestampedTimer
+    from cycler.training.readiness import torch_distributed_readiness
+    from cycler.training.rng import RngRestoreWarning, capture_rng_state, restore_rng_state
+    from cycler.training.step_control import StepControl, StepDecision
 
 _PUBLIC = {
-    "Action": "cycler.control",
-    "AdvancedTooFarError": "cycler.samplers",
+    "Action": "cycler.protocol.control",
+    "AdvancedTooFarError": "cycler.data.samplers",
     "AtomicDirectory": "cycler.checkpoint.atomic_directory",
     "Checkpoint": "cycler.checkpoint.listing",
     "CheckpointNotFound": "cycler.errors",
     "CheckpointState": "cycler.checkpoint.listing",
     "CheckpointWarning": "cycler.checkpoint.listing",
     "ConfigError": "cycler.errors",
-    "ControlRequest": "cycler.control",
+    "ControlRequest": "cycler.protocol.control",
     "CoordinationTimeout": "cycler.errors",
     "CorruptCheckpoint": "cycler.errors",
     "CyclerError": "cycler.errors",
     "DatasetNotFound": "cycler.errors",
-    "DistributedShardedDataset": "cycler.datasets",
-    "EXIT_FAILURE": "cycler.exit_codes",
-    "EXIT_REQUEUE": "cycler.exit_codes",
-    "EXIT_SUCCESS": "cycler.exit_codes",
-    "EXIT_USAGE": "cycler.exit_codes",
-    "EpochLoop": "cycler.epochs",
-    "InterruptableDistributedGroupedBatchSampler": "cycler.grouped_sampler",
-    "InterruptableDistributedSampler": "cycler.samplers",
-    "InterruptableSampler": "cycler.samplers",
-    "InterruptibleDistributedSampler": "cycler.samplers",
-    "InterruptibleSampler": "cycler.samplers",
+    "DistributedShardedDataset": "cycler.data.datasets",
+    "EXIT_FAILURE": "cycler.protocol.exit_codes",
+    "EXIT_REQUEUE": "cycler.protocol.exit_codes",
+    "EXIT_SUCCESS": "cycler.protocol.exit_codes",
+    "EXIT_USAGE": "cycler.protocol.exit_codes",
+    "EpochLoop": "cycler.training.epochs",
+    "InterruptableDistributedGroupedBatchSampler": "cycler.data.grouped_sampler",
+    "InterruptableDistributedSampler": "cycler.data.samplers",
+    "InterruptableSampler": "cycler.data.samplers",
+    "InterruptibleDistributedSampler": "cycler.data.samplers",
+    "InterruptibleSampler": "cycler.data.samplers",
     "Manifest": "cycler.checkpoint.manifest",
-    "MetricsTracker": "cycler.metrics",
-    "RngRestoreWarning": "cycler.rng",
+    "MetricsTracker": "cycler.training.metrics",
+    "RngRestoreWarning": "cycler.training.rng",
     "SaveHandle": "cycler.checkpoint.sharded",
     "StateMismatch": "cycler.errors",
-    "StepControl": "cycler.step_control",
-    "StepDecision": "cycler.step_control",
-    "TimestampedTimer": "cycler.metrics",
+    "StepControl": "cycler.training.step_control",
+    "StepDecision": "cycler.training.step_control",
+    "TimestampedTimer": "cycler.training.metrics",
     "atomic_torch_save": "cycler.checkpoint.saving",
-    "capture_rng_state": "cycler.rng",
-    "current_epoch": "cycler.epochs",
-    "default_checkpoint_root": "cycler.environment",
+    "capture_rng_state": "cycler.training.rng",
+    "current_epoch": "cycler.training.epochs",
+    "default_checkpoint_root": "cycler.protocol.environment",
     "find_checkpoint": "cycler.checkpoint.listing",
-    "finished_epochs": "cycler.epochs",
+    "finished_epochs": "cycler.training.epochs",
     "latest_checkpoint": "cycler.checkpoint.listing",
     "list_checkpoints": "cycler.checkpoint.listing",
     "read_manifest": "cycler.checkpoint.manifest",
-    "remaining_epochs_until": "cycler.epochs",
-    "restore_rng_state": "cycler.rng",
-    "torch_distributed_readiness": "cycler.readiness",
+    "remaining_epochs_until": "cycler.training.epochs",
+    "restore_rng_state": "cycler.training.rng",
+    "torch_distributed_readiness": "cycler.training.readiness",
 }
 
 _NOT_PROVIDED = {

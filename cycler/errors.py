@@ -7,7 +7,7 @@ its message as one line, and exits with :attr:`CyclerError.exit_code`.
 
 from __future__ import annotations
 
-from cycler.exit_codes import EXIT_FAILURE, EXIT_USAGE
+from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_USAGE
 
 
 class CyclerError(Exception):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-EXIT_USAGE = 2  # cycler.exit_codes cannot be imported before the package is known to be ours
+# cycler.protocol.exit_codes cannot be imported before the package is known to be ours.
+EXIT_USAGE = 2
 
 
 def ensure_torch_cycler() -> None:

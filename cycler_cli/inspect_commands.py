@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from cycler.checkpoint.inspection import RootStatus, collect_status, prune, total_size
-from cycler.environment import default_checkpoint_root
+from cycler.protocol.environment import default_checkpoint_root
 from cycler_cli import render
 from cycler_cli.errors import exit_on_cycler_error
 

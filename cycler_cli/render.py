@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from cycler.checkpoint.inspection import PruneResult, RootStatus
-from cycler.events import describe
+from cycler.protocol.events import describe
 
 console = Console(highlight=False)
 

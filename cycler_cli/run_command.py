@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from cycler.errors import ConfigError
-from cycler.exit_codes import EXIT_FAILURE
+from cycler.protocol.exit_codes import EXIT_FAILURE
 from cycler.supervisor import LaunchPlan, RunOutcome, plan_run, resolve_run_options, run_supervisor
 from cycler_cli.errors import exit_on_cycler_error
 

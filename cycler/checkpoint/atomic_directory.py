@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cycler import _fs
-from cycler._coordination import Coordinator, global_rank
+from cycler.checkpoint.coordination import Coordinator, global_rank
 from cycler.checkpoint.layout import DEFAULT_PREFIX, CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import (
     CheckpointState,
@@ -49,8 +49,8 @@ from cycler.checkpoint.sharded import (
     stopping,
     track,
 )
-from cycler.control import USES_SAVER, announce
 from cycler.errors import CheckpointDirectoryError, CyclerError
+from cycler.protocol.control import USES_SAVER, announce
 
 log = logging.getLogger(__name__)
 

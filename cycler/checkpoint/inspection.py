@@ -26,7 +26,7 @@ from cycler.checkpoint.listing import (
 from cycler.checkpoint.lock import lock_holder
 from cycler.checkpoint.retention import Decision, retention_decisions
 from cycler.errors import CheckpointDirectoryError, DirectoryInUse
-from cycler.events import history_counts, job_history, read_events
+from cycler.protocol.events import history_counts, job_history, read_events
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,8 @@ class RootStatus:
     supervisors: list[dict[str, Any]] = field(default_factory=list)
     """Owner records of live ``cycle run`` supervisors (one per node)."""
     events: list[dict[str, Any]] = field(default_factory=list)
-    """The job's history (:func:`cycler.events.job_history`), its last entries, oldest first."""
+    """The job's history (:func:`cycler.protocol.events.job_history`), its last entries, oldest
+    first."""
     counts: dict[str, int] = field(default_factory=dict)
     """Starts, stops, restarts and requeues over the job's whole life."""
     notes: list[str] = field(default_factory=list)

@@ -19,8 +19,8 @@ from pathlib import Path
 from cycler._fs import atomic_write_bytes
 from cycler.checkpoint.layout import DEFAULT_PREFIX, MANIFEST_NAME, CheckpointLayout, CheckpointName
 from cycler.checkpoint.manifest import CHECKSUM_MISMATCH, Manifest, check_files, read_manifest
-from cycler.environment import ENV_RESUME_FROM, default_checkpoint_root
 from cycler.errors import CheckpointNotFound, CorruptCheckpoint
+from cycler.protocol.environment import ENV_RESUME_FROM, default_checkpoint_root
 
 NEVER_COMMITTED = "no manifest (never committed)"
 """The problem of a directory whose commit never wrote its manifest: state ``incomplete``."""

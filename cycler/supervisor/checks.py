@@ -21,8 +21,8 @@ from pathlib import Path
 from cycler._fs import atomic_write_bytes
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.checkpoint.listing import find_checkpoint
-from cycler.environment import ENV_ISC_LOSSY_PATH
 from cycler.errors import CheckpointDirectoryError, ConfigError, CyclerError
+from cycler.protocol.environment import ENV_ISC_LOSSY_PATH
 from cycler.supervisor.options import RunOptions
 from cycler.supervisor.torchrun import isc_environment
 

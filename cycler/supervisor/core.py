@@ -39,8 +39,8 @@ import enum
 import signal
 from dataclasses import dataclass
 
-from cycler.control import Action, ControlRequest
-from cycler.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS
+from cycler.protocol.control import Action, ControlRequest
+from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS
 from cycler.supervisor.budget import RestartBudget
 from cycler.supervisor.vocabulary import (
     Announced,

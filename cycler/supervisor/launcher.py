@@ -35,10 +35,10 @@ import time
 from typing import Any
 
 from cycler.checkpoint.layout import CheckpointLayout
-from cycler.control import stop_requested_since
-from cycler.environment import ENV_CHECKPOINT_DIR
-from cycler.events import EventLog
-from cycler.stray_signals import ignore_stray, stop_signals
+from cycler.protocol.control import stop_requested_since
+from cycler.protocol.environment import ENV_CHECKPOINT_DIR
+from cycler.protocol.events import EventLog
+from cycler.protocol.stop_signals import ignore_stray, stop_signals
 from cycler.supervisor.budget import RestartBudget
 
 

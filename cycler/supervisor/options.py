@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from cycler.checkpoint.layout import DEFAULT_PREFIX
-from cycler.environment import default_checkpoint_root
 from cycler.errors import ConfigError
+from cycler.protocol.environment import default_checkpoint_root
 
 DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR2")
 # These cannot be caught (KILL, STOP) or already mean something else to the supervisor.

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from cycler._fs import atomic_write_bytes
 from cycler.checkpoint.layout import CheckpointLayout
-from cycler.exit_codes import EXIT_REQUEUE, EXIT_SUCCESS
+from cycler.protocol.exit_codes import EXIT_REQUEUE, EXIT_SUCCESS
 
 BEAT_SECONDS = 1.0
 """How often a supervisor shows it is alive."""

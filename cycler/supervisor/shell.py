@@ -26,14 +26,14 @@ from typing import Any
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import inspect_checkpoint, list_checkpoints
 from cycler.checkpoint.lock import SupervisorLock
-from cycler.control import (
+from cycler.protocol.control import (
     announced,
     clear_announcements,
     read_control,
     stop_requested_since,
     write_control,
 )
-from cycler.events import EventLog, describe
+from cycler.protocol.events import EventLog, describe
 from cycler.supervisor import core
 from cycler.supervisor.checks import (
     check_resume_from,

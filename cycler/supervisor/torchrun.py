@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cycler.checkpoint.layout import CheckpointLayout
-from cycler.environment import (
+from cycler.protocol.environment import (
     ENV_CHECKPOINT_DIR,
     ENV_CONTROL_FILE,
     ENV_ISC_ARTIFACT_PATH,

@@ -11,7 +11,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from cycler.control import USES_CONTROL, USES_CYCLER, USES_SAVER, ControlRequest
+from cycler.protocol.control import USES_CONTROL, USES_CYCLER, USES_SAVER, ControlRequest
 
 
 class StopPath(str, enum.Enum):
@@ -28,7 +28,8 @@ class StopPath(str, enum.Enum):
 
 
 def stop_path(features: frozenset[str]) -> StopPath:
-    """The stop path for workers that announced ``features`` (:data:`cycler.control.FEATURES`)."""
+    """The stop path for workers that announced ``features``
+    (:data:`cycler.protocol.control.FEATURES`)."""
     if USES_CONTROL in features:
         return StopPath.AGREED_STEP
     if USES_SAVER in features:

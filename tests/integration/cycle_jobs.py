@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 
 from cycler.checkpoint.layout import CheckpointLayout
-from cycler.events import read_events
+from cycler.protocol.events import read_events
 
 STARTUP_TIMEOUT = 90.0  # torch imports are slow on a loaded 2-core machine
 

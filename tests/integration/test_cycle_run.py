@@ -22,15 +22,15 @@ from typer.testing import CliRunner
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.checkpoint.listing import latest_checkpoint
 from cycler.checkpoint.lock import SupervisorLock
-from cycler.control import Action, read_control
-from cycler.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS, EXIT_USAGE
+from cycler.protocol.control import Action, read_control
+from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS, EXIT_USAGE
 from cycler_cli.main import app
 
 WORKER = r'''
 import argparse, os, signal, subprocess, sys, time
 from pathlib import Path
 
-from cycler.control import Action, ControlFileWatcher
+from cycler.protocol.control import Action, ControlFileWatcher
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--mode", default="stop")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch.distributed as dist
 from gloo_ranks import run_on_every_rank
 
-from cycler.metrics import MetricsTracker
+from cycler.training.metrics import MetricsTracker
 
 
 def check_keys_in_different_orders_and_one_missing_reduce_by_name() -> None:

@@ -8,7 +8,7 @@ import torch.distributed as dist
 from gloo_ranks import run_on_every_rank
 from torch.utils.data import DataLoader, TensorDataset
 
-from cycler.samplers import InterruptableDistributedSampler
+from cycler.data.samplers import InterruptableDistributedSampler
 
 WORLD_SIZE = 2
 BATCH_SIZE = 4

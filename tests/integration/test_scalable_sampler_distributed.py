@@ -9,8 +9,8 @@ import torch.distributed as dist
 from gloo_ranks import run_on_every_rank
 from torch.utils.data import DataLoader, TensorDataset
 
-from cycler.permutation import FeistelPermutation
-from cycler.samplers import InterruptableDistributedSampler
+from cycler.data.permutation import FeistelPermutation
+from cycler.data.samplers import InterruptableDistributedSampler
 
 LENGTH, SEED, EPOCH, BATCH_SIZE = 203, 11, 2, 4
 DATASET = TensorDataset(torch.arange(LENGTH))

@@ -17,8 +17,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from gloo_ranks import free_port
 
-from cycler.control import Action, ControlRequest, write_control
-from cycler.step_control import MAX_SYNC_EVERY, StepControl
+from cycler.protocol.control import Action, ControlRequest, write_control
+from cycler.training.step_control import MAX_SYNC_EVERY, StepControl
 
 WORLD_SIZE = 2
 MAX_STEPS = 60

@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 from gloo_ranks import free_port
 
 from cycler.errors import CoordinationTimeout
-from cycler.step_control import StepControl
+from cycler.training.step_control import StepControl
 
 TIMEOUT = 3.0
 SHORT_RANK_STEPS = 5

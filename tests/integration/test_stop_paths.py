@@ -20,7 +20,7 @@ import psutil
 from cycle_jobs import Job, assert_all_gone, wait_for
 
 from cycler import list_checkpoints
-from cycler.exit_codes import EXIT_FAILURE, EXIT_REQUEUE
+from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE
 
 PLAIN = r'''
 import argparse, os, signal, sys, time

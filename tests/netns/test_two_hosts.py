@@ -29,7 +29,7 @@ from hosts import Host
 
 from cycler import EXIT_REQUEUE, EXIT_SUCCESS, latest_checkpoint
 from cycler.checkpoint.layout import CheckpointLayout
-from cycler.events import read_events
+from cycler.protocol.events import read_events
 
 pytestmark = pytest.mark.netns
 

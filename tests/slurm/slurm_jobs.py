@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 from local_slurm import LocalSlurm
 
-from cycler.events import read_events
+from cycler.protocol.events import read_events
 
 REPO = Path(__file__).resolve().parents[2]
 SINGLE_NODE = REPO / "scripts" / "slurm" / "single_node.sbatch"

@@ -53,7 +53,7 @@ def status_text(root: Path, columns: int = 80) -> str:
 
 
 def test_status_fits_80_columns_with_whole_states_and_the_jobs_history(tmp_path: Path) -> None:
-    from cycler.events import EventLog
+    from cycler.protocol.events import EventLog
 
     root = tmp_path / "a-rather-long-directory-name-for-the-checkpoints-of-this-job"
     make_checkpoints(root, 3, pinned=(0,))
@@ -120,7 +120,7 @@ def test_status_directory_defaults_to_the_environment(tmp_path: Path) -> None:
 def test_status_shows_a_live_supervisor_and_recent_events(tmp_path: Path) -> None:
     make_checkpoints(tmp_path, 1)
     layout = CheckpointLayout(tmp_path)
-    from cycler.events import EventLog
+    from cycler.protocol.events import EventLog
 
     EventLog(layout.events_path(0)).append("signal", signal="SIGTERM")
     with SupervisorLock(layout.lock_path(0)):

@@ -19,7 +19,7 @@ from cycler import (
     TimestampedTimer,
     torch_distributed_readiness,
 )
-from cycler.grouped_sampler import grouped_batches
+from cycler.data.grouped_sampler import grouped_batches
 
 
 def grouped(n: int, world: int, rank: int, batch_size: int = 4,

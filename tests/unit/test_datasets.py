@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cycler.datasets import DistributedShardedDataset, shard_indices
+from cycler.data.datasets import DistributedShardedDataset, shard_indices
 from cycler.errors import ConfigError, DatasetNotFound
 
 

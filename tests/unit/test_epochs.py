@@ -5,8 +5,8 @@ import io
 import pytest
 import torch
 
-from cycler.epochs import EpochLoop
 from cycler.errors import ConfigError, CyclerError, StateMismatch
+from cycler.training.epochs import EpochLoop
 
 
 def _saved(loop: EpochLoop) -> dict[str, object]:
@@ -126,7 +126,7 @@ def test_loading_a_state_that_is_not_an_epoch_loop_state_raises_state_mismatch(
 
 
 def test_module_functions_drive_the_default_loop() -> None:
-    from cycler import epochs
+    from cycler.training import epochs
 
     loop = epochs.default_epoch_loop()
     before = loop.finished_epochs()

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cycler.errors import StateMismatch
-from cycler.metrics import MetricsTracker, TimestampedTimer
+from cycler.training.metrics import MetricsTracker, TimestampedTimer
 
 
 class FakeClock:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cycler.checkpoint.layout import CheckpointLayout
-from cycler.exit_codes import EXIT_FAILURE, EXIT_REQUEUE
+from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE
 from cycler.supervisor.budget import RestartBudget
 from cycler.supervisor.core import (
     CheckpointCommitted,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cycler.errors import StateMismatch
-from cycler.rng import RngRestoreWarning, capture_rng_state, restore_rng_state
+from cycler.training.rng import RngRestoreWarning, capture_rng_state, restore_rng_state
 
 
 class FakeCuda:

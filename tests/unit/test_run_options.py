@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from cycler.environment import (
+from cycler.errors import ConfigError
+from cycler.protocol.environment import (
     ENV_CHECKPOINT_DIR,
     ENV_CONTROL_FILE,
     ENV_RESTART_COUNT,
     ENV_RESUME_FROM,
 )
-from cycler.errors import ConfigError
 from cycler.supervisor.options import (
     RunOptions,
     expand_nodelist,

@@ -14,8 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from cycler.errors import StateMismatch
-from cycler.samplers import (
+from cycler.data.samplers import (
     SAMPLER_STATE_VERSION,
     AdvancedTooFarError,
     InterruptableDistributedSampler,
@@ -23,6 +22,7 @@ from cycler.samplers import (
     InterruptibleDistributedSampler,
     InterruptibleSampler,
 )
+from cycler.errors import StateMismatch
 
 SETTINGS = settings(max_examples=60, deadline=None)
 sizes = st.integers(0, 200)

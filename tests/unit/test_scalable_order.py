@@ -12,10 +12,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cycler.epoch_order import ORDERS
+from cycler.data.epoch_order import ORDERS
+from cycler.data.permutation import MAX_PERMUTATION_LENGTH, FeistelPermutation
+from cycler.data.samplers import InterruptableDistributedSampler, InterruptableSampler
 from cycler.errors import ConfigError, StateMismatch
-from cycler.permutation import MAX_PERMUTATION_LENGTH, FeistelPermutation
-from cycler.samplers import InterruptableDistributedSampler, InterruptableSampler
 
 SETTINGS = settings(max_examples=60, deadline=None)
 seeds = st.integers(0, 2**40)

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from cycler.control import Action, ControlRequest, write_control
-from cycler.environment import ENV_CONTROL_FILE
 from cycler.errors import ConfigError, CyclerError, StateMismatch
-from cycler.step_control import (
+from cycler.protocol.control import Action, ControlRequest, write_control
+from cycler.protocol.environment import ENV_CONTROL_FILE
+from cycler.training.step_control import (
     DEFAULT_SYNC_SECONDS,
     MAX_SYNC_EVERY,
     StepControl,

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from cycler.checkpoint.layout import CheckpointLayout
-from cycler.control import Action, ControlRequest, write_control
 from cycler.errors import CheckpointDirectoryError, ConfigError
+from cycler.protocol.control import Action, ControlRequest, write_control
 from cycler.supervisor.checks import check_script, prepare_checkpoint_root
 from cycler.supervisor.core import SignalReceived
 from cycler.supervisor.options import RunOptions

@@ -6,7 +6,7 @@ position. Two orders exist (the samplers' ``order=`` argument):
 - ``"torch"``: ``torch.randperm(n)`` drawn from a generator seeded with ``seed + epoch``, or
   ``range(n)`` without shuffle, exactly as ``DistributedSampler`` draws it. It is built whole:
   O(n) time and memory per epoch and per resume.
-- ``"scalable"``: a :class:`cycler.permutation.FeistelPermutation` keyed by ``(seed, epoch)``,
+- ``"scalable"``: a :class:`cycler.data.permutation.FeistelPermutation` keyed by ``(seed, epoch)``,
   or the identity without shuffle. Nothing is built: each position is computed when iterated,
   in blocks, so memory and the first index cost O(1) in ``n``.
 
@@ -22,8 +22,8 @@ from typing import Protocol
 
 import torch
 
+from cycler.data.permutation import FeistelPermutation
 from cycler.errors import ConfigError
-from cycler.permutation import FeistelPermutation
 
 __all__ = ["ORDERS", "EpochOrder", "epoch_order", "iterate_share", "share_positions"]
 

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from cycler._fs import atomic_write_bytes
-from cycler.environment import ENV_CONTROL_FILE
+from cycler.protocol.environment import ENV_CONTROL_FILE
 
 CONTROL_VERSION = 1
 

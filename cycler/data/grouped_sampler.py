@@ -20,9 +20,9 @@ from typing import Any
 
 from torch.utils.data import Dataset, DistributedSampler
 
-from cycler.epoch_order import epoch_order, per_rank_length, rank_share
+from cycler.data.epoch_order import epoch_order, per_rank_length, rank_share
+from cycler.data.samplers import AdvancedTooFarError, _default_world
 from cycler.errors import StateMismatch
-from cycler.samplers import AdvancedTooFarError, _default_world
 
 GROUPED_STATE_VERSION = 1
 

@@ -9,8 +9,8 @@ How an epoch's order is made, and why resuming costs nothing extra:
 - The epoch's *base order* is, with ``order="torch"`` (the default), ``torch.randperm(n)`` drawn
   from a ``torch.Generator`` seeded with ``seed + epoch`` (``range(n)`` without shuffle), exactly
   as ``DistributedSampler`` draws it. With ``order="scalable"`` it is a keyed bijection of
-  ``[0, n)`` (:mod:`cycler.permutation`) that is never built: memory, the first index and a
-  resume cost O(1) in ``n``. See :mod:`cycler.epoch_order`.
+  ``[0, n)`` (:mod:`cycler.data.permutation`) that is never built: memory, the first index and a
+  resume cost O(1) in ``n``. See :mod:`cycler.data.epoch_order`.
 - The *global order* is the base order padded cyclically (or, with ``drop_last``, truncated) to a
   multiple of the world size ``W``; rank ``r`` takes entries ``r, r + W, r + 2W, ...``. Without an
   interruption every rank yields what ``torch.utils.data.DistributedSampler`` yields.
@@ -42,7 +42,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
-from cycler.epoch_order import (
+from cycler.data.epoch_order import (
     check_order,
     epoch_order,
     iterate_share,

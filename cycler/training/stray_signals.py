@@ -16,44 +16,12 @@ signal as under torchrun.
 
 from __future__ import annotations
 
-import os
-import signal
-import sys
-import threading
 from collections.abc import Callable
-from types import FrameType
 from typing import Any
 
-from cycler.environment import ENV_STOP_SIGNALS
+from cycler.protocol.stop_signals import ignore_stray, stop_signals
 
-_said: set[int] = set()
-
-
-def _stray(number: int, frame: FrameType | None) -> None:
-    if number not in _said:
-        _said.add(number)
-        name = signal.Signals(number).name
-        sys.stderr.write(f"cycler: {name} reached process {os.getpid()} directly; ignored: "
-                         "cycle run decides when the job stops\n")
-
-
-def stop_signals(environ: dict[str, str] | os._Environ[str] | None = None) -> list[int]:
-    """The signals ``cycle run`` treats as stop requests, from ``$CYCLER_STOP_SIGNALS``."""
-    text = (os.environ if environ is None else environ).get(ENV_STOP_SIGNALS, "")
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    return [signal.Signals[name] for name in names if name in signal.Signals.__members__]
-
-
-def ignore_stray(numbers: list[int], *, over_any_handler: bool = False) -> None:
-    """Give each of ``numbers`` the do-nothing handler where its handler is still the default,
-    or whatever it is with ``over_any_handler`` (main thread only: elsewhere Python cannot set
-    handlers, and nothing is changed)."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for number in numbers:
-        current = signal.getsignal(number)
-        if over_any_handler or current in (signal.SIG_DFL, signal.default_int_handler, None):
-            signal.signal(number, _stray)
+__all__ = ["ignore_stray", "shield_from_stray_signals", "stop_signals"]
 
 
 def shield_from_stray_signals() -> None:
@@ -83,4 +51,3 @@ def _shield_dataloader_workers(numbers: list[int]) -> None:
 
     set_worker_signal_handlers._cycler_shield = True  # type: ignore[attr-defined]
     signal_handling._set_worker_signal_handlers = set_worker_signal_handlers
-

@@ -33,7 +33,8 @@ No decision is taken in a signal handler. Under ``cycle run`` the supervisor wri
 file and sends no signal until the grace period runs out, so workers keep running until the
 agreed checkpoint is saved; a stop signal that reaches a worker directly (clusters that signal
 every process of a job) is ignored there and in its DataLoader workers
-(:mod:`cycler.stray_signals`). A script started without ``cycle run`` dies on SIGTERM as usual.
+(:mod:`cycler.training.stray_signals`). A script started without ``cycle run`` dies on SIGTERM as
+usual.
 """
 
 from __future__ import annotations
@@ -48,12 +49,12 @@ from typing import Any
 
 import torch.distributed as dist
 
-from cycler._exchange import Exchange, record_close, starter, wait_or_name_the_missing
 from cycler.checkpoint.sharded import stop_decided, wait_for_saves
-from cycler.control import Action, ControlFileWatcher, ControlRequest
-from cycler.environment import ENV_CONTROL_FILE
 from cycler.errors import ConfigError, CyclerError, StateMismatch
-from cycler.stray_signals import shield_from_stray_signals
+from cycler.protocol.control import Action, ControlFileWatcher, ControlRequest
+from cycler.protocol.environment import ENV_CONTROL_FILE
+from cycler.training.exchange import Exchange, record_close, starter, wait_or_name_the_missing
+from cycler.training.stray_signals import shield_from_stray_signals
 
 STEP_CONTROL_STATE_VERSION = 1
 
