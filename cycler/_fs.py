@@ -126,7 +126,7 @@ def _disk_full_said_plainly(path: Path, temporary: Path) -> Iterator[None]:
     try:
         yield
     except (OSError, RuntimeError) as error:
-        if not (_caused_by_full_disk(error) or _no_space_left(path.parent)):
+        if not (caused_by_full_disk(error) or _no_space_left(path.parent)):
             raise
         written = temporary.stat().st_size if temporary.exists() else None
         full = DiskFull(disk_full_message(path, written))
@@ -134,7 +134,8 @@ def _disk_full_said_plainly(path: Path, temporary: Path) -> Iterator[None]:
         raise full from error
 
 
-def _caused_by_full_disk(error: BaseException | None) -> bool:
+def caused_by_full_disk(error: BaseException | None) -> bool:
+    """Whether ``error`` or what caused it is ENOSPC or EDQUOT."""
     # torch.save reports ENOSPC as a RuntimeError whose context is the OSError.
     while error is not None:
         if isinstance(error, OSError) and error.errno in _FULL:

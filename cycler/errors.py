@@ -30,6 +30,16 @@ class CorruptCheckpoint(CyclerError, ValueError):
     """A checkpoint exists but fails validation (missing manifest, size or checksum mismatch)."""
 
 
+class UnsupportedCheckpoint(CorruptCheckpoint):
+    """A checkpoint written by a newer cycler (a manifest version or checksum this one does not
+    read): never loaded, never removed for it."""
+
+
+class UnreadableCheckpoint(CyclerError, OSError):
+    """A checkpoint that exists but cannot be read (EACCES; ESTALE or EIO on NFS): never taken
+    for "not committed", never removed for it."""
+
+
 class UnsafePath(CyclerError, PermissionError):
     """A path leads outside the checkpoint root or through a symlink cycler refuses to follow."""
 
@@ -48,7 +58,7 @@ class DiskFull(CyclerError, OSError):
 
 
 class DirectoryInUse(CyclerError, RuntimeError):
-    """A live ``cycle run`` holds the checkpoint root's lock."""
+    """A live ``cycle run``, or another process's saver, holds the checkpoint root's lock."""
 
     exit_code = EXIT_USAGE
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from cycler import _fs
 from cycler.checkpoint.coordination import Coordinator, global_rank
-from cycler.checkpoint.layout import DEFAULT_PREFIX, CheckpointLayout, CheckpointName
+from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import (
     CheckpointState,
     find_checkpoint,
@@ -43,14 +43,17 @@ from cycler.checkpoint.sharded import (
     alone,
     async_group,
     default_stager,
+    disk_full_or,
     in_background,
     quiet_if_alone,
     stage,
     stopping,
     track,
+    wait_before_destroying_process_groups,
 )
-from cycler.errors import CheckpointDirectoryError, CyclerError
+from cycler.errors import CheckpointDirectoryError, CyclerError, RankFailed
 from cycler.protocol.control import USES_SAVER, announce
+from cycler.protocol.environment import default_checkpoint_name
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +74,8 @@ class AtomicDirectory:
             and commits, without one (or with ``strategy="async"``/``"offline"``) every
             instance acts alone.
         name: the prefix of this saver's names; savers sharing a root need distinct names.
+            Default: ``cycle run --checkpoint-name`` (``$CYCLER_CHECKPOINT_NAME``), else
+            ``"AtomicDirectory"``.
         keep_last: committed checkpoints to keep, counting the latest (``-1``: all). Pinned
             (``force_save``) checkpoints are never removed.
         strategy: cycling_utils' ``force_save`` agreement: ``"sync_any"`` pins if any rank
@@ -84,7 +89,7 @@ class AtomicDirectory:
     """
 
     def __init__(self, output_directory: str | os.PathLike[str], is_master: bool = False,
-                 name: str = DEFAULT_PREFIX, keep_last: int = -1, strategy: str = "sync_any",
+                 name: str | None = None, keep_last: int = -1, strategy: str = "sync_any",
                  device: Any = None,
                  timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> None:
         if strategy not in STRATEGIES:
@@ -93,6 +98,7 @@ class AtomicDirectory:
         self.keep_last = keep_last
         self.is_master = is_master
         self.device = device
+        name = name or default_checkpoint_name()
         self._coordinator = Coordinator(name, timeout, strategy in _COORDINATED)
         self.name = name if strategy != "async" else f"{name}_rank_{global_rank() or 0}"
         self.layout = CheckpointLayout(output_directory, self.name)
@@ -151,6 +157,7 @@ class AtomicDirectory:
             self._writer_lock = SupervisorLock(layout.writer_lock_path)
             self._writer_lock.acquire(role="writer", name=self.name)
             if not self._reclaimed:
+                layout.adopt()  # before its first directory: what was here stays legacy
                 self._reclaim_torn_directories()
         _housekeep(_nothing).result()  # this process's earlier records have landed
         index = layout.next_index()
@@ -185,18 +192,25 @@ class AtomicDirectory:
         ``asynchronous=False`` returns once the checkpoint is committed. ``asynchronous=True``
         returns as soon as the state is copied into staging memory: ``state_dict`` may change
         then, and the returned handle's ``wait()`` (or :meth:`wait`) returns once committed.
+        With ``strategy`` ``"mono"``, ``"async"`` or ``"offline"`` each process writes its
+        ``state_dict`` whole, alone (DCP's ``no_dist``); sharded (FSDP) state needs
+        ``"sync_any"`` or ``"sync_all"``.
         """
         import torch.distributed.checkpoint as dcp
 
         self.wait()  # one save in flight at a time: its staging memory is reused next
+        # Decided now, not in the background: the script may destroy its group right after.
+        no_dist = self._alone()
         if not asynchronous:
             directory = self._prepare(force_save=False)
-            with quiet_if_alone():
-                dcp.save(state_dict, checkpoint_id=directory, no_dist=alone())
+            self._write(lambda: dcp.save(state_dict, checkpoint_id=directory, no_dist=no_dist),
+                        directory)
             self._commit(directory, metadata)
             return SaveHandle(directory)
         if self._worker is None:
-            self._stager, self._async_group = default_stager(), async_group()
+            wait_before_destroying_process_groups()
+            self._stager = default_stager()
+            self._async_group = None if no_dist else async_group()
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="cycler-async-save")
         staged, group = stage(self._stager, state_dict), self._async_group
 
@@ -206,9 +220,8 @@ class AtomicDirectory:
                                  committed: Callable[[], None]) -> None:
             directory = self._prepare(force_save=False)
             prepared(directory)
-            with quiet_if_alone():
-                dcp.save(staged, checkpoint_id=directory, no_dist=alone(),
-                         process_group=group)
+            self._write(lambda: dcp.save(staged, checkpoint_id=directory, no_dist=no_dist,
+                                         process_group=group), directory)
             self._commit(directory, metadata, committed)
 
         track(self)
@@ -216,6 +229,25 @@ class AtomicDirectory:
         if stopping():
             self.wait()  # the stop's own save: the process ends next
         return handle
+
+    def _alone(self) -> bool:
+        """Whether this saver's DCP calls run without the process group (``no_dist``): without
+        one, or with a strategy where each process saves for itself. Binds the coordinator
+        to the group of this moment."""
+        self._coordinator.rank  # noqa: B018 (resolves the binding now)
+        return alone() or self.strategy not in _COORDINATED
+
+    def _write(self, write: Callable[[], object], directory: str) -> None:
+        """DCP's write into ``directory``; a failure removes what it wrote at once (a partial
+        shard on a full disk would make every later save fail too) and a full disk is
+        :class:`DiskFull`, whichever way torch reports it."""
+        try:
+            with quiet_if_alone():
+                write()
+        except BaseException as error:
+            if self._coordinator.is_creator:
+                self._without_raising(_fs.discard_directory, Path(directory), "failed save")
+            raise disk_full_or(error, directory) from error
 
     def wait(self) -> None:
         """Wait until this saver's asynchronous save in flight, if any, is committed and its
@@ -241,7 +273,7 @@ class AtomicDirectory:
         if path is None:
             return None
         with quiet_if_alone():
-            dcp.load(state_dict, checkpoint_id=str(path), no_dist=alone())
+            dcp.load(state_dict, checkpoint_id=str(path), no_dist=self._alone())
         return read_manifest(Path(path)).metadata
 
     def symlink_latest(self, checkpoint_directory: str | os.PathLike[str],
@@ -272,7 +304,11 @@ class AtomicDirectory:
         round_key = coordinator.new_round("commit")
         coordinator.arrive(round_key, "done")
         coordinator.wait_for_all(round_key)  # every rank has written its files
-        mine = self._record_share(directory)
+        try:
+            mine = self._record_share(directory)
+        except BaseException as error:  # KeyboardInterrupt, MemoryError: nobody may wait
+            coordinator.arrive(f"{round_key}/records", _error_share(coordinator.rank, error))
+            raise
         coordinator.arrive(f"{round_key}/records", mine)
         if not coordinator.is_creator:
             coordinator.outcome(round_key)
@@ -286,12 +322,9 @@ class AtomicDirectory:
             raise
         coordinator.announce(round_key, "committed")
         committed()
-        # The writer lock is held through retention: released before it, another writer could
-        # prepare a directory that this retention then removes as torn.
-        try:
-            self._apply_retention(directory.name)
-        finally:
-            self._release_writer_lock()
+        # The writer lock stays held for the saver's life (released when it is dropped or the
+        # process ends): between two commits another writer would interleave its own.
+        self._apply_retention(directory.name)
 
     def _record_share(self, directory: Path) -> str:
         """This rank's share of the commit's fsyncs and checksums, as JSON (or the error)."""
@@ -300,8 +333,8 @@ class AtomicDirectory:
             names = checkpoint_files(directory)
             share = files_of_rank(names, coordinator.rank, coordinator.world_size)
             records = record_files(directory, share)
-        except (OSError, CyclerError) as error:
-            return json.dumps({"error": f"rank {coordinator.rank}: {error}"})
+        except Exception as error:  # any kind: the other ranks fail at once with its text
+            return _error_share(coordinator.rank, error)
         return json.dumps({name: [r.size, r.checksum] for name, r in records.items()})
 
     def _seal_and_link(self, directory: Path, metadata: dict[str, Any],
@@ -406,10 +439,16 @@ class AtomicDirectory:
             return None
         return f"{name.index}_force" if name.pinned else str(name.index)
 
-    def latest_checkpoint(self, verify: bool = True) -> str | None:
+    def latest_checkpoint(self, verify: bool = True, strict: bool = False) -> str | None:
         """The newest valid checkpoint of this saver (see :func:`cycler.latest_checkpoint`)."""
-        path = latest_checkpoint(self.layout.root, self.name, verify=verify)
+        path = latest_checkpoint(self.layout.root, self.name, verify=verify, strict=strict)
         return None if path is None else str(path)
+
+
+def _error_share(rank: int, error: BaseException) -> str:
+    """A rank's share of a commit round that failed, as every rank will read it."""
+    kind = "" if isinstance(error, OSError | CyclerError) else f"{type(error).__name__}: "
+    return json.dumps({"error": f"rank {rank}: {kind}{error}"})
 
 
 def _merged_records(shares: list[str]) -> dict[str, FileRecord]:
@@ -418,8 +457,7 @@ def _merged_records(shares: list[str]) -> dict[str, FileRecord]:
     for share in shares:
         records = json.loads(share)
         if "error" in records and isinstance(records["error"], str):
-            raise CheckpointDirectoryError(f"a rank could not record its files: "
-                                           f"{records['error']}")
+            raise RankFailed(f"the commit failed on {records['error']}")
         merged.update({name: FileRecord(size, digest) for name, (size, digest) in records.items()})
     return merged
 

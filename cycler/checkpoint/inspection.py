@@ -19,7 +19,6 @@ from cycler import _fs
 from cycler.checkpoint.layout import CheckpointLayout, saver_prefixes
 from cycler.checkpoint.listing import (
     Checkpoint,
-    failed_verification,
     link_outside_root,
     list_checkpoints,
 )
@@ -103,8 +102,7 @@ def collect_status(root: str | os.PathLike[str], *, verify: bool = False, events
         if outside is not None:
             notes.append(outside)
         for checkpoint in list_checkpoints(path, prefix, verify=verify):
-            found = None if verify else failed_verification(saver_layout, checkpoint.name)
-            facts.append(_facts(prefix, checkpoint, clock(), found))
+            facts.append(_facts(prefix, checkpoint, clock()))
             if on_checked is not None:
                 on_checked(facts[-1].size)
     layout = CheckpointLayout(path)
@@ -125,20 +123,16 @@ def total_size(root: str | os.PathLike[str], *, verify: bool = False) -> int:
                for c in list_checkpoints(path, prefix) if c.is_directory)
 
 
-def _facts(prefix: str, checkpoint: Checkpoint, now: float,
-           failed_check: str | None = None) -> CheckpointFacts:
-    """One row; ``failed_check`` is what a resume's verification found (state corrupt)."""
+def _facts(prefix: str, checkpoint: Checkpoint, now: float) -> CheckpointFacts:
+    """One row of ``cycle status``."""
     manifest = checkpoint.manifest
     size = manifest.total_size if manifest is not None else _tree_size(checkpoint.path)
     created = manifest.created_at if manifest is not None else _mtime(checkpoint.path)
-    state, problem = checkpoint.state.value, checkpoint.problem
-    if failed_check is not None and checkpoint.valid:
-        state, problem = "corrupt", f"{failed_check} (found when resuming)"
     return CheckpointFacts(
         saver=prefix, name=checkpoint.path.name, index=checkpoint.index,
-        state=state, pinned=checkpoint.pinned,
+        state=checkpoint.state.value, pinned=checkpoint.pinned,
         step=manifest.step if manifest else None, epoch=manifest.epoch if manifest else None,
-        size=size, age_seconds=max(0.0, now - created), problem=problem,
+        size=size, age_seconds=max(0.0, now - created), problem=checkpoint.problem,
     )
 
 
@@ -225,8 +219,11 @@ def _plan(root: Path, keep_last: int) -> tuple[list[Decision], list[Path]]:
     for prefix in saver_prefixes(root):
         writing = lock_holder(CheckpointLayout(root, prefix).writer_lock_path) is not None
         any_writing = any_writing or writing
-        decisions += retention_decisions(list_checkpoints(root, prefix), keep_last=keep_last,
-                                         remove_torn=True, writer_active=writing)
+        # The latest is chosen as resume chooses it, its checksums verified, so that what is
+        # kept always includes a checkpoint a resume can load.
+        checkpoints = list_checkpoints(root, prefix, verify_latest=keep_last >= 0)
+        decisions += retention_decisions(checkpoints, keep_last=keep_last, remove_torn=True,
+                                         writer_active=writing)
     # A live writer's temporaries are about to be renamed into place: leave them all alone then.
     temporaries = [] if any_writing else CheckpointLayout(root).temporaries()
     return decisions, temporaries

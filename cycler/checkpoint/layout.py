@@ -22,8 +22,9 @@ from pathlib import Path
 
 from cycler._fs import TEMP_MARKER, atomic_write_bytes, is_temporary
 from cycler.errors import CheckpointDirectoryError
+from cycler.protocol.environment import DEFAULT_CHECKPOINT_NAME
 
-DEFAULT_PREFIX = "AtomicDirectory"
+DEFAULT_PREFIX = DEFAULT_CHECKPOINT_NAME
 CHECKPOINT_INFIX = "_checkpoint_"
 PINNED_SUFFIX = "_force"
 LINK_SUFFIX = ".latest_checkpoint"
@@ -38,6 +39,8 @@ LOCK_FILENAME = "supervisor-node{node}.lock"
 RESUME_RECORD_FILENAME = "resumed-from-node{node}.json"
 HEARTBEAT_FILENAME = "alive-node{node}.json"
 INDEX_RECORD_SUFFIX = ".last_index"
+FIRST_INDEX_SUFFIX = ".first_index"
+VERIFICATION_RECORD_PREFIX = "verify-failed-"
 
 
 _ANY_CHECKPOINT = re.compile(
@@ -125,7 +128,17 @@ class CheckpointLayout:
 
     def verification_record_path(self, name: CheckpointName) -> Path:
         """Where a resume that found ``name``'s checksums wrong says so (``cycle status``)."""
-        return self.supervisor_dir / f"verify-failed-{name}"
+        return self.supervisor_dir / f"{VERIFICATION_RECORD_PREFIX}{name}"
+
+    def verification_records(self) -> dict[str, Path]:
+        """Checkpoint name -> its record, for every checkpoint of this saver whose
+        verification failed."""
+        found = {}
+        for entry in _list(self.supervisor_dir):
+            named = self.parse(entry[len(VERIFICATION_RECORD_PREFIX):])
+            if entry.startswith(VERIFICATION_RECORD_PREFIX) and named is not None:
+                found[str(named)] = self.supervisor_dir / entry
+        return found
 
     def resume_record_path(self, node_rank: int = 0) -> Path:
         """Where ``cycle run`` records that a ``--resume-from`` rollback was carried out."""
@@ -161,6 +174,33 @@ class CheckpointLayout:
     @property
     def index_record_path(self) -> Path:
         return self.supervisor_dir / f"{self.prefix}{INDEX_RECORD_SUFFIX}"
+
+    @property
+    def first_index_record_path(self) -> Path:
+        return self.supervisor_dir / f"{self.prefix}{FIRST_INDEX_SUFFIX}"
+
+    def adopt(self) -> None:
+        """Record, before cycler prepares its first directory here, the first index it uses.
+
+        Directories below that index that have no manifest were written by another tool
+        (cycling_utils): they are legacy checkpoints, never torn ones. A root where an earlier
+        cycler prepared (an index record, no adoption record) holds no legacy directories.
+        """
+        if os.path.lexists(self.first_index_record_path):
+            return
+        first = 0 if os.path.lexists(self.index_record_path) else self.next_index()
+        self.supervisor_dir.mkdir(exist_ok=True)
+        atomic_write_bytes(self.first_index_record_path, f"{first}\n".encode())
+
+    def first_own_index(self) -> int | None:
+        """The first index cycler prepared in this root, ``None`` if it never prepared here
+        (every directory without a manifest is then a legacy checkpoint)."""
+        try:
+            return int(self.first_index_record_path.read_text().strip())
+        except FileNotFoundError:
+            return 0 if os.path.lexists(self.index_record_path) else None
+        except (OSError, ValueError):
+            return None  # unsure: nothing may be taken for torn
 
     def parse(self, name: str) -> CheckpointName | None:
         """The parsed name if ``name`` is one of this layout's checkpoint names, else ``None``."""
@@ -230,7 +270,7 @@ class CheckpointLayout:
         (the record only grows: a lower index leaves it as it is)."""
         if index <= self._recorded_index():
             return
-        self.supervisor_dir.mkdir(exist_ok=True)
+        self.adopt()  # an index record alone would make a cycling_utils root's directories torn
         atomic_write_bytes(self.index_record_path, f"{index}\n".encode())
 
     def _recorded_index(self) -> int:

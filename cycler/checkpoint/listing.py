@@ -13,29 +13,48 @@ import os
 import stat
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cycler._fs import atomic_write_bytes
 from cycler.checkpoint.layout import DEFAULT_PREFIX, MANIFEST_NAME, CheckpointLayout, CheckpointName
 from cycler.checkpoint.manifest import CHECKSUM_MISMATCH, Manifest, check_files, read_manifest
-from cycler.errors import CheckpointNotFound, CorruptCheckpoint
-from cycler.protocol.environment import ENV_RESUME_FROM, default_checkpoint_root
+from cycler.errors import (
+    CheckpointNotFound,
+    CorruptCheckpoint,
+    UnreadableCheckpoint,
+    UnsupportedCheckpoint,
+)
+from cycler.protocol.environment import (
+    ENV_RESUME_FROM,
+    default_checkpoint_name,
+    default_checkpoint_root,
+)
 
 NEVER_COMMITTED = "no manifest (never committed)"
 """The problem of a directory whose commit never wrote its manifest: state ``incomplete``."""
+LEGACY = "legacy"
+UNREADABLE = "unreadable"
+UNSUPPORTED = "unsupported"
 
 
 class CheckpointWarning(UserWarning):
-    """The latest link could not be used and an older or unlinked checkpoint was chosen."""
+    """The latest link could not be used and an older or unlinked checkpoint was chosen, or no
+    checkpoint among those that exist is valid."""
 
 
 class CheckpointState(str, enum.Enum):
     LATEST = "latest"
     VALID = "valid"
     PINNED = "pinned"
+    LEGACY = "legacy"
+    """Written by another tool (cycling_utils) before cycler's first prepare: no manifest."""
     INCOMPLETE = "incomplete"
     CORRUPT = "corrupt"
+    UNREADABLE = "unreadable"
+    """Exists but cannot be read (EACCES, ESTALE, EIO): never taken for "never committed"."""
+    UNSUPPORTED = "unsupported"
+    """Written by a newer cycler: neither loaded nor removed by this one."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +68,8 @@ class Checkpoint:
     """Why it is not valid (``None`` when valid)."""
     is_latest: bool = False
     is_directory: bool = True
+    kind: str | None = None
+    """``"legacy"``, ``"unreadable"`` or ``"unsupported"`` where that is what it is."""
 
     @property
     def valid(self) -> bool:
@@ -63,35 +84,43 @@ class Checkpoint:
         return self.name.pinned
 
     @property
+    def committed(self) -> bool:
+        """Whether it is more than a directory a writer prepared and never committed."""
+        return self.state is not CheckpointState.INCOMPLETE
+
+    @property
     def state(self) -> CheckpointState:
         if self.is_directory and self.problem == NEVER_COMMITTED:
             return CheckpointState.INCOMPLETE
+        if self.kind in (UNREADABLE, UNSUPPORTED):
+            return CheckpointState(self.kind)
         if not self.valid:
             return CheckpointState.CORRUPT
         if self.is_latest:
             return CheckpointState.LATEST
-        return CheckpointState.PINNED if self.pinned else CheckpointState.VALID
+        if self.pinned:
+            return CheckpointState.PINNED
+        return CheckpointState.LEGACY if self.kind == LEGACY else CheckpointState.VALID
 
 
 def inspect_checkpoint(layout: CheckpointLayout, name: CheckpointName,
                        verify: bool = False) -> Checkpoint:
     """Validate one entry: a real directory whose files match its manifest."""
     path = layout.path_of(name)
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return Checkpoint(name, path, None, "does not exist", is_directory=False)
-    if stat.S_ISLNK(mode):
-        return Checkpoint(name, path, None, "is a symlink; cycler never follows it",
-                          is_directory=False)
-    if not stat.S_ISDIR(mode):
-        return Checkpoint(name, path, None, "is a file, not a directory", is_directory=False)
+    entry = _entry(layout, name)
+    if entry is not None:
+        return entry
     try:
         manifest = read_manifest(path)
+        problem = check_files(path, manifest, checksums=verify)
+    except UnreadableCheckpoint as error:
+        return Checkpoint(name, path, None, str(error), kind=UNREADABLE)
+    except UnsupportedCheckpoint as error:
+        return Checkpoint(name, path, None, str(error), kind=UNSUPPORTED)
     except CorruptCheckpoint as error:
-        missing = not os.path.lexists(path / MANIFEST_NAME)
-        return Checkpoint(name, path, None, NEVER_COMMITTED if missing else str(error))
-    problem = check_files(path, manifest, checksums=verify)
+        if _manifest_absent(path):
+            return _without_manifest(layout, name)
+        return Checkpoint(name, path, None, str(error))
     return Checkpoint(name, path, manifest, problem)
 
 
@@ -99,39 +128,109 @@ def glance_at_checkpoint(layout: CheckpointLayout, name: CheckpointName) -> Chec
     """Only whether an entry is a real directory with a manifest, read from two ``lstat``s:
     enough for retention after a commit, where reading every manifest made each commit's cost
     grow with the checkpoints kept (52 ms with 600 of them). ``manifest`` stays ``None``."""
+    entry = _entry(layout, name)
+    if entry is not None:
+        return entry
+    path = layout.path_of(name)
+    try:
+        mode = os.lstat(path / MANIFEST_NAME).st_mode
+    except FileNotFoundError:
+        return _without_manifest(layout, name)
+    except OSError as error:
+        return Checkpoint(name, path, None, f"cannot read it ({error.strerror})", kind=UNREADABLE)
+    if not stat.S_ISREG(mode):
+        return inspect_checkpoint(layout, name)  # say exactly what
+    return Checkpoint(name, path, None, None)
+
+
+def _entry(layout: CheckpointLayout, name: CheckpointName) -> Checkpoint | None:
+    """The checkpoint when the entry itself says all (absent, unreadable, not a directory),
+    else ``None``: a real directory to look into."""
     path = layout.path_of(name)
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
         return Checkpoint(name, path, None, "does not exist", is_directory=False)
+    except OSError as error:
+        return Checkpoint(name, path, None, f"cannot read it ({error.strerror})", kind=UNREADABLE)
+    if stat.S_ISLNK(mode):
+        return Checkpoint(name, path, None, "is a symlink; cycler never follows it",
+                          is_directory=False)
     if not stat.S_ISDIR(mode):
-        return inspect_checkpoint(layout, name)  # a link or a file: say exactly what
-    if not os.path.lexists(path / MANIFEST_NAME):
-        return Checkpoint(name, path, None, NEVER_COMMITTED)
-    return Checkpoint(name, path, None, None)
+        return Checkpoint(name, path, None, "is a file, not a directory", is_directory=False)
+    return None
+
+
+def _manifest_absent(path: Path) -> bool:
+    try:
+        os.lstat(path / MANIFEST_NAME)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def _without_manifest(layout: CheckpointLayout, name: CheckpointName) -> Checkpoint:
+    """A directory with no manifest: torn if cycler prepared it, else another tool's."""
+    first = layout.first_own_index()
+    path = layout.path_of(name)
+    if first is None or name.index < first:
+        return Checkpoint(name, path, None, None, kind=LEGACY)
+    return Checkpoint(name, path, None, NEVER_COMMITTED)
 
 
 def list_checkpoints(root: str | os.PathLike[str], name: str = DEFAULT_PREFIX,
-                     verify: bool = False, glance: bool = False) -> list[Checkpoint]:
+                     verify: bool = False, glance: bool = False,
+                     verify_latest: bool = False) -> list[Checkpoint]:
     """Every checkpoint of saver ``name`` under ``root`` by index, the latest one marked.
 
-    ``glance`` only tells committed directories from torn ones (:func:`glance_at_checkpoint`).
+    The latest is chosen as resume chooses it: checkpoints a resume found corrupt (recorded
+    under ``.cycler/``) are corrupt here too. ``verify`` checks every checksum;
+    ``verify_latest`` only those of the checkpoint chosen as latest, falling back as resume
+    does (what ``cycle prune`` needs before removing anything older). ``glance`` only tells
+    committed directories from torn ones (:func:`glance_at_checkpoint`).
     """
     layout = CheckpointLayout(root, name)
     names = layout.checkpoint_names()
+    failed = failed_verifications(layout)
     if glance:
         found = [glance_at_checkpoint(layout, entry) for entry in names]
     else:
         found = [inspect_checkpoint(layout, entry, verify) for entry in names]
-    by_name = {c.name: c for c in found}
-    latest, _ = _choose_latest(layout, [c.name for c in found], by_name.__getitem__)
-    return [_marked(c, latest) for c in found]
+    by_name = {c.name: _with_record(c, failed) for c in found}
+    look: Callable[[CheckpointName], Checkpoint] = by_name.__getitem__
+    if verify_latest and not verify:
+        look = functools.cache(lambda entry: _verified(layout, by_name[entry], failed))
+    latest, _ = _choose_latest(layout, names, look)
+    if verify_latest and not verify:
+        by_name.update({entry: look(entry) for entry in names
+                        if latest is None or entry.index >= latest.index})
+    return [_marked(by_name[entry], latest) for entry in names]
+
+
+def _verified(layout: CheckpointLayout, checkpoint: Checkpoint, failed: dict[str, str],
+              ) -> Checkpoint:
+    if not checkpoint.valid or checkpoint.kind == LEGACY:
+        return checkpoint
+    checked = inspect_checkpoint(layout, checkpoint.name, verify=True)
+    if checked.problem and CHECKSUM_MISMATCH in checked.problem:
+        record_failed_verification(layout, checked)
+    return checked
+
+
+def _with_record(checkpoint: Checkpoint, failed: dict[str, str]) -> Checkpoint:
+    """``checkpoint``, corrupt if a resume recorded that its checksums failed."""
+    found = failed.get(str(checkpoint.name))
+    if found is None or not checkpoint.valid:
+        return checkpoint
+    return replace(checkpoint, problem=f"{found} (found when resuming)")
 
 
 def _marked(checkpoint: Checkpoint, latest: Checkpoint | None) -> Checkpoint:
     if latest is None or checkpoint.path != latest.path:
         return checkpoint
-    return Checkpoint(checkpoint.name, checkpoint.path, checkpoint.manifest, None, True)
+    return replace(checkpoint, is_latest=True)
 
 
 def _choose_latest(layout: CheckpointLayout, names: list[CheckpointName],
@@ -191,57 +290,95 @@ def _link_problem(layout: CheckpointLayout, target: CheckpointName | None,
     return f"{link} points at {target}, which is {linked.state.value}: {linked.problem}"
 
 
-def latest_checkpoint(root: str | os.PathLike[str] | None = None, name: str = DEFAULT_PREFIX,
-                      verify: bool = True) -> Path | None:
+def latest_checkpoint(root: str | os.PathLike[str] | None = None, name: str | None = None,
+                      verify: bool = True, strict: bool = False) -> Path | None:
     """The newest valid checkpoint directory under ``root``, or ``None`` if there is none.
 
     The latest link's target when it validates; otherwise the newest valid checkpoint by index,
     with a :class:`CheckpointWarning` that names what was wrong. A directory without a valid
-    manifest is never returned. ``verify`` (the default: this is what a resume asks) also
-    checks the checksum of every file of the checkpoint it returns, so a bit flipped on disk is
-    never resumed: one read of that checkpoint's data, not of the others. A checkpoint that
-    fails it is recorded under ``.cycler/``, where ``cycle status`` shows it as corrupt.
-    ``root`` defaults to ``$CYCLER_CHECKPOINT_DIR``, ``$CHECKPOINT_ARTIFACT_PATH``,
-    ``./checkpoints``. When ``cycle run --resume-from NAME`` set ``$CYCLER_RESUME_FROM`` to one
-    of this saver's checkpoints, that checkpoint is returned instead (validated).
+    manifest is never returned (a cycling_utils checkpoint, which has none, is returned as it
+    is). ``verify`` (the default: this is what a resume asks) also checks the checksum of
+    every file of the checkpoint it returns, so a bit flipped on disk is never resumed: one
+    read of that checkpoint's data, not of the others. A checkpoint that fails it is recorded
+    under ``.cycler/``, where ``cycle status``, ``cycle prune`` and retention see it as corrupt.
+    When checkpoints exist and none is valid, a :class:`CheckpointWarning` names each and why
+    (``strict``: :class:`CorruptCheckpoint` instead). ``root`` defaults to
+    ``$CYCLER_CHECKPOINT_DIR``, ``$CHECKPOINT_ARTIFACT_PATH``, ``./checkpoints``. When
+    ``cycle run --resume-from NAME`` set ``$CYCLER_RESUME_FROM`` to one of this saver's
+    checkpoints, that checkpoint is returned instead (validated). ``name`` defaults to
+    ``cycle run --checkpoint-name`` (``$CYCLER_CHECKPOINT_NAME``), else ``AtomicDirectory``.
     """
+    name = name or default_checkpoint_name()
     layout = CheckpointLayout(_root_or_default(root), name)
     requested = os.environ.get(ENV_RESUME_FROM)
     if requested and (layout.parse(requested) or _by_index(layout, requested)):
         return find_checkpoint(layout.root, requested, name, verify)
     # Resuming validates the link target only, not every checkpoint (with verify=True that
     # would read the data of all of them); older ones are inspected only if it is unusable.
-    inspect = functools.cache(lambda entry: inspect_checkpoint(layout, entry, verify))
-    latest, problem = _choose_latest(layout, layout.checkpoint_names(), inspect)
-    if problem is None:
-        return None if latest is None else latest.path
-    target = layout.link_target_name()
-    fell_back = latest is not None and latest.name != target
-    if verify and fell_back and target is not None:
-        linked = inspect(target)  # inspected already: cached
-        if linked.problem and CHECKSUM_MISMATCH in linked.problem:
-            record_failed_verification(layout, linked)
-    if latest is not None:
+    failed = failed_verifications(layout)
+
+    @functools.cache
+    def look(entry: CheckpointName) -> Checkpoint:
+        checked = _with_record(inspect_checkpoint(layout, entry, verify), failed)
+        if verify and checked.problem and CHECKSUM_MISMATCH in checked.problem:
+            record_failed_verification(layout, checked)
+        return checked
+
+    names = layout.checkpoint_names()
+    latest, problem = _choose_latest(layout, names, look)
+    if latest is None:
+        _say_none_is_valid(layout, [look(entry) for entry in names], strict)
+        return None
+    if problem is not None:
+        fell_back = latest.name != layout.link_target_name()
         using = f"; using {latest.path.name} instead" if fell_back else ""
         warnings.warn(f"{problem}{using}", CheckpointWarning, stacklevel=2)
-    return None if latest is None else latest.path
+    return latest.path
+
+
+def _say_none_is_valid(layout: CheckpointLayout, checked: list[Checkpoint], strict: bool,
+                       ) -> None:
+    """Checkpoints exist (more than torn directories) and none is valid: never silent."""
+    committed = [c for c in checked if c.committed]
+    if not committed:
+        return
+    why = "; ".join(f"{c.path.name}: {c.problem}" for c in committed)
+    message = f"no valid checkpoint in {layout.root} ({why})"
+    if strict:
+        raise CorruptCheckpoint(f"{message}; repair or move them, or start elsewhere")
+    warnings.warn(f"{message}; training starts from the beginning", CheckpointWarning,
+                  stacklevel=3)
+
+
+def no_valid_checkpoint(root: str | os.PathLike[str], name: str = DEFAULT_PREFIX) -> str | None:
+    """What is wrong when checkpoints exist under ``root`` and none is valid (sizes only, no
+    data read), else ``None``: what ``cycle run`` says at start."""
+    checked = list_checkpoints(root, name)
+    if any(c.valid for c in checked) or not any(c.committed for c in checked):
+        return None
+    return "; ".join(f"{c.path.name}: {c.problem}" for c in checked if c.committed)
 
 
 def record_failed_verification(layout: CheckpointLayout, checkpoint: Checkpoint) -> None:
-    """Remember that ``checkpoint`` failed its checksums (for ``cycle status``); best effort."""
+    """Remember that ``checkpoint`` failed its checksums, for ``cycle status``, ``cycle prune``
+    and retention; best effort."""
     try:
+        layout.supervisor_dir.mkdir(exist_ok=True)
         atomic_write_bytes(layout.verification_record_path(checkpoint.name),
                            (checkpoint.problem or "").encode(), durable=False)
     except OSError:
         pass
 
 
-def failed_verification(layout: CheckpointLayout, name: CheckpointName) -> str | None:
-    """What a resume's verification found wrong with ``name``, if it failed."""
-    try:
-        return layout.verification_record_path(name).read_text() or "checksum mismatch"
-    except OSError:
-        return None
+def failed_verifications(layout: CheckpointLayout) -> dict[str, str]:
+    """Checkpoint name -> what a verification found wrong, for every one that failed."""
+    found = {}
+    for name, record in layout.verification_records().items():
+        try:
+            found[name] = record.read_text() or "checksum mismatch"
+        except OSError:
+            continue
+    return found
 
 
 def find_checkpoint(root: str | os.PathLike[str], checkpoint: str,

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,7 +51,8 @@ class SupervisorLock:
         """Take the lock and record the owner; raises :class:`DirectoryInUse` if held."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
-                  "started": process_start(os.getpid()), **owner}
+                  "started": process_start(os.getpid()),
+                  "command": " ".join(sys.argv)[:200], **owner}
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             self._flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -92,10 +94,17 @@ class SupervisorLock:
         self._refuse(_read_held(held))
 
     def _refuse(self, holder: dict[str, Any]) -> None:
-        raise DirectoryInUse(
-            f"{self.path.parent.parent} is in use by a live cycle run "
-            f"(pid {holder.get('pid', '?')} on {holder.get('host', '?')}); stop it first"
-        ) from None
+        who = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
+        if holder.get("command"):
+            who += f": {holder['command']}"
+        root = self.path.parent.parent
+        if holder.get("role") == "writer":
+            raise DirectoryInUse(
+                f"another process writes {holder.get('name', 'its')} checkpoints in {root} "
+                f"({who}); stop it, or give this job another checkpoint directory or name"
+            ) from None
+        raise DirectoryInUse(f"{root} is in use by a live cycle run ({who}); stop it first"
+                             ) from None
 
     def release(self) -> None:
         if self._fd is not None:

@@ -22,7 +22,7 @@ from typing import Any
 from cycler._fs import atomic_write_bytes, fsync_directory, fsync_path, is_temporary
 from cycler.checkpoint.checksum import ALGORITHMS, CRC32, XXH3, file_checksum
 from cycler.checkpoint.layout import MANIFEST_NAME
-from cycler.errors import CorruptCheckpoint
+from cycler.errors import CorruptCheckpoint, UnreadableCheckpoint, UnsupportedCheckpoint
 
 MANIFEST_FORMAT = "cycler.checkpoint"
 MANIFEST_VERSION = 2
@@ -68,22 +68,51 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str) -> Manifest:
-        """Parse a manifest; raises ``ValueError`` (or ``KeyError``/``TypeError``) if malformed."""
-        fields = json.loads(text)
-        if fields.pop("format", None) != MANIFEST_FORMAT:
+        """Parse a manifest; raises :class:`UnsupportedCheckpoint` for a newer cycler's and
+        ``ValueError`` for anything malformed (wrong types included)."""
+        try:
+            fields = json.loads(text)
+        except RecursionError:
+            raise ValueError("nested too deeply to be a manifest") from None
+        if not isinstance(fields, dict) or fields.pop("format", None) != MANIFEST_FORMAT:
             raise ValueError("not a cycler manifest")
         version = fields.pop("version", None)
         if version not in (1, MANIFEST_VERSION):
-            raise ValueError(f"manifest version {version} is not one this cycler reads "
-                             f"(1 or {MANIFEST_VERSION}): a newer cycler wrote it?")
+            raise UnsupportedCheckpoint(
+                f"manifest version {version} is not one this cycler reads (1 or "
+                f"{MANIFEST_VERSION}): written by a newer cycler? upgrade to read it")
         if version == 1:  # CRC-32, each record's under "crc32"
             fields["checksum"] = CRC32
         if fields.get("checksum") not in ALGORITHMS:
-            raise ValueError(f"unknown checksum {fields.get('checksum')!r}")
+            raise UnsupportedCheckpoint(f"checksum {fields.get('checksum')!r} is not one this "
+                                        "cycler knows: written by a newer cycler?")
         key = "crc32" if version == 1 else "checksum"
-        files = {str(name): FileRecord(int(r["size"]), str(r[key]))
-                 for name, r in fields.pop("files").items()}
-        return cls(files=files, **fields)
+        files = fields.pop("files", None)
+        if not isinstance(files, dict):
+            raise ValueError("its files are not a mapping of names to records")
+        manifest = cls(files={str(name): _file_record(record, key)
+                              for name, record in files.items()}, **fields)
+        _check_types(manifest)
+        return manifest
+
+
+def _file_record(record: Any, key: str) -> FileRecord:
+    if not isinstance(record, dict) or not isinstance(record.get("size"), int):
+        raise ValueError(f"a file record is not {{'size': int, {key!r}: str}}: {record!r:.80}")
+    return FileRecord(record["size"], str(record[key]))
+
+
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "index": (int,), "created_at": (int, float), "world_size": (int,), "step": (int, type(None)),
+    "epoch": (int, type(None)), "cycler_version": (str,), "metadata": (dict,)}
+
+
+def _check_types(manifest: Manifest) -> None:
+    for name, types in _FIELD_TYPES.items():
+        value = getattr(manifest, name)
+        if not isinstance(value, types) or isinstance(value, bool):
+            wanted = " or ".join(t.__name__ for t in types)
+            raise ValueError(f"its {name} is {value!r:.40}, not {wanted}")
 
 
 def checkpoint_files(directory: Path) -> list[str]:
@@ -193,14 +222,26 @@ def _optional_int(value: Any) -> int | None:
 
 
 def read_manifest(directory: Path) -> Manifest:
-    """The manifest of ``directory``; :class:`CorruptCheckpoint` if missing or malformed."""
+    """The manifest of ``directory``. Raises :class:`CorruptCheckpoint` if it is missing or
+    malformed, :class:`UnsupportedCheckpoint` if a newer cycler wrote it, and
+    :class:`UnreadableCheckpoint` if it exists but cannot be read: only ENOENT means absent."""
     path = Path(directory) / MANIFEST_NAME
     try:
-        return Manifest.from_json(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         raise CorruptCheckpoint(f"{directory} has no manifest: it was never committed") from None
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise CorruptCheckpoint(f"{path} is unreadable or malformed ({error})") from None
+    except IsADirectoryError:
+        raise UnreadableCheckpoint(f"{path} is a directory, not a manifest") from None
+    except UnicodeDecodeError as error:
+        raise CorruptCheckpoint(f"{path} is malformed ({error})") from None
+    except OSError as error:
+        raise UnreadableCheckpoint(f"cannot read {path} ({error.strerror or error})") from None
+    try:
+        return Manifest.from_json(text)
+    except UnsupportedCheckpoint:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise CorruptCheckpoint(f"{path} is malformed ({error})") from None
 
 
 def _linked_parent(directory: Path, name: Path, known_real: set[Path]) -> str | None:
@@ -217,7 +258,8 @@ def _linked_parent(directory: Path, name: Path, known_real: set[Path]) -> str | 
 
 
 def check_files(directory: Path, manifest: Manifest, *, checksums: bool = False) -> str | None:
-    """The first way ``directory`` differs from ``manifest``, or ``None`` if it matches."""
+    """The first way ``directory`` differs from ``manifest``, or ``None`` if it matches; raises
+    :class:`UnreadableCheckpoint` where a file exists but cannot be read."""
     real_directories: set[Path] = set()
     for name, record in manifest.files.items():
         if Path(name).is_absolute() or ".." in Path(name).parts:
@@ -228,12 +270,23 @@ def check_files(directory: Path, manifest: Manifest, *, checksums: bool = False)
         path = Path(directory) / name
         try:
             size = path.lstat().st_size
-        except OSError:
+        except FileNotFoundError:
             return f"{name} is missing"
+        except OSError as error:
+            raise UnreadableCheckpoint(f"cannot read {name} ({error.strerror})") from None
         if path.is_symlink() or not path.is_file():
             return f"{name} is not a plain file"
         if size != record.size:
             return f"{name} has {size} bytes, the manifest says {record.size}"
-        if checksums and file_checksum(path, manifest.checksum) != record.checksum:
+        if checksums and _checksum(path, manifest.checksum) != record.checksum:
             return f"{name} {CHECKSUM_MISMATCH}"
     return None
+
+
+def _checksum(path: Path, algorithm: str) -> str:
+    try:
+        return file_checksum(path, algorithm)
+    except FileNotFoundError:
+        return "missing"
+    except OSError as error:
+        raise UnreadableCheckpoint(f"cannot read {path.name} ({error.strerror})") from None

@@ -6,12 +6,17 @@ prints these decisions). The rules, in order:
 1. The latest checkpoint is kept.
 2. Pinned (``_force``) checkpoints are kept, valid or not.
 3. Entries that are not real directories (symlinks, files) are kept: never followed or removed.
-4. Valid checkpoints newer than the latest (committed data whose link swap was cut) are kept.
-5. Torn checkpoints (incomplete or corrupt) are removed when ``remove_torn`` says so: always
-   when older than the latest; when newer only if ``writer_active`` is false, because a torn
-   directory newer than the latest may be the one being written right now.
-6. Of the remaining valid checkpoints, the newest ``keep_last - 1`` besides the latest are kept
-   (``keep_last`` counts the latest, as in cycling_utils); ``keep_last < 0`` keeps them all.
+4. What cannot be judged is kept: unreadable checkpoints (EACCES, ESTALE, EIO), a newer
+   cycler's (unsupported), and corrupt ones (a manifest, but files that do not match it: the
+   evidence of damage, and perhaps the only copy left; ``cycle status`` shows them).
+5. Valid checkpoints newer than the latest (committed data whose link swap was cut) are kept.
+6. Torn checkpoints (incomplete: prepared by cycler, never committed) are removed when
+   ``remove_torn`` says so: always when older than the latest; when newer only if
+   ``writer_active`` is false, because a torn directory newer than the latest may be the one
+   being written right now.
+7. Of the remaining valid checkpoints (legacy ones included: a cycling_utils root's, oldest
+   first), the newest ``keep_last - 1`` besides the latest are kept (``keep_last`` counts the
+   latest, as in cycling_utils); ``keep_last < 0`` keeps them all.
 """
 
 from __future__ import annotations
@@ -19,7 +24,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cycler.checkpoint.listing import Checkpoint
+from cycler.checkpoint.listing import Checkpoint, CheckpointState
+
+_LEFT_ALONE = {
+    CheckpointState.UNREADABLE: "unreadable: left alone",
+    CheckpointState.UNSUPPORTED: "written by a newer cycler: left alone",
+    CheckpointState.CORRUPT: "corrupt: left for you to inspect",
+}
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,8 @@ def _decide(c: Checkpoint, latest_index: int | None, keep_older: set[int], remov
         return Decision(c, True, "pinned")
     if not c.is_directory:
         return Decision(c, True, f"{c.problem}: left for you to inspect")
+    if c.state in _LEFT_ALONE:
+        return Decision(c, True, f"{_LEFT_ALONE[c.state]} ({c.problem})")
     newer = latest_index is None or c.index > latest_index
     if not c.valid:
         return _decide_torn(c, newer, remove_torn, writer_active)

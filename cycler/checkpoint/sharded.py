@@ -17,13 +17,16 @@ during the background write leaves the previous latest checkpoint as it was.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
+import errno
+import os
+import sys
 import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Protocol
 
 _IN_FLIGHT: weakref.WeakSet[_Waitable] = weakref.WeakSet()
@@ -83,7 +86,44 @@ def wait_for_saves() -> None:
         saver.wait()
 
 
-atexit.register(wait_for_saves)
+def _wait_at_exit() -> None:
+    """At the interpreter's exit, before ``concurrent.futures`` stops taking work (after which a
+    commit could not start its checksum threads): commit every save in flight, or end the
+    process non-zero saying so. An exit 0 must never hide a lost checkpoint."""
+    try:
+        wait_for_saves()
+    except BaseException as error:  # any failure: the exit code must say it
+        sys.stderr.write(f"cycler: the asynchronous save in flight when the script ended was "
+                         f"not committed ({type(error).__name__}: {error}); the previous "
+                         "checkpoint is still the latest\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+
+# threading's exit hooks run newest first, before atexit's and before non-daemon threads are
+# joined: registered after concurrent.futures' own (imported above), this one runs first.
+threading._register_atexit(_wait_at_exit)  # type: ignore[attr-defined]
+
+
+def wait_before_destroying_process_groups() -> None:
+    """Make ``torch.distributed.destroy_process_group`` wait for the saves in flight first: a
+    script that ends with it right after an asynchronous save would otherwise take away the
+    group that the save's write and commit run on."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    original = distributed_c10d.destroy_process_group
+    if getattr(original, "_cycler_waits", False):
+        return
+
+    def destroy_process_group(*args: Any, **kwargs: Any) -> None:
+        wait_for_saves()
+        original(*args, **kwargs)
+
+    destroy_process_group._cycler_waits = True  # type: ignore[attr-defined]
+    destroy_process_group.__doc__ = original.__doc__
+    distributed_c10d.destroy_process_group = destroy_process_group
+    dist.destroy_process_group = destroy_process_group
 
 
 def in_background(worker: ThreadPoolExecutor,
@@ -115,6 +155,21 @@ def in_background(worker: ThreadPoolExecutor,
 
     worker.submit(run)  # not a daemon: the interpreter's exit runs what is queued first
     return SaveHandle(directory, committed), finished
+
+
+def disk_full_or(error: BaseException, directory: str) -> BaseException:
+    """:class:`DiskFull` if ``error`` (DCP's ``CheckpointException`` of any rank included) comes
+    from a full disk, else ``error`` itself."""
+    from cycler._fs import caused_by_full_disk, disk_full_message
+    from cycler.errors import DiskFull
+
+    failures = getattr(error, "failures", None)
+    causes = [pair[0] for pair in failures.values()] if isinstance(failures, dict) else [error]
+    if not any(caused_by_full_disk(cause) for cause in causes):
+        return error
+    full = DiskFull(disk_full_message(Path(directory) / ".", None))
+    full.errno = errno.ENOSPC
+    return full
 
 
 def stage(stager: Any, state_dict: dict[str, Any]) -> Any:

@@ -12,6 +12,10 @@ ENV_CONTROL_FILE = "CYCLER_CONTROL_FILE"
 ENV_CHECKPOINT_DIR = "CYCLER_CHECKPOINT_DIR"
 """The checkpoint root chosen by ``cycle run`` (or by the user)."""
 
+ENV_CHECKPOINT_NAME = "CYCLER_CHECKPOINT_NAME"
+"""The savers' prefix ``cycle run`` watches (``--checkpoint-name``): a saver built without
+``name=`` uses it."""
+
 ENV_RESTART_COUNT = "CYCLER_RESTART_COUNT"
 """How many times workers have been started before in this job, requeues included."""
 
@@ -29,6 +33,13 @@ ENV_ISC_LOSSY_PATH = "LOSSY_ARTIFACT_PATH"
 """ISC's directory for logs and tensorboard files; ``cycle run`` sets it beside the root."""
 
 DEFAULT_CHECKPOINT_DIR = "checkpoints"
+DEFAULT_CHECKPOINT_NAME = "AtomicDirectory"
+
+
+def default_checkpoint_name(environ: Mapping[str, str] | None = None) -> str:
+    """``$CYCLER_CHECKPOINT_NAME``, else ``AtomicDirectory`` (cycling_utils' prefix)."""
+    env = os.environ if environ is None else environ
+    return env.get(ENV_CHECKPOINT_NAME) or DEFAULT_CHECKPOINT_NAME
 
 
 def default_checkpoint_root(environ: Mapping[str, str] | None = None) -> Path:

@@ -16,13 +16,14 @@ import shutil
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from cycler._fs import atomic_write_bytes
 from cycler.checkpoint.layout import CheckpointLayout
-from cycler.checkpoint.listing import find_checkpoint
+from cycler.checkpoint.listing import find_checkpoint, no_valid_checkpoint
 from cycler.errors import CheckpointDirectoryError, ConfigError, CyclerError
-from cycler.protocol.environment import ENV_ISC_LOSSY_PATH
+from cycler.protocol.environment import ENV_ISC_ARTIFACT_PATH, ENV_ISC_LOSSY_PATH
 from cycler.supervisor.options import RunOptions
 from cycler.supervisor.torchrun import isc_environment
 
@@ -48,6 +49,30 @@ def check_script(options: RunOptions) -> None:
                           "training script")
     elif mode == "run_path" and not script.is_absolute():
         raise ConfigError(f"--run-path needs an absolute script path, not {script}")
+
+
+def check_artifact_path(options: RunOptions, environ: Mapping[str, str] | None = None) -> None:
+    """Refuse a preset ``$CHECKPOINT_ARTIFACT_PATH`` that is not the checkpoint root: a script
+    that saves there would write where ``cycle run`` does not look, and every stop would wait
+    the whole grace for a checkpoint that never comes."""
+    preset = (os.environ if environ is None else environ).get(ENV_ISC_ARTIFACT_PATH)
+    root = CheckpointLayout(options.checkpoint_dir).root
+    if preset and os.path.realpath(preset) != os.path.realpath(root):
+        raise ConfigError(
+            f"CHECKPOINT_ARTIFACT_PATH is {preset} but the checkpoint root is {root}: a script "
+            "that saves to $CHECKPOINT_ARTIFACT_PATH would write where cycle run does not "
+            f"look; pass --checkpoint-dir {preset}, or unset CHECKPOINT_ARTIFACT_PATH")
+
+
+def say_if_no_checkpoint_is_valid(options: RunOptions) -> None:
+    """Checkpoints exist and none is valid: said at start, before the workers start over."""
+    try:
+        problem = no_valid_checkpoint(options.checkpoint_dir, options.checkpoint_name)
+    except OSError:
+        return
+    if problem is not None:
+        log.warning("no valid checkpoint in %s (%s): the workers will start from the "
+                    "beginning unless they are told to refuse", options.checkpoint_dir, problem)
 
 
 def settle_resume_from(options: RunOptions) -> RunOptions:

@@ -36,10 +36,12 @@ from cycler.protocol.control import (
 from cycler.protocol.events import EventLog, describe
 from cycler.supervisor import core
 from cycler.supervisor.checks import (
+    check_artifact_path,
     check_resume_from,
     check_script,
     prepare_checkpoint_root,
     record_resume_from,
+    say_if_no_checkpoint_is_valid,
     settle_resume_from,
 )
 from cycler.supervisor.failure import failure_report
@@ -79,6 +81,7 @@ SlurmReader = Callable[[str], SlurmJob]
 def plan_run(options: RunOptions) -> LaunchPlan:
     """Check the script and ``--resume-from``, and return what the first start would run."""
     check_script(options)
+    check_artifact_path(options)
     options = settle_resume_from(options)
     check_resume_from(options)
     return launch_plan(options)
@@ -93,9 +96,11 @@ def run_supervisor(options: RunOptions, *, clock: Callable[[], float] = time.tim
     checkpoint directory, ``--resume-from`` or the lock is not usable.
     """
     check_script(options)
+    check_artifact_path(options)
     prepare_checkpoint_root(options)
     options = settle_resume_from(options)
     check_resume_from(options)
+    say_if_no_checkpoint_is_valid(options)
     return Supervisor(options, clock=clock, starter=starter, requeuer=requeuer).run()
 
 

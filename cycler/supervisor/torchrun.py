@@ -24,6 +24,7 @@ from pathlib import Path
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.protocol.environment import (
     ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_NAME,
     ENV_CONTROL_FILE,
     ENV_ISC_ARTIFACT_PATH,
     ENV_ISC_LOSSY_PATH,
@@ -153,6 +154,7 @@ def worker_environment(options: RunOptions, *, start_number: int, resume_from: s
     environment = {
         ENV_CONTROL_FILE: str(layout.control_path(options.node_rank)),
         ENV_CHECKPOINT_DIR: str(layout.root),
+        ENV_CHECKPOINT_NAME: options.checkpoint_name,
         ENV_RESTART_COUNT: str(options.requeue_count + start_number),
         ENV_STOP_SIGNALS: ",".join(options.signals),
         **isc_environment(options, os.environ if environ is None else environ),

@@ -42,3 +42,39 @@ def test_cycle_refuses_matplotlibs_cycler_in_one_line(tmp_path: Path) -> None:
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "matplotlib" in lines[0] and "Traceback" not in result.stderr
+
+
+def test_a_preset_artifact_path_that_is_not_the_checkpoint_root_is_refused_in_one_line(
+        tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('never started')\n")
+    env = {**os.environ, "CHECKPOINT_ARTIFACT_PATH": str(tmp_path / "isc-artifacts")}
+    env.pop("CYCLER_CHECKPOINT_DIR", None)
+    for extra in ((), ("--dry-run",)):
+        result = cycle("run", "--checkpoint-dir", str(tmp_path / "elsewhere"), *extra,
+                       str(script), env=env)
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "CHECKPOINT_ARTIFACT_PATH" in lines[0], result.stderr
+        assert "never started" not in result.stdout
+    same = cycle("run", "--checkpoint-dir", str(tmp_path / "isc-artifacts"), "--dry-run",
+                 str(script), env=env)
+    assert same.returncode == 0, same.stderr
+    assert "CYCLER_CHECKPOINT_NAME=AtomicDirectory" in same.stdout, same.stdout
+
+
+def test_the_checkpoint_name_reaches_the_workers_savers(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "from pathlib import Path\n"
+        "from cycler import AtomicDirectory\n"
+        "saver = AtomicDirectory(__import__('os').environ['CYCLER_CHECKPOINT_DIR'])\n"
+        "path = Path(saver.prepare_checkpoint_directory())\n"
+        "(path / 'w.pt').write_bytes(b'w')\n"
+        "saver.symlink_latest(path)\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CHECKPOINT_ARTIFACT_PATH", "CYCLER_CHECKPOINT_DIR")}
+    result = cycle("run", "--checkpoint-dir", str(tmp_path / "root"), "--checkpoint-name",
+                   "Mine", str(script), env=env)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "root" / "Mine.latest_checkpoint").is_symlink()

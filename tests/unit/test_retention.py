@@ -98,8 +98,8 @@ def test_valid_checkpoints_newer_than_the_latest_are_kept_and_do_not_use_keep_la
 
 
 @pytest.mark.parametrize(("remove_torn", "writer_active", "removed"), [
-    (True, True, "1T 2C"),
-    (True, False, "1T 2C 5T 6C"),
+    (True, True, "1T"),
+    (True, False, "1T 5T"),
     (False, True, ""),
     (False, False, ""),
 ])
@@ -112,7 +112,13 @@ def test_torn_checkpoints_newer_than_the_latest_survive_while_a_writer_may_be_wr
 
 def test_torn_checkpoints_do_not_count_against_keep_last() -> None:
     assert _removed("1 2T 3C 4L", keep_last=2, remove_torn=False) == ""
-    assert _removed("1 2T 3C 4L", keep_last=2) == "2T 3C"
+    assert _removed("1 2T 3C 4L", keep_last=2) == "2T"
+
+
+def test_corrupt_checkpoints_are_kept_for_inspection_and_do_not_count_against_keep_last(
+        ) -> None:
+    assert _removed("1C 2 3C 4L 5C", keep_last=1, writer_active=False) == "2"
+    assert _removed("1C 2C", keep_last=1, writer_active=False) == ""
 
 
 def test_without_a_latest_checkpoint_no_valid_checkpoint_is_removed() -> None:

@@ -167,8 +167,10 @@ def test_a_flipped_byte_is_caught_only_when_verifying_checksums(root: Path) -> N
     assert latest_with_warning(root, "model.pt does not match its checksum", verify=True) \
         == root / ckpt(1)
     assert states(root, verify=True) == {ckpt(0): "valid", ckpt(1): "latest", ckpt(2): "corrupt"}
-    commit(root, 3, keep_last=2)  # retention does not read data: 2 is the newest older one
-    assert entries(root) == [LINK, ckpt(2), ckpt(3)]
+    # The verification recorded 2 as corrupt: retention keeps it for inspection, and keeps 1,
+    # the checkpoint a resume would use, within keep-last.
+    commit(root, 3, keep_last=2)
+    assert entries(root) == [LINK, ckpt(1), ckpt(2), ckpt(3)]
 
 
 def test_a_dangling_link_falls_back_to_the_newest_valid_checkpoint(root: Path) -> None:
@@ -383,8 +385,8 @@ def test_names_that_only_look_like_checkpoints_are_ignored_and_left_alone(root: 
 
 def test_a_root_with_only_torn_checkpoints_has_no_latest_and_no_warning(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    for index in range(2):
-        (root / ckpt(index)).mkdir(parents=True)
+    AtomicDirectory(root).prepare_checkpoint_directory()  # a writer killed before its commit
+    (root / ckpt(1)).mkdir()  # another, made after cycler's first prepare here
     assert latest_without_warning(root) is None
     assert states(root) == {ckpt(0): "incomplete", ckpt(1): "incomplete"}
     assert commit(root, 0, keep_last=1).name == ckpt(2)
