@@ -24,11 +24,10 @@ from cycler.checkpoint.coordination import Coordinator, global_rank
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import (
     CheckpointState,
-    find_checkpoint,
     latest_checkpoint,
     list_checkpoints,
 )
-from cycler.checkpoint.lock import SupervisorLock
+from cycler.checkpoint.lock import drop_shared, hold_shared
 from cycler.checkpoint.manifest import (
     FileRecord,
     checkpoint_files,
@@ -37,6 +36,7 @@ from cycler.checkpoint.manifest import (
     record_files,
     seal,
 )
+from cycler.checkpoint.resume import agreed_checkpoint
 from cycler.checkpoint.retention import retention_decisions
 from cycler.checkpoint.sharded import (
     SaveHandle,
@@ -104,7 +104,7 @@ class AtomicDirectory:
         self.layout = CheckpointLayout(output_directory, self.name)
         self.output_directory = str(self.layout.root)
         self.symlink_name = self.layout.link_name
-        self._writer_lock: SupervisorLock | None = None
+        self._holds_writer_lock = False
         self._recording: Future[None] | None = None
         self._in_flight: Future[None] | None = None
         """The asynchronous save in flight, until its retention is done."""
@@ -153,9 +153,9 @@ class AtomicDirectory:
 
     def _create(self, pinned: bool) -> Path:
         layout = self.layout
-        if self._writer_lock is None:
-            self._writer_lock = SupervisorLock(layout.writer_lock_path)
-            self._writer_lock.acquire(role="writer", name=self.name)
+        if not self._holds_writer_lock:
+            hold_shared(layout.writer_lock_path, role="writer", name=self.name)
+            self._holds_writer_lock = True
             if not self._reclaimed:
                 layout.adopt()  # before its first directory: what was here stays legacy
                 self._reclaim_torn_directories()
@@ -256,20 +256,22 @@ class AtomicDirectory:
         if in_flight is not None:
             in_flight.result()
 
-    def load(self, state_dict: dict[str, Any],
-             checkpoint: str | int | None = None) -> dict[str, Any] | None:
+    def load(self, state_dict: dict[str, Any], checkpoint: str | int | None = None,
+             strict: bool = False) -> dict[str, Any] | None:
         """Every rank: load a checkpoint saved by :meth:`save` into ``state_dict``, in place
         and resharded to this world size; return its metadata (``None``: no checkpoint).
 
-        ``checkpoint`` (a name or an index) picks one; default the newest valid one.
+        ``checkpoint`` (a name or an index) picks one; default the newest valid one. All
+        ranks agree on it through the store, each verifying the checksums of its own share
+        (:mod:`cycler.checkpoint.resume`). ``strict``: raise when checkpoints exist and none
+        is valid, instead of warning and returning ``None``.
         """
         import torch.distributed.checkpoint as dcp
 
         self.wait()
-        if checkpoint is None:
-            path = latest_checkpoint(self.layout.root, self.name)
-        else:
-            path = find_checkpoint(self.layout.root, str(checkpoint), self.name)
+        self._alone()  # binds the coordinator to the group of this moment
+        requested = None if checkpoint is None else str(checkpoint)
+        path = agreed_checkpoint(self.layout, self._coordinator, requested, strict)
         if path is None:
             return None
         with quiet_if_alone():
@@ -360,15 +362,11 @@ class AtomicDirectory:
         _fs.atomic_symlink(self.layout.path_of(name), self.layout.link_path)
 
     def __del__(self) -> None:
-        # A saver dropped between prepare and commit (a failed save, a re-run notebook cell)
-        # must not keep the root locked against the next saver of this very process.
-        if getattr(self, "_writer_lock", None) is not None:  # __init__ may have failed
-            self._release_writer_lock()
-
-    def _release_writer_lock(self) -> None:
-        if self._writer_lock is not None:
-            self._writer_lock.release()
-            self._writer_lock = None
+        # The writer lock is held from the first prepare for the saver's life: between two
+        # commits another process's writer would interleave its own. A dropped saver lets go.
+        if getattr(self, "_holds_writer_lock", False):  # __init__ may have failed
+            self._holds_writer_lock = False
+            drop_shared(self.layout.writer_lock_path)
 
     def _apply_retention(self, committed: str) -> None:
         """Remove what retention says may go; a failure is logged and retried at the next

@@ -198,7 +198,7 @@ def list_checkpoints(root: str | os.PathLike[str], name: str = DEFAULT_PREFIX,
         found = [glance_at_checkpoint(layout, entry) for entry in names]
     else:
         found = [inspect_checkpoint(layout, entry, verify) for entry in names]
-    by_name = {c.name: _with_record(c, failed) for c in found}
+    by_name = {c.name: with_record(c, failed) for c in found}
     look: Callable[[CheckpointName], Checkpoint] = by_name.__getitem__
     if verify_latest and not verify:
         look = functools.cache(lambda entry: _verified(layout, by_name[entry], failed))
@@ -219,7 +219,7 @@ def _verified(layout: CheckpointLayout, checkpoint: Checkpoint, failed: dict[str
     return checked
 
 
-def _with_record(checkpoint: Checkpoint, failed: dict[str, str]) -> Checkpoint:
+def with_record(checkpoint: Checkpoint, failed: dict[str, str]) -> Checkpoint:
     """``checkpoint``, corrupt if a resume recorded that its checksums failed."""
     found = failed.get(str(checkpoint.name))
     if found is None or not checkpoint.valid:
@@ -311,7 +311,7 @@ def latest_checkpoint(root: str | os.PathLike[str] | None = None, name: str | No
     name = name or default_checkpoint_name()
     layout = CheckpointLayout(_root_or_default(root), name)
     requested = os.environ.get(ENV_RESUME_FROM)
-    if requested and (layout.parse(requested) or _by_index(layout, requested)):
+    if requested and (layout.parse(requested) or by_index(layout, requested)):
         return find_checkpoint(layout.root, requested, name, verify)
     # Resuming validates the link target only, not every checkpoint (with verify=True that
     # would read the data of all of them); older ones are inspected only if it is unusable.
@@ -319,7 +319,7 @@ def latest_checkpoint(root: str | os.PathLike[str] | None = None, name: str | No
 
     @functools.cache
     def look(entry: CheckpointName) -> Checkpoint:
-        checked = _with_record(inspect_checkpoint(layout, entry, verify), failed)
+        checked = with_record(inspect_checkpoint(layout, entry, verify), failed)
         if verify and checked.problem and CHECKSUM_MISMATCH in checked.problem:
             record_failed_verification(layout, checked)
         return checked
@@ -327,7 +327,9 @@ def latest_checkpoint(root: str | os.PathLike[str] | None = None, name: str | No
     names = layout.checkpoint_names()
     latest, problem = _choose_latest(layout, names, look)
     if latest is None:
-        _say_none_is_valid(layout, [look(entry) for entry in names], strict)
+        checked = [look(entry) for entry in names]
+        say_none_is_valid(layout, {c.path.name: c.problem or "" for c in checked
+                                   if c.committed}, strict)
         return None
     if problem is not None:
         fell_back = latest.name != layout.link_target_name()
@@ -336,18 +338,18 @@ def latest_checkpoint(root: str | os.PathLike[str] | None = None, name: str | No
     return latest.path
 
 
-def _say_none_is_valid(layout: CheckpointLayout, checked: list[Checkpoint], strict: bool,
-                       ) -> None:
-    """Checkpoints exist (more than torn directories) and none is valid: never silent."""
-    committed = [c for c in checked if c.committed]
-    if not committed:
+def say_none_is_valid(layout: CheckpointLayout, problems: dict[str, str], strict: bool,
+                      stacklevel: int = 3) -> None:
+    """Checkpoints exist (``problems``: name -> what is wrong, torn directories left out) and
+    none is valid: never silent. A warning, or with ``strict`` :class:`CorruptCheckpoint`."""
+    if not problems:
         return
-    why = "; ".join(f"{c.path.name}: {c.problem}" for c in committed)
+    why = "; ".join(f"{name}: {problem}" for name, problem in problems.items())
     message = f"no valid checkpoint in {layout.root} ({why})"
     if strict:
         raise CorruptCheckpoint(f"{message}; repair or move them, or start elsewhere")
     warnings.warn(f"{message}; training starts from the beginning", CheckpointWarning,
-                  stacklevel=3)
+                  stacklevel=stacklevel + 1)
 
 
 def no_valid_checkpoint(root: str | os.PathLike[str], name: str = DEFAULT_PREFIX) -> str | None:
@@ -385,7 +387,7 @@ def find_checkpoint(root: str | os.PathLike[str], checkpoint: str,
                     name: str = DEFAULT_PREFIX, verify: bool = False) -> Path:
     """The checkpoint directory called ``checkpoint`` (a name or an index), validated."""
     layout = CheckpointLayout(root, name)
-    parsed = layout.parse(checkpoint) or _by_index(layout, checkpoint)
+    parsed = layout.parse(checkpoint) or by_index(layout, checkpoint)
     if parsed is None:
         raise CheckpointNotFound(
             f"no checkpoint named {checkpoint!r} in {layout.root}; see `cycle status`"
@@ -396,7 +398,7 @@ def find_checkpoint(root: str | os.PathLike[str], checkpoint: str,
     return found.path
 
 
-def _by_index(layout: CheckpointLayout, text: str) -> CheckpointName | None:
+def by_index(layout: CheckpointLayout, text: str) -> CheckpointName | None:
     if not text.isdigit():
         return None
     return next((n for n in layout.checkpoint_names() if n.index == int(text)), None)

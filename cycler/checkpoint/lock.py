@@ -19,6 +19,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -120,6 +121,35 @@ class SupervisorLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+_SHARED: dict[Path, tuple[SupervisorLock, int]] = {}
+_SHARED_GUARD = threading.Lock()
+
+
+def hold_shared(path: Path, **owner: Any) -> None:
+    """Hold the lock at ``path`` for one more user in this process: the first takes it (or
+    raises :class:`DirectoryInUse`), the others share it. Savers of one process share their
+    writer lock: a saver dropped by an exception a caller still holds must not lock out the
+    next saver of the very same process, while every other process stays refused."""
+    with _SHARED_GUARD:
+        lock, users = _SHARED.get(path, (None, 0))
+        if lock is None:
+            lock = SupervisorLock(path)
+            lock.acquire(**owner)
+        _SHARED[path] = (lock, users + 1)
+
+
+def drop_shared(path: Path) -> None:
+    """One user of :func:`hold_shared` less; the last one releases the lock."""
+    with _SHARED_GUARD:
+        lock, users = _SHARED.pop(path, (None, 0))
+        if lock is None:
+            return
+        if users > 1:
+            _SHARED[path] = (lock, users - 1)
+        else:
+            lock.release()
 
 
 def lock_holder(path: Path,

@@ -184,11 +184,14 @@ def stage(stager: Any, state_dict: dict[str, Any]) -> Any:
 
 
 def default_stager() -> Any:
-    """DCP's stager with reused shared-memory buffers: the settings that blocked training
-    least when measured here (0.056 s per GB from the second save on)."""
+    """DCP's stager with reused staging buffers in plain memory. Shared memory buys nothing
+    here (the write runs on a thread of this process, not in another process) and a process
+    killed during its first save leaked full-size ``/dev/shm/torch_<pid>_*`` segments that
+    nothing removes (issue 16). Measured on this machine, staging 100 MB / 1 GB from the
+    second save on: 7.1 / 55-57 ms in plain memory against 6.9-7.4 / 54-72 ms shared."""
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-    return DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=True,
+    return DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
                                         use_async_staging=False, use_non_blocking_copy=False))
 
 

@@ -64,3 +64,20 @@ def test_a_full_disk_is_one_line_keeps_the_last_checkpoint_and_is_reclaimed(
     later.symlink_latest(directory, metadata={"step": 1})
     assert latest_checkpoint(small_disk) == directory
     assert [c.valid for c in list_checkpoints(small_disk)] == [True, True]
+
+
+def test_a_dcp_save_on_a_full_disk_is_disk_full_and_the_next_smaller_save_succeeds(
+        small_disk: Path) -> None:
+    saver = AtomicDirectory(small_disk)
+    saver.save({"w": torch.zeros(1000)}, metadata={"step": 0})
+    for asynchronous in (False, True):
+        with pytest.raises(DiskFull, match="no space left on"):
+            handle = saver.save({"w": torch.randn(1 << 20)}, metadata={"step": 1},
+                                asynchronous=asynchronous)  # 4 MB on a 4 MB disk
+            handle.wait()
+        saver = AtomicDirectory(small_disk)  # whatever raised, a new saver goes on
+        assert [c.index for c in list_checkpoints(small_disk) if not c.valid] == []
+    saver.save({"w": torch.ones(1000)}, metadata={"step": 2})  # the partial shard is gone
+    state = {"w": torch.zeros(1000)}
+    assert AtomicDirectory(small_disk).load(state) == {"step": 2}
+    assert torch.equal(state["w"], torch.ones(1000))

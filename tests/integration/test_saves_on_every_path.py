@@ -164,3 +164,43 @@ def test_an_error_of_any_kind_on_one_rank_fails_every_rank_of_the_commit_at_once
 ])
 def test_save_and_load_honour_every_strategy(tmp_path: Path, check: str) -> None:
     run_on_every_rank(__name__, check, root=tmp_path)
+
+
+def check_a_flip_in_rank_1s_share_makes_every_rank_fall_back_together(root: Path) -> None:
+    import warnings
+
+    from cycler import CheckpointWarning
+
+    rank = dist.get_rank()
+    saver = AtomicDirectory(root, timeout=TIMEOUT)
+    for step in (1, 2):
+        # A key of its own per rank: rank 1's shard holds rank 1's tensor.
+        saver.save({f"w{rank}": torch.full((1 << 16,), float(step + rank))},
+                   metadata={"step": step})
+    dist.barrier()
+    if rank == 0:
+        shard = root / "AtomicDirectory_checkpoint_1" / "__1_0.distcp"
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0x01  # only rank 1 reads this file when verifying
+        shard.write_bytes(bytes(data))
+    dist.barrier()
+    state = {f"w{rank}": torch.zeros(1 << 16)}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert AtomicDirectory(root, timeout=TIMEOUT).load(state) == {"step": 1}
+    said = [str(w.message) for w in caught if issubclass(w.category, CheckpointWarning)]
+    assert len(said) == 1 and "rank 1" in said[0] and "checksum" in said[0], said
+    chosen = torch.tensor([float(state[f"w{rank}"][0]) - rank])
+    everyone = [torch.zeros(1) for _ in range(2)]
+    dist.all_gather(everyone, chosen)
+    assert everyone[0] == everyone[1] == 1.0  # both loaded step 1
+    dist.barrier()
+    if rank == 0:
+        assert latest_checkpoint(root) == root / "AtomicDirectory_checkpoint_0"
+
+
+def test_resume_verifies_each_ranks_share_and_a_failed_share_makes_all_fall_back(
+        tmp_path: Path) -> None:
+    run_on_every_rank(__name__,
+                      "check_a_flip_in_rank_1s_share_makes_every_rank_fall_back_together",
+                      root=tmp_path)

@@ -1,0 +1,154 @@
+"""Which checkpoint every rank resumes from: one choice, agreed through the store, each rank
+verifying only its own share of the data.
+
+Rank 0 lists the candidates in the order a resume takes them (the latest link's target, then
+the rest newest first, sizes checked and the checkpoints a resume already found corrupt left
+out). For each candidate in turn every rank checks the checksums of its share of the files
+(the same share it fsyncs and checksums at a commit: its own DCP shards and an even part of the
+rest) and reports through the store; the first candidate that every rank verified is the one
+all of them load. A rank whose share fails makes all fall back together, so W ranks read the
+checkpoint once between them, and no two ranks ever resume from different checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from dataclasses import replace
+from pathlib import Path
+
+from cycler.checkpoint.coordination import Coordinator
+from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
+from cycler.checkpoint.listing import (
+    LEGACY,
+    Checkpoint,
+    CheckpointWarning,
+    by_index,
+    failed_verifications,
+    find_checkpoint,
+    inspect_checkpoint,
+    latest_checkpoint,
+    record_failed_verification,
+    say_none_is_valid,
+    with_record,
+)
+from cycler.checkpoint.manifest import CHECKSUM_MISMATCH, check_files, files_of_rank, read_manifest
+from cycler.errors import CheckpointNotFound, CorruptCheckpoint, CyclerError
+from cycler.protocol.environment import ENV_RESUME_FROM
+
+
+def agreed_checkpoint(layout: CheckpointLayout, coordinator: Coordinator,
+                      requested: str | None = None, strict: bool = False) -> Path | None:
+    """On every rank: the checkpoint all ranks resume from, ``None`` when there is none.
+
+    ``requested`` (a name or an index; default ``$CYCLER_RESUME_FROM`` when it names one of
+    this saver's checkpoints) must verify, else :class:`CorruptCheckpoint`. Without a
+    request, what :func:`cycler.latest_checkpoint` would choose, warnings and ``strict``
+    included.
+    """
+    requested = requested if requested is not None else _resume_from(layout)
+    if coordinator.world_size == 1:
+        if requested is None:
+            return latest_checkpoint(layout.root, layout.prefix, strict=strict)
+        return find_checkpoint(layout.root, requested, layout.prefix, verify=True)
+    plan = _shared_plan(layout, coordinator, requested)
+    problems = {str(name): str(problem) for name, problem in plan["invalid"]}
+    for name, legacy in plan["candidates"]:
+        outcome = _verified_together(layout, coordinator, str(name), bool(legacy))
+        if outcome is None:
+            _say_fell_back(layout, str(name), problems)
+            return layout.root / str(name)
+        problems[str(name)] = outcome
+    if requested is not None:
+        raise CorruptCheckpoint(f"{requested} in {layout.root}: {problems.get(requested)}; "
+                                "pick another with `cycle status`")
+    say_none_is_valid(layout, problems, strict)
+    return None
+
+
+def _resume_from(layout: CheckpointLayout) -> str | None:
+    requested = os.environ.get(ENV_RESUME_FROM)
+    if requested and (layout.parse(requested) or by_index(layout, requested)):
+        return requested
+    return None
+
+
+def _shared_plan(layout: CheckpointLayout, coordinator: Coordinator,
+                 requested: str | None) -> dict[str, list[list[object]]]:
+    """Rank 0's list of candidates (and of what is not valid), as every rank gets it."""
+    key = coordinator.new_round("resume")
+    if not coordinator.is_creator:
+        plan: dict[str, list[list[object]]] = json.loads(coordinator.outcome(key))
+        return plan
+    try:
+        plan = _candidates(layout, requested)
+    except BaseException as error:
+        coordinator.announce_error(key, error)
+        raise
+    coordinator.announce(key, json.dumps(plan))
+    return plan
+
+
+def _candidates(layout: CheckpointLayout, requested: str | None,
+                ) -> dict[str, list[list[object]]]:
+    """The checkpoints to try, in order, each with whether it is legacy; and what is wrong
+    with those that cannot be tried (sizes, manifests, earlier verifications)."""
+    failed = failed_verifications(layout)
+    if requested is not None:
+        parsed = layout.parse(requested) or by_index(layout, requested)
+        if parsed is None:
+            raise CheckpointNotFound(f"no checkpoint named {requested!r} in {layout.root}; "
+                                     "see `cycle status`")
+        names = [parsed]
+    else:
+        target = layout.link_target_name()
+        every = list(reversed(layout.checkpoint_names()))
+        names = ([target] if target in every else []) + [n for n in every if n != target]
+    checked = [with_record(inspect_checkpoint(layout, name), failed) for name in names]
+    return {"candidates": [[str(c.name), c.kind == LEGACY] for c in checked if c.valid],
+            "invalid": [[str(c.name), c.problem] for c in checked
+                        if not c.valid and c.committed]}
+
+
+def _verified_together(layout: CheckpointLayout, coordinator: Coordinator, name: str,
+                       legacy: bool) -> str | None:
+    """Every rank checks its share of ``name``; ``None`` if all verified, else what failed."""
+    mine = "" if legacy else (_share_problem(layout, name, coordinator) or "")
+    key = coordinator.new_round("resume-check")
+    coordinator.arrive(key, mine)
+    if not coordinator.is_creator:
+        outcome = coordinator.outcome(key)
+    else:
+        outcome = next((v for v in coordinator.gather(key, mine) if v), "ok")
+        if CHECKSUM_MISMATCH in outcome:
+            parsed = layout.parse(name)
+            if parsed is not None:
+                record_failed_verification(layout, _named(layout, parsed, outcome))
+        coordinator.announce(key, outcome)
+    return None if outcome == "ok" else outcome
+
+
+def _share_problem(layout: CheckpointLayout, name: str, coordinator: Coordinator) -> str | None:
+    path = layout.root / name
+    try:
+        manifest = read_manifest(path)
+        share = files_of_rank(sorted(manifest.files), coordinator.rank, coordinator.world_size)
+        mine = replace(manifest, files={file: manifest.files[file] for file in share})
+        problem = check_files(path, mine, checksums=True)
+    except (OSError, CyclerError) as error:
+        return f"rank {coordinator.rank}: {error}"
+    return None if problem is None else f"rank {coordinator.rank}: {problem}"
+
+
+def _named(layout: CheckpointLayout, name: CheckpointName, problem: str) -> Checkpoint:
+    return replace(inspect_checkpoint(layout, name), problem=problem)
+
+
+def _say_fell_back(layout: CheckpointLayout, chosen: str, problems: dict[str, str]) -> None:
+    newer = {name: problem for name, problem in problems.items()
+             if (layout.parse(name) or CheckpointName("", -1, False)).index
+             > (layout.parse(chosen) or CheckpointName("", -1, False)).index}
+    if newer:
+        why = "; ".join(f"{name}: {problem}" for name, problem in newer.items())
+        warnings.warn(f"{why}; using {chosen} instead", CheckpointWarning, stacklevel=3)
