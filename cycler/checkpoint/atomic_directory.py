@@ -51,7 +51,7 @@ from cycler.checkpoint.sharded import (
     track,
     wait_before_destroying_process_groups,
 )
-from cycler.errors import CheckpointDirectoryError, CyclerError, RankFailed
+from cycler.errors import CheckpointDirectoryError, CyclerError, RankFailed, StateMismatch
 from cycler.protocol.control import USES_SAVER, announce
 from cycler.protocol.environment import default_checkpoint_name
 
@@ -154,6 +154,7 @@ class AtomicDirectory:
     def _create(self, pinned: bool) -> Path:
         layout = self.layout
         if not self._holds_writer_lock:
+            _check_writable(layout.root)
             hold_shared(layout.writer_lock_path, role="writer", name=self.name)
             self._holds_writer_lock = True
             if not self._reclaimed:
@@ -274,6 +275,11 @@ class AtomicDirectory:
         path = agreed_checkpoint(self.layout, self._coordinator, requested, strict)
         if path is None:
             return None
+        if not (Path(path) / ".metadata").is_file():
+            raise StateMismatch(
+                f"{Path(path).name} was not written by save() (it has no torch.distributed."
+                "checkpoint .metadata): load its files with torch.load(os.path.join("
+                "saver.latest_checkpoint(), NAME)) as they were written")
         with quiet_if_alone():
             dcp.load(state_dict, checkpoint_id=str(path), no_dist=self._alone())
         return read_manifest(Path(path)).metadata
@@ -461,6 +467,10 @@ def _merged_records(shares: list[str]) -> dict[str, FileRecord]:
 
 
 def _ensure_root(root: Path) -> None:
+    """Create the root if it is missing; an existing one may be read-only (``load()`` and
+    ``latest_checkpoint()`` only read): writing is checked at the first prepare."""
+    if root.is_dir():
+        return
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -468,8 +478,12 @@ def _ensure_root(root: Path) -> None:
             f"cannot create the checkpoint directory {root} ({error.strerror}); "
             "choose a writable location"
         ) from None
+
+
+def _check_writable(root: Path) -> None:
     if not os.access(root, os.W_OK | os.X_OK):
-        raise CheckpointDirectoryError(f"{root} is not writable; choose a writable location")
+        raise CheckpointDirectoryError(f"{root} is not writable (read-only?); saving needs a "
+                                       "writable checkpoint directory")
 
 
 def _housekeep(work: Callable[..., None], *args: Any) -> Future[None]:

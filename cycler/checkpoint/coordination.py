@@ -29,6 +29,8 @@ class Coordinator:
         self.timeout = timeout
         self._use_process_group = use_process_group
         self._bound: tuple[int, int, Any] | None = None
+        self._previous: dict[str, str] = {}
+        """Per kind of round, the last round's key whose keys the creator has yet to delete."""
 
     def _binding(self) -> tuple[int, int, Any]:
         # Resolved at the first round, not when the saver is built: a saver made before
@@ -64,6 +66,23 @@ class Coordinator:
         number = self._store.add(f"cycler/{self.namespace}/{what}/calls/{self.rank}", 1)
         return f"cycler/{self.namespace}/{what}/{number}"
 
+    def _forget_previous(self, round_key: str) -> None:
+        """On the creator, once every rank has reached ``round_key``: delete the keys of the
+        round before it of the same kind, which every rank has finished with (a store lives
+        as long as the job: 2W + 1 keys per round would otherwise pile up for good)."""
+        kind = round_key.rsplit("/", 1)[0]
+        previous, self._previous[kind] = self._previous.get(kind), round_key
+        if previous is None:
+            return
+        keys = [f"{previous}/outcome"] + [f"{previous}{part}/rank/{rank}"
+                                          for part in ("", "/records")
+                                          for rank in range(self.world_size)]
+        for key in keys:
+            try:
+                self._store.delete_key(key)
+            except Exception:  # a store without delete_key (or a key never set): harmless
+                return
+
     def arrive(self, round_key: str, value: str) -> None:
         """Tell the creator this rank reached ``round_key``, with a small value."""
         if self._store is not None:
@@ -74,6 +93,8 @@ class Coordinator:
         if self._store is not None:
             self._wait([f"{round_key}/rank/{rank}" for rank in range(self.world_size)],
                        "every rank to reach it")
+            if self.is_creator:
+                self._forget_previous(round_key)
 
     def gather(self, round_key: str, local: str) -> list[str]:
         """On the creator: every rank's value for ``round_key`` (waits for all of them)."""
@@ -81,7 +102,10 @@ class Coordinator:
             return [local]
         keys = [f"{round_key}/rank/{rank}" for rank in range(self.world_size)]
         self._wait(keys, "every rank to reach it")
-        return [self._store.get(key).decode() for key in keys]
+        values = [self._store.get(key).decode() for key in keys]
+        if not round_key.endswith("/records"):
+            self._forget_previous(round_key)
+        return values
 
     def announce(self, round_key: str, outcome: str) -> None:
         """On the creator: publish the round's outcome to every follower."""

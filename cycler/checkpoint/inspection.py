@@ -186,11 +186,17 @@ def prune(root: str | os.PathLike[str], *, keep_last: int = -1, dry_run: bool = 
     if dry_run:
         return PruneResult(decisions, temporaries, [], True)
     doomed = [d.checkpoint.path for d in decisions if not d.keep]
-    _remember_indices(path, [d.checkpoint for d in decisions if not d.keep])
-    for target in doomed:
-        _fs.discard_directory(target)
-    for temporary in temporaries:
-        _fs.remove_leftover(temporary)
+    try:
+        _remember_indices(path, [d.checkpoint for d in decisions if not d.keep])
+        for target in doomed:
+            _fs.discard_directory(target)
+        for temporary in temporaries:
+            _fs.remove_leftover(temporary)
+    except OSError as error:
+        raise CheckpointDirectoryError(
+            f"cannot prune {path}: {error.strerror or error} at {error.filename or path}; "
+            "nothing that was kept is affected: make the directory writable and run it again"
+        ) from None
     return PruneResult(decisions, temporaries, doomed + temporaries, False)
 
 

@@ -81,3 +81,39 @@ def test_a_dcp_save_on_a_full_disk_is_disk_full_and_the_next_smaller_save_succee
     state = {"w": torch.zeros(1000)}
     assert AtomicDirectory(small_disk).load(state) == {"step": 2}
     assert torch.equal(state["w"], torch.ones(1000))
+
+
+@pytest.fixture
+def read_only_root(small_disk: Path) -> Iterator[Path]:
+    """A root holding two committed DCP checkpoints (steps 2, 3), then remounted read-only."""
+    saver = AtomicDirectory(small_disk)
+    for step in (2, 3):
+        saver.save({"w": torch.full((100,), float(step))}, metadata={"step": step})
+    del saver
+    done = subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot remount read-only here ({done.stderr.strip()})")
+    yield small_disk
+
+
+def test_a_read_only_root_can_be_resumed_from_but_not_saved_to(read_only_root: Path) -> None:
+    from cycler.errors import CheckpointDirectoryError
+
+    saver = AtomicDirectory(read_only_root)
+    state = {"w": torch.zeros(100)}
+    assert saver.load(state) == {"step": 3}
+    assert torch.equal(state["w"], torch.full((100,), 3.0))
+    with pytest.raises(CheckpointDirectoryError, match="not writable"):
+        saver.save(state)
+
+
+def test_prune_of_a_read_only_root_is_one_line_with_exit_two(read_only_root: Path) -> None:
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "cycler_cli", "prune", str(read_only_root),
+                             "--keep-last", "1"], capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot prune" in lines[0] and "Read-only" in lines[0], lines
+    assert [c.index for c in list_checkpoints(read_only_root)] == [0, 1]

@@ -204,3 +204,23 @@ def test_resume_verifies_each_ranks_share_and_a_failed_share_makes_all_fall_back
     run_on_every_rank(__name__,
                       "check_a_flip_in_rank_1s_share_makes_every_rank_fall_back_together",
                       root=tmp_path)
+
+
+def check_store_keys_do_not_grow_with_commits(root: Path) -> None:
+    from torch.distributed import distributed_c10d
+
+    store = distributed_c10d._get_default_store()
+    saver = AtomicDirectory(root, keep_last=1, timeout=TIMEOUT)
+    counts = []
+    for step in range(12):
+        path = Path(saver.prepare_checkpoint_directory())
+        torch.save({"step": step}, path / f"rank-{dist.get_rank()}.pt")
+        saver.symlink_latest(path, metadata={"step": step})
+        dist.barrier()
+        counts.append(store.num_keys())
+    assert counts[-1] <= counts[2], counts
+
+
+def test_the_stores_keys_of_commit_rounds_are_deleted_once_every_rank_is_past_them(
+        tmp_path: Path) -> None:
+    run_on_every_rank(__name__, "check_store_keys_do_not_grow_with_commits", root=tmp_path)

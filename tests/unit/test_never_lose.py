@@ -331,3 +331,12 @@ def test_a_second_writer_is_refused_between_the_first_ones_commits_and_told_who_
         first.kill()
         first.wait()
     assert AtomicDirectory(root).prepare_checkpoint_directory().endswith(ckpt(1))
+
+
+def test_load_of_a_checkpoint_written_file_by_file_says_how_to_read_it(tmp_path: Path) -> None:
+    from cycler import StateMismatch
+
+    root = tmp_path / "root"
+    commit(root, 0)
+    with pytest.raises(StateMismatch, match="not written by save.*torch.load"):
+        AtomicDirectory(root).load({"w": __import__("torch").zeros(1)})
