@@ -24,8 +24,11 @@ if os.environ.get("CYCLER_CONTROL_FILE") and os.environ.get("LOCAL_RANK"):
     # at once, so that a stop arriving before the script builds its StepControl or saver waits
     # for them instead of treating it as a plain script.
     from cycler.protocol.control import USES_CYCLER, announce
+    from cycler.protocol.progress import beacon, register_stack_dump
 
     announce(USES_CYCLER)
+    register_stack_dump()  # a hung worker's stacks, asked for by the supervisor
+    beacon()  # from now on the supervisor sees this worker, before its first step
 
 if TYPE_CHECKING:
     from cycler.checkpoint.atomic_directory import AtomicDirectory

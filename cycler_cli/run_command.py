@@ -112,6 +112,19 @@ def run(
     node_timeout: float = typer.Option(None, "--node-timeout", help="Seconds another node "
                                        "may go silent before this one gives the job up "
                                        "(default: 30)."),
+    hang_detection: bool = typer.Option(None, "--hang-detection/--no-hang-detection",
+                                        help="Kill and restart workers that stop making "
+                                        "progress (default: on)."),
+    hang_timeout_min: float = typer.Option(None, "--hang-timeout-min", help="Least seconds "
+                                           "without a step that count as a hang (default: 30)."),
+    hang_factor: float = typer.Option(None, "--hang-factor", help="A hang: no step for max("
+                                      "--hang-timeout-min, this x the longest step) "
+                                      "(default: 5)."),
+    hang_first_step: float = typer.Option(None, "--hang-first-step", help="Seconds allowed "
+                                          "before the first step (default: 600)."),
+    hang_pause_timeout: float = typer.Option(None, "--hang-pause-timeout", help="Seconds "
+                                             "allowed while saving or in a marked phase "
+                                             "(default: 1800)."),
     requeue: bool = typer.Option(None, "--requeue/--no-requeue", help="scontrol requeue after a "
                                  "stop (default: on under Slurm)."),
     max_requeues: int = typer.Option(None, "--max-requeues", help="Requeues allowed, "
@@ -161,7 +174,9 @@ def run(
         "rdzv_backend": rdzv_backend, "rdzv_id": rdzv_id, "standalone": standalone,
         "checkpoint_dir": checkpoint_dir, "checkpoint_name": checkpoint_name, "grace": grace,
         "max_restarts": max_restarts, "restart_delay": restart_delay, "requeue": requeue,
-        "node_timeout": node_timeout,
+        "node_timeout": node_timeout, "hang_detection": hang_detection,
+        "hang_timeout_min": hang_timeout_min, "hang_factor": hang_factor,
+        "hang_first_step": hang_first_step, "hang_pause_timeout": hang_pause_timeout,
         "max_requeues": max_requeues, "resume_from": resume_from, "signals": signals,
         "launch_mode": _launch_mode(module, no_python, run_path),
         "torchrun_args": _torchrun_arguments(passed),

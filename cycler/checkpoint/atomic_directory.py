@@ -10,6 +10,7 @@ fsync the root; only then apply retention.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import logging
@@ -54,6 +55,7 @@ from cycler.checkpoint.sharded import (
 from cycler.errors import CheckpointDirectoryError, CyclerError, RankFailed, StateMismatch
 from cycler.protocol.control import USES_SAVER, announce
 from cycler.protocol.environment import default_checkpoint_name
+from cycler.protocol.progress import SAVING, beacon
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +107,8 @@ class AtomicDirectory:
         self.output_directory = str(self.layout.root)
         self.symlink_name = self.layout.link_name
         self._holds_writer_lock = False
+        self._saving: contextlib.AbstractContextManager[None] | None = None
+        """The beacon's saving phase, from prepare_checkpoint_directory() to the commit."""
         self._recording: Future[None] | None = None
         self._in_flight: Future[None] | None = None
         """The asynchronous save in flight, until its retention is done."""
@@ -129,6 +133,10 @@ class AtomicDirectory:
         for this saver's asynchronous save in flight first.
         """
         self.wait()
+        # The files go in next, and may take long: the save's allowance until the commit.
+        if self._saving is None:
+            self._saving = beacon().phase(SAVING)
+            self._saving.__enter__()
         return self._prepare(force_save)
 
     def _prepare(self, force_save: bool) -> str:
@@ -203,10 +211,11 @@ class AtomicDirectory:
         # Decided now, not in the background: the script may destroy its group right after.
         no_dist = self._alone()
         if not asynchronous:
-            directory = self._prepare(force_save=False)
-            self._write(lambda: dcp.save(state_dict, checkpoint_id=directory, no_dist=no_dist),
-                        directory)
-            self._commit(directory, metadata)
+            with beacon().phase(SAVING):
+                directory = self._prepare(force_save=False)
+                self._write(lambda: dcp.save(state_dict, checkpoint_id=directory,
+                                             no_dist=no_dist), directory)
+                self._commit(directory, metadata)
             return SaveHandle(directory)
         if self._worker is None:
             wait_before_destroying_process_groups()
@@ -297,7 +306,12 @@ class AtomicDirectory:
         rank 0 writes the manifest from them, so its work does not grow with the world size.
         """
         self.wait()
-        self._commit(checkpoint_directory, metadata)
+        try:
+            self._commit(checkpoint_directory, metadata)
+        finally:
+            saving, self._saving = self._saving, None
+            if saving is not None:
+                saving.__exit__(None, None, None)
 
     atomic_symlink = symlink_latest
     commit = symlink_latest
@@ -320,6 +334,7 @@ class AtomicDirectory:
         coordinator.arrive(f"{round_key}/records", mine)
         if not coordinator.is_creator:
             coordinator.outcome(round_key)
+            beacon().progress()
             committed()
             return
         try:
@@ -329,6 +344,7 @@ class AtomicDirectory:
             coordinator.announce_error(round_key, error)
             raise
         coordinator.announce(round_key, "committed")
+        beacon().progress()
         committed()
         # The writer lock stays held for the saver's life (released when it is dropped or the
         # process ends): between two commits another writer would interleave its own.

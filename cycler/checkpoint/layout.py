@@ -38,6 +38,8 @@ EVENTS_FILENAME = "events-node{node}.jsonl"
 LOCK_FILENAME = "supervisor-node{node}.lock"
 RESUME_RECORD_FILENAME = "resumed-from-node{node}.json"
 HEARTBEAT_FILENAME = "alive-node{node}.json"
+PROGRESS_DIRNAME = "progress-node{node}"
+HANG_RECORD_FILENAME = "hang-node{node}.json"
 INDEX_RECORD_SUFFIX = ".last_index"
 FIRST_INDEX_SUFFIX = ".first_index"
 VERIFICATION_RECORD_PREFIX = "verify-failed-"
@@ -166,6 +168,18 @@ class CheckpointLayout:
     def heartbeat_path(self, node_rank: int = 0) -> Path:
         """Where node ``node_rank``'s supervisor shows it is alive, and how it ended."""
         return self.supervisor_dir / HEARTBEAT_FILENAME.format(node=node_rank)
+
+    def progress_dir(self, node_rank: int = 0) -> Path:
+        """Where node ``node_rank``'s workers keep their progress beacons and stack dumps."""
+        return self.supervisor_dir / PROGRESS_DIRNAME.format(node=node_rank)
+
+    def hang_record_path(self, node_rank: int = 0) -> Path:
+        """The step interval node ``node_rank``'s hang detection learned (kept across starts)."""
+        return self.supervisor_dir / HANG_RECORD_FILENAME.format(node=node_rank)
+
+    def hang_dump_dir(self, when: str) -> Path:
+        """Where the stacks of the workers of a hang found at ``when`` go."""
+        return self.supervisor_dir / f"hang-{when}"
 
     def lock_paths(self) -> list[Path]:
         """Every node's supervisor lock file."""

@@ -26,6 +26,9 @@ ENV_STOP_SIGNALS = "CYCLER_STOP_SIGNALS"
 """The signals ``cycle run`` treats as stop requests (``SIGTERM,SIGINT,...``): a worker that
 reads the control file ignores them when they reach it directly."""
 
+ENV_PROGRESS_DIR = "CYCLER_PROGRESS_DIR"
+"""Where this node's workers keep their progress beacons and stack dumps (``cycle run``)."""
+
 ENV_ISC_ARTIFACT_PATH = "CHECKPOINT_ARTIFACT_PATH"
 """ISC's checkpoint artifact directory; used when ``CYCLER_CHECKPOINT_DIR`` is not set."""
 

@@ -37,6 +37,7 @@ MESSAGES = {
     "torchrun_cut_short": "every worker exited after the stop checkpoint: ending torchrun "
                           "(pid {torchrun_pid})",
     "workers_exited": "workers exited with code {code}",
+    "hang": "a hang: {summary}; killing the workers",
     "restart_scheduled": "restarting in {delay:g} s (restart {restart} of {of} since the last "
                          "checkpoint)",
     "restart_together": "workers failed (code {code}): torchrun restarts them with every "
@@ -60,6 +61,7 @@ HISTORY = frozenset({
     "start", "signal", "stop_requested", "deadline", "stop_after_commit", "stop_handled_by_script",
     "stop_without_new_checkpoint", "stopped_by_another_node", "grace_expired", "kill",
     "restart_scheduled", "restart_together", "peer_lost", "requeue", "requeue_skipped", "exit",
+    "hang",
     "checkpoint_committed",
 })
 """The events ``cycle status`` shows: what the job went through, not every checkpoint."""
@@ -98,8 +100,10 @@ def history_counts(events: list[dict[str, Any]]) -> dict[str, int]:
         return sum(1 for record in events if record.get("event") == name)
 
     restarts = count("restart_scheduled") + count("restart_together")
-    return {"starts": count("start"), "stops": count("stop_requested"),
-            "restarts": restarts, "requeues": count("requeue")}
+    counts = {"starts": count("start"), "stops": count("stop_requested"),
+              "restarts": restarts, "requeues": count("requeue")}
+    hangs = count("hang")
+    return {**counts, "hangs": hangs} if hangs else counts
 
 
 class EventLog:

@@ -3,7 +3,8 @@ restart them (the supervisor on one node, torchrun's agent on every node of a mu
 
 Only restarts without progress count: a committed checkpoint gives the whole budget back, so a
 weeks-long job with a rare fault does not end after its third fault however much it trained in
-between. Failures in a row without a checkpoint in between are a crash loop and end the job.
+between. ``--max-restarts N`` allows N restarts in a row without a checkpoint in between; the
+next failure is a crash loop and ends the job.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ class RestartBudget:
 
     max_restarts: int
     """Restarts allowed after failures without a new checkpoint in between (0: none)."""
-    crash_loop_limit: int = 3
-    """Failures in a row without a new checkpoint that end the job."""
+    crash_loop_limit: int | None = None
+    """Failures in a row without a new checkpoint that end the job whatever ``max_restarts``
+    says (``None``: ``max_restarts + 1``, the failure no restart is left for)."""
     failures_without_progress: int = 0
 
     def progress(self) -> None:
@@ -29,10 +31,10 @@ class RestartBudget:
         """Count one failure; ``None`` to restart, else why the job must end instead."""
         self.failures_without_progress += 1
         count = self.failures_without_progress
-        if count >= self.crash_loop_limit:
+        if self.crash_loop_limit is not None and count >= self.crash_loop_limit:
             return (f"the workers failed {count} times in a row without committing a checkpoint"
                     " (crash loop)")
         if count > self.max_restarts:
-            return (f"the workers failed and all {self.max_restarts} restarts (--max-restarts)"
-                    " since the last checkpoint are used up")
+            return (f"the workers failed {count} times in a row without committing a checkpoint"
+                    f" (crash loop): all {self.max_restarts} restarts (--max-restarts) are used")
         return None

@@ -35,6 +35,7 @@ start over.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import signal
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from cycler.supervisor.vocabulary import (
     CheckpointCommitted,
     Event,
     Exit,
+    HangDetected,
     HardDeadline,
     Log,
     PeerLost,
@@ -64,7 +66,8 @@ from cycler.supervisor.vocabulary import (
 )
 
 __all__ = [  # the vocabulary too: callers and tests speak it through this module
-    "Announced", "CheckpointCommitted", "CoreConfig", "Event", "Exit", "HardDeadline", "Log",
+    "Announced", "CheckpointCommitted", "CoreConfig", "Event", "Exit", "HangDetected",
+    "HardDeadline", "Log",
     "PeerLost", "Phase", "Requeue",
     "SignalReceived", "SignalTree", "SignalWorkers", "StartWorkers", "StopPath",
     "SupervisorAction", "SupervisorCore", "Tick", "WorkersExited", "WriteControl", "stop_path",
@@ -91,8 +94,9 @@ class CoreConfig:
     max_restarts: int = 3
     """Restarts allowed after worker failures without a new checkpoint in between (0: none);
     a committed checkpoint gives the whole budget back."""
-    crash_loop_limit: int = 3
-    """Consecutive failures without a new checkpoint in between that end the job."""
+    crash_loop_limit: int | None = None
+    """Consecutive failures without a new checkpoint in between that end the job whatever
+    ``max_restarts`` allows (``None``: only ``max_restarts`` counts)."""
     restart_delay: float = 1.0
     """Delay before the first restart; it doubles with each failure without progress."""
     max_restart_delay: float = 60.0
@@ -158,6 +162,8 @@ class SupervisorCore:
             return self._on_hard_deadline(event)
         if isinstance(event, PeerLost):
             return self._on_peer_lost(event)
+        if isinstance(event, HangDetected):
+            return self._on_hang(event)
         if isinstance(event, WorkersExited):
             return self._on_exit(event)
         if isinstance(event, CheckpointCommitted):
@@ -252,8 +258,10 @@ class SupervisorCore:
         log = Log("peer_lost", {"node": event.node, "why": event.why}, warning=True)
         if self.phase is Phase.BACKOFF:
             return [log, *self._finish_peer_lost()]
-        self.phase, self.wake_at = Phase.TERMINATING, event.now + self.config.kill_after
-        return [log, SignalTree(signal.SIGTERM)]
+        # SIGKILL at once: no collective can complete, so nothing can be saved any more, and a
+        # TERM only met the workers' stray-signal shield and a 2 s wait.
+        self.phase, self.wake_at = Phase.KILLED, None
+        return [log, SignalTree(signal.SIGKILL)]
 
     def _finish_peer_lost(self) -> list[SupervisorAction]:
         lost = self._peer_lost
@@ -263,6 +271,21 @@ class SupervisorCore:
             return self._exit(EXIT_FAILURE, f"{reason}; the job cannot go on without it")
         return [*self._requeue(), *self._exit(
             EXIT_REQUEUE, f"{reason}; checkpoint {self.latest_checkpoint} is the one to resume")]
+
+    def _on_hang(self, event: HangDetected) -> list[SupervisorAction]:
+        """A worker hangs: kill the workers at once (a hung rank ignores SIGTERM, or holds
+        every other rank in a collective); their exit is a failure like a crash, restarted
+        from the newest checkpoint under the same budget. During a stop the grace's own
+        escalation already bounds the wait."""
+        if self.phase is not Phase.RUNNING:
+            return []
+        log = Log("hang", {**event.fields, "summary": event.summary}, warning=True)
+        if self.config.restarts_by_torchrun:
+            # Several nodes: torchrun's agent sees its workers fail and restarts every node's
+            # together through the rendezvous, under the job's restart budget.
+            return [log, SignalWorkers(signal.SIGKILL)]
+        self.phase, self.wake_at = Phase.TERMINATING, None
+        return [log, SignalTree(signal.SIGKILL)]
 
     # -- time -------------------------------------------------------------------------------
 
@@ -313,6 +336,9 @@ class SupervisorCore:
             handled = (self._stop_path is StopPath.SIGNAL and self.phase is Phase.STOPPING
                        and event.code == 0)
             return [log, *self._finish_stop(handled)]
+        if self.phase is Phase.TERMINATING:  # killed for a hang
+            self.phase = Phase.RUNNING
+            return [log, *self._on_failure(dataclasses.replace(event, code=event.code or -9))]
         if event.code == 0:
             return [log, *self._exit(EXIT_SUCCESS, "the training script finished")]
         return [log, *self._on_failure(event)]

@@ -78,6 +78,17 @@ class RunOptions:
     node_timeout: float = 30.0
     """Seconds another node's supervisor may stay silent before this node gives the job up
     (multi-node jobs; its workers could never finish a collective without that node)."""
+    hang_detection: bool = True
+    """Kill and restart the workers when none of this node's makes progress for too long
+    (workers that import cycler only: they publish progress)."""
+    hang_timeout_min: float = 30.0
+    """The least a step may take before it counts as a hang (seconds)."""
+    hang_factor: float = 5.0
+    """A hang is no progress for ``max(hang_timeout_min, hang_factor x the longest step)``."""
+    hang_first_step: float = 600.0
+    """Seconds allowed before the first step after a start (loading, compilation)."""
+    hang_pause_timeout: float = 1800.0
+    """Seconds allowed while a worker saves or is in a phase it marked (an evaluation)."""
     requeue: bool = False
     """Run ``scontrol requeue $SLURM_JOB_ID`` after a stop that leaves a checkpoint."""
     max_requeues: int = 100
@@ -116,6 +127,11 @@ class RunOptions:
                  "must be a finite number of seconds, 2 or more (heartbeats come every second)")
         _require(math.isfinite(self.restart_delay) and self.restart_delay >= 0,
                  "restart_delay", "must be a finite number of seconds, 0 or more")
+        for name in ("hang_timeout_min", "hang_first_step", "hang_pause_timeout"):
+            _require(math.isfinite(getattr(self, name)) and getattr(self, name) >= 0, name,
+                     "must be a finite number of seconds, 0 or more")
+        _require(math.isfinite(self.hang_factor) and self.hang_factor >= 1, "hang_factor",
+                 "must be a finite number, 1 or more (such as 5)")
         port = self.master_port
         _require(port is None or 0 < port < 65536, "master_port", "must be between 1 and 65535")
         _require(self.rdzv_endpoint is None or self.master_addr is None, "rdzv_endpoint",
@@ -183,6 +199,8 @@ _CONFIG_TYPES: dict[str, tuple[type, ...]] = {
     "rdzv_backend": (str,), "rdzv_id": (str, int), "standalone": (bool,), "checkpoint_dir": (str,),
     "checkpoint_name": (str,), "grace": (int, float), "max_restarts": (int,),
     "restart_delay": (int, float), "node_timeout": (int, float), "requeue": (bool,),
+    "hang_detection": (bool,), "hang_timeout_min": (int, float), "hang_factor": (int, float),
+    "hang_first_step": (int, float), "hang_pause_timeout": (int, float),
     "max_requeues": (int,),
     "resume_from": (str, int), "signals": (str, list),
 }

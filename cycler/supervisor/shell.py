@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import os
 import queue
+import shutil
 import signal
 import threading
 import time
@@ -34,6 +35,7 @@ from cycler.protocol.control import (
     write_control,
 )
 from cycler.protocol.events import EventLog, describe
+from cycler.protocol.progress import read_beacons
 from cycler.supervisor import core
 from cycler.supervisor.checks import (
     check_artifact_path,
@@ -45,6 +47,14 @@ from cycler.supervisor.checks import (
     settle_resume_from,
 )
 from cycler.supervisor.failure import failure_report
+from cycler.supervisor.hangs import (
+    HangPolicy,
+    HangWatch,
+    describe_hang,
+    dump_stacks,
+    load_longest,
+    save_longest,
+)
 from cycler.supervisor.options import RunOptions
 from cycler.supervisor.peers import Heartbeat, PeerWatch
 from cycler.supervisor.processes import Watchdog, WorkerTree, become_subreaper, start_torchrun
@@ -59,6 +69,8 @@ from cycler.supervisor.torchrun import (
 log = logging.getLogger("cycler.supervisor")
 
 TICK_SECONDS = 0.1
+HANG_CHECK_SECONDS = 0.5
+"""How often the workers' progress beacons are read."""
 """How often the loop looks for a new checkpoint when nothing else happens."""
 STDERR_DRAIN_SECONDS = 2.0
 
@@ -148,6 +160,12 @@ class Supervisor:
         self._heartbeat = Heartbeat(self.layout, options.node_rank)
         self._peers = PeerWatch(self.layout, options.node_rank, options.nnodes,
                                 timeout=options.node_timeout)
+        self._progress_dir = self.layout.progress_dir(options.node_rank)
+        self._hangs = None if not options.hang_detection else HangWatch(
+            HangPolicy(floor=options.hang_timeout_min, factor=options.hang_factor,
+                       first_step=options.hang_first_step, pause=options.hang_pause_timeout),
+            load_longest(self.layout.hang_record_path(options.node_rank)))
+        self._next_hang_check = 0.0
 
     def handle_signal(self, number: int, frame: FrameType | None = None) -> None:
         """Signal handler: only records the signal; the loop decides what it means."""
@@ -179,6 +197,7 @@ class Supervisor:
                 self._execute(decisions.handle(committed))
             self._cut_torchrun_short(decisions)
             self._watch_other_nodes(decisions)
+            self._watch_for_hangs(decisions)
             if isinstance(event, core.SignalReceived):
                 event = dataclasses.replace(event, features=self._announced())
             stopping = decisions.stop_requested
@@ -199,6 +218,29 @@ class Supervisor:
         if loss is not None:
             self._execute(decisions.handle(
                 core.PeerLost(loss.node, loss.why, self._clock(), failed=loss.failed)))
+
+    def _watch_for_hangs(self, decisions: core.SupervisorCore) -> None:
+        """Read the workers' beacons now and then; on a hang, dump their stacks, then let the
+        core kill and restart them."""
+        watch, now = self._hangs, time.monotonic()  # the beacons' clock, system-wide
+        if watch is None or decisions.phase is not core.Phase.RUNNING \
+                or now < self._next_hang_check:
+            return
+        self._next_hang_check = now + HANG_CHECK_SECONDS
+        readings = read_beacons(self._progress_dir)
+        longest = watch.longest
+        hang = watch.observe(readings, now)
+        if watch.longest is not None and watch.longest != longest:
+            save_longest(self.layout.hang_record_path(self.options.node_rank), watch.longest)
+        if hang is None:
+            return
+        dump = self.layout.hang_dump_dir(time.strftime("%Y%m%d-%H%M%S"))
+        tops = dump_stacks(hang.stalled or readings, self._progress_dir, dump)
+        summary, fields = describe_hang(hang, tops)
+        self._execute(decisions.handle(
+            core.HangDetected(f"{summary}; stacks in {dump}", self._clock(),
+                              {**fields, "dump": str(dump)})))
+        watch.restarted(time.monotonic())
 
     def _learn_hard_deadline(self, signalled_at: float, kill_after: float) -> None:
         """Ask Slurm, in a thread, when it will end the job; the answer comes as an event."""
@@ -290,6 +332,7 @@ class Supervisor:
         if self._tree is not None:
             self._tree.reap()
         clear_announcements(self.layout.control_path(self.options.node_rank))
+        self._clear_progress()
         if action.resume_from is not None:
             record_resume_from(self.layout, self.options.node_rank, action.resume_from)
         plan = launch_plan(self.options, start_number=action.start_number,
@@ -300,6 +343,17 @@ class Supervisor:
                      start=action.start_number, resume_from=action.resume_from,
                      restart_count=plan.environment["CYCLER_RESTART_COUNT"])
         _Waiter(self._tree, self._queue, self._on_exit).start()
+
+    def _clear_progress(self) -> None:
+        """A fresh start: the last workers' beacons and stacks must not count for the new."""
+        shutil.rmtree(self._progress_dir, ignore_errors=True)
+        try:
+            self._progress_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            log.warning("hang detection is off for this start: cannot create %s (%s)",
+                        self._progress_dir, error.strerror)
+        if self._hangs is not None:
+            self._hangs.restarted(time.monotonic())
 
     def _on_exit(self, tree: WorkerTree, code: int) -> core.WorkersExited:
         """The exit event, with what the report and a multi-node stop need (waiter thread)."""

@@ -82,6 +82,17 @@ class PeerLost:
 
 
 @dataclass(frozen=True)
+class HangDetected:
+    """No worker of this node made progress for longer than allowed (``now``): ``summary``
+    names the ranks that stopped, their last step and top frame, ``fields`` the same for the
+    events log. The workers' stacks are dumped already."""
+
+    summary: str
+    now: float
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class WorkersExited:
     """torchrun (and with it every worker) exited with ``code`` (negative: killed by signal)."""
 
@@ -107,7 +118,7 @@ class Tick:
     now: float
 
 
-Event = (SignalReceived | Announced | HardDeadline | PeerLost | WorkersExited
+Event = (SignalReceived | Announced | HardDeadline | PeerLost | HangDetected | WorkersExited
          | CheckpointCommitted | Tick)
 
 # --- actions ----------------------------------------------------------------------------------

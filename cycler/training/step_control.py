@@ -39,6 +39,7 @@ usual.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import time
@@ -53,6 +54,7 @@ from cycler.checkpoint.sharded import stop_decided, wait_for_saves
 from cycler.errors import ConfigError, CyclerError, StateMismatch
 from cycler.protocol.control import Action, ControlFileWatcher, ControlRequest
 from cycler.protocol.environment import ENV_CONTROL_FILE
+from cycler.protocol.progress import PAUSED, beacon
 from cycler.training.exchange import Exchange, record_close, starter, wait_or_name_the_missing
 from cycler.training.stray_signals import shield_from_stray_signals
 
@@ -223,6 +225,7 @@ class StepControl:
         self._last_decision = StepDecision(checkpoint=False, stop=False, reason="", step=start_step)
         self.last_request: ControlRequest | None = None
         """The latest live request this rank read itself (other ranks may have seen none)."""
+        self._beacon = beacon()
 
     @property
     def global_step(self) -> int:
@@ -243,6 +246,7 @@ class StepControl:
         """
         self._step += 1
         self._steps_taken += 1
+        self._beacon.progress(self._step)
         if self._last_decision.stop:
             return self._remember(checkpoint=False, stop=True, reason=self._last_decision.reason)
         if self._group is None:
@@ -252,6 +256,12 @@ class StepControl:
         if decision.stop:
             stop_decided()
         return decision
+
+    def paused(self, name: str = "paused") -> contextlib.AbstractContextManager[None]:
+        """``with control.paused("eval"):`` marks work between steps that may take much longer
+        than a step (an evaluation): ``cycle run``'s hang detection gives it the pause
+        allowance (``--hang-pause-timeout``) instead of the step timeout."""
+        return self._beacon.phase(PAUSED, name)
 
     def should_checkpoint(self) -> bool:
         """Whether the decision of the latest :meth:`step` asks for a checkpoint."""
@@ -264,6 +274,7 @@ class StepControl:
     def close(self) -> None:
         """Wait for the exchange and the asynchronous saves in flight, if any. Call it on every
         rank, or on none."""
+        self._beacon.mark(PAUSED, "after the loop")
         wait_for_saves()
         if self._pending is not None:
             self._wait(self._pending)

@@ -81,10 +81,10 @@ def test_a_lost_node_ends_the_workers_and_the_job_resumes_from_the_checkpoint_by
     core.start(100.0)
     core.handle(CheckpointCommitted(5, 110.0))
     actions = core.handle(PeerLost(1, "is gone", 120.0))
-    assert [a.signal for a in actions if isinstance(a, SignalTree)] == [signal.SIGTERM]
-    assert core.phase is Phase.TERMINATING
-    assert kinds(core.handle(Tick(122.5))) == ["Log", "SignalTree"], "SIGKILL after kill_after"
-    actions = core.handle(WorkersExited(-9, 123.0))
+    # SIGKILL at once: nothing can be saved without node 1, and a TERM only met the shield.
+    assert [a.signal for a in actions if isinstance(a, SignalTree)] == [signal.SIGKILL]
+    assert core.phase is Phase.KILLED and core.handle(Tick(130.0)) == []
+    actions = core.handle(WorkersExited(-9, 120.1))
     assert exit_code(actions) == EXIT_REQUEUE
     assert any(isinstance(action, Requeue) for action in actions)
     (last,) = [action for action in actions if isinstance(action, Exit)]
@@ -114,7 +114,7 @@ def test_a_node_lost_during_a_stop_ends_the_wait_for_the_agreed_checkpoint_at_on
     assert core.phase is Phase.STOPPING
     actions = core.handle(PeerLost(1, "is gone", 111.0))
     assert "peer_lost" in [a.event for a in actions if isinstance(a, Log)]
-    assert core.phase is Phase.TERMINATING, "the agreed step can never come without node 1"
+    assert core.phase is Phase.KILLED, "the agreed step can never come without node 1"
     assert core.handle(PeerLost(1, "is gone", 112.0)) == [], "reported once"
 
 

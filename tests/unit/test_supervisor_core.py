@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -234,6 +235,17 @@ def test_failures_without_checkpoint_progress_end_as_a_crash_loop():
     actions = core.handle(WorkersExited(1, 400.0))
     assert exit_of(actions).code == EXIT_FAILURE and exit_of(actions).workers_failed
     assert "crash loop" in exit_of(actions).reason
+
+
+@pytest.mark.parametrize("max_restarts", [0, 1, 3, 5])
+def test_max_restarts_n_allows_exactly_n_restarts_in_a_row_without_a_checkpoint(
+        max_restarts: int):
+    core = started(replace(CONFIG, max_restarts=max_restarts))
+    for failure in range(max_restarts):
+        assert not of_type(core.handle(WorkersExited(1, 100.0 * (failure + 1))), Exit)
+        assert core.handle(Tick(core.wake_at)) == [StartWorkers(failure + 1, None)]
+    actions = core.handle(WorkersExited(1, 10_000.0))
+    assert exit_of(actions).code == EXIT_FAILURE and "crash loop" in exit_of(actions).reason
 
 
 def test_checkpoint_progress_between_failures_is_not_a_crash_loop():

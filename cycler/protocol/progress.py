@@ -1,0 +1,163 @@
+"""Progress beacons: how a worker shows the supervisor that it moves, without a syscall a step.
+
+Under ``cycle run`` every worker that imports cycler maps a small file of its own,
+``$CYCLER_PROGRESS_DIR/rank-<RANK>.beacon``, and writes into that memory at every
+``StepControl.step()`` and every commit: its pid, a counter, the (system-wide monotonic) time of
+its last progress, and what it is doing (training, saving, or a phase the script marked, such as
+an evaluation). The supervisor reads its node's beacons a few times a second to find a rank that
+hangs (:mod:`cycler.supervisor.hangs`). Writing one costs a clock read and a ``pack_into``.
+
+A worker also registers :data:`DUMP_SIGNAL` with ``faulthandler`` at import, writing every
+thread's Python stack into ``rank-<RANK>.stack`` beside its beacon: what the supervisor asks for
+before it kills a hung worker. No torch here: the supervisor reads these on its own path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import mmap
+import os
+import signal
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from cycler.protocol.environment import ENV_PROGRESS_DIR
+
+TRAINING, SAVING, PAUSED = 0, 1, 2
+"""What a worker is doing, as its beacon says."""
+PHASE_NAMES = {TRAINING: "training", SAVING: "saving", PAUSED: "paused"}
+_FORMAT = struct.Struct("<qqqdi20s")
+"""pid, counter, step, monotonic time of the last progress, phase, the marked phase's name."""
+DUMP_SIGNAL = signal.SIGRTMIN + 4
+"""Asks a worker for its Python stacks (not SIGUSR1, which NCCL may use; not a stop signal)."""
+BEACON_SUFFIX = ".beacon"
+STACK_SUFFIX = ".stack"
+
+
+class Beacon:
+    """This worker's beacon: a mapped file it updates in place."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._pid = os.getpid()
+        self._counter = 0
+        self._step = -1
+        self._phase = TRAINING
+        self._name = b""
+        with open(path, "w+b") as handle:
+            handle.truncate(_FORMAT.size)
+            self._memory = mmap.mmap(handle.fileno(), _FORMAT.size)
+        self._write()
+
+    def progress(self, step: int | None = None) -> None:
+        """Progress: a step done (``step``: its number), or a commit. The supervisor sees the
+        counter move."""
+        self._counter += 1
+        if step is not None:
+            self._step = step
+        self._write()
+
+    @contextlib.contextmanager
+    def phase(self, phase: int, name: str = "") -> Iterator[None]:
+        """Mark a phase that has its own allowance (a save, an evaluation) while inside."""
+        before, before_name = self._phase, self._name
+        self._phase, self._name = phase, name.encode()[:20]
+        self._write()
+        try:
+            yield
+        finally:
+            self._phase, self._name = before, before_name
+            self._write()
+
+    def mark(self, phase: int, name: str = "") -> None:
+        """Enter ``phase`` for good (the end of the training loop: whatever comes after it,
+        a final evaluation or the teardown, has the pause allowance)."""
+        self._phase, self._name = phase, name.encode()[:20]
+        self._write()
+
+    def _write(self) -> None:
+        _FORMAT.pack_into(self._memory, 0, self._pid, self._counter, self._step,
+                          time.monotonic(), self._phase, self._name)
+
+
+class _NoBeacon(Beacon):
+    """Outside ``cycle run``: every call does nothing."""
+
+    def __init__(self) -> None:
+        self._counter, self._step, self._phase, self._name = 0, -1, TRAINING, b""
+
+    def _write(self) -> None:
+        pass
+
+
+_beacon: Beacon | None = None
+
+
+def beacon() -> Beacon:
+    """This process's beacon (one per process), or one that does nothing outside ``cycle run``
+    or where the file cannot be made."""
+    global _beacon
+    if _beacon is None:
+        directory, rank = os.environ.get(ENV_PROGRESS_DIR), os.environ.get("RANK")
+        try:
+            _beacon = (Beacon(Path(directory) / f"rank-{int(rank)}{BEACON_SUFFIX}")
+                       if directory and rank is not None else _NoBeacon())
+        except (OSError, ValueError):
+            _beacon = _NoBeacon()
+    return _beacon
+
+
+_stack_file: IO[str] | None = None
+
+
+def register_stack_dump() -> None:
+    """Under ``cycle run``: on :data:`DUMP_SIGNAL` write every thread's stack to this rank's
+    stack file (faulthandler: it works while the main thread is stuck in C code)."""
+    global _stack_file
+    directory, rank = os.environ.get(ENV_PROGRESS_DIR), os.environ.get("RANK")
+    if _stack_file is not None or not directory or rank is None:
+        return
+    try:
+        _stack_file = open(Path(directory) / f"rank-{int(rank)}{STACK_SUFFIX}", "w")
+        faulthandler.register(DUMP_SIGNAL, file=_stack_file, all_threads=True, chain=False)
+    except (OSError, ValueError, RuntimeError):
+        _stack_file = None
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One worker's beacon as the supervisor read it."""
+
+    rank: int
+    pid: int
+    counter: int
+    step: int
+    """The last step ``StepControl`` counted (-1: the script does not use it)."""
+    time: float
+    phase: int
+    name: str
+
+
+def read_beacons(directory: Path) -> list[Reading]:
+    """Every beacon in ``directory`` (a torn or foreign file is skipped)."""
+    readings = []
+    for path in sorted(directory.glob(f"rank-*{BEACON_SUFFIX}")):
+        try:
+            rank = int(path.name[len("rank-"):-len(BEACON_SUFFIX)])
+            with open(path, "rb") as handle:
+                data = handle.read(_FORMAT.size)
+            pid, counter, step, when, phase, name = _FORMAT.unpack(data)
+        except (OSError, ValueError, struct.error):
+            continue
+        readings.append(Reading(rank, pid, counter, step, when, phase,
+                                name.rstrip(b"\0").decode(errors="replace")))
+    return readings
+
+
+def stack_path(directory: Path, rank: int) -> Path:
+    return directory / f"rank-{rank}{STACK_SUFFIX}"

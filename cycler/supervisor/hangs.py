@@ -1,0 +1,203 @@
+"""Finding a hung rank from outside it: the workers' progress beacons, read by the supervisor.
+
+A rank stuck in a collective, a data loader or a deadlock never returns to Python, so nothing
+inside it can notice; the other ranks soon wait for it in their next collective. The supervisor
+reads every worker's beacon (:mod:`cycler.protocol.progress`) a few times a second and declares
+a hang when no worker of its node has made progress for longer than the allowance:
+
+- training: ``max(floor, factor x the longest interval between two steps seen)``; the longest
+  interval is kept under ``.cycler/`` so that a restart does not start blind;
+- the first step after a start (loading, compilation): ``first_step``, as long as no worker has
+  made its first step (and never less than the training allowance);
+- while any worker saves or is in a phase the script marked (``StepControl.paused``): ``pause``.
+
+:class:`HangWatch` is pure (readings and the time in, a verdict out); :func:`dump_stacks` asks
+each worker for its Python stacks and gathers them under ``.cycler/hang-<time>/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cycler._fs import atomic_write_bytes
+from cycler.protocol.progress import (
+    DUMP_SIGNAL,
+    PAUSED,
+    PHASE_NAMES,
+    SAVING,
+    TRAINING,
+    Reading,
+    stack_path,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HangPolicy:
+    """How long no progress may last before it is a hang (seconds)."""
+
+    floor: float = 30.0
+    """The least a training step may take: a hang is never declared sooner."""
+    factor: float = 5.0
+    """Multiple of the longest interval between two steps seen that still counts as slow."""
+    first_step: float = 600.0
+    """Allowed before every worker's first step after a start (loading, compilation)."""
+    pause: float = 1800.0
+    """Allowed while a worker saves or is in a phase the script marked (an evaluation)."""
+
+
+@dataclass(frozen=True)
+class Hang:
+    """The verdict: ``stalled`` ranks (those behind the others, or all) with what they did."""
+
+    silent_for: float
+    allowance: float
+    why: str
+    stalled: list[Reading] = field(default_factory=list)
+
+
+class HangWatch:
+    """Learns the step interval from beacons and says when progress stopped for too long."""
+
+    def __init__(self, policy: HangPolicy, longest: float | None = None) -> None:
+        self.policy = policy
+        self.longest = longest
+        """The longest interval between two training steps seen (this job, all starts)."""
+        self._seen: dict[int, tuple[int, float, int]] = {}
+        """Per rank: the counter, time and phase of its last reading."""
+        self._started = 0.0
+
+    def restarted(self, now: float) -> None:
+        """Workers were (re)started at ``now`` (system-wide monotonic): forget their beacons."""
+        self._seen, self._started = {}, now
+
+    def observe(self, readings: list[Reading], now: float) -> Hang | None:
+        """Take in the beacons read at ``now``; a :class:`Hang` if progress stopped too long."""
+        if not readings:
+            return None  # workers that never imported cycler: nothing to go by
+        for reading in readings:
+            self._learn(reading)
+        last = max([self._started, *(r.time for r in readings if r.counter > 0)])
+        allowance, why = self._allowance(readings)
+        if now - last <= allowance:
+            return None
+        # The rank that hangs and those waiting for it in a collective look alike here: the
+        # ones behind are named first, all when none is; their stacks tell them apart.
+        top = max((r.counter for r in readings), default=0)
+        stalled = [r for r in readings if r.counter < top] or list(readings)
+        return Hang(now - last, allowance, why, stalled)
+
+    def _learn(self, reading: Reading) -> None:
+        previous = self._seen.get(reading.rank)
+        self._seen[reading.rank] = (reading.counter, reading.time, reading.phase)
+        if previous is None or reading.counter <= previous[0]:
+            return
+        counter, when, phase = previous
+        # Steps come faster than the beacons are read: the mean interval since the last
+        # reading, between two readings in training only (a save or a marked phase in between
+        # has its own allowance and must not inflate the step timeout).
+        if counter > 0 and phase == TRAINING and reading.phase == TRAINING:
+            interval = (reading.time - when) / (reading.counter - counter)
+            self.longest = max(interval, self.longest or 0.0)
+
+    def step_timeout(self) -> float:
+        if self.longest is None:
+            return self.policy.first_step
+        return max(self.policy.floor, self.policy.factor * self.longest)
+
+    def _allowance(self, readings: list[Reading]) -> tuple[float, str]:
+        step = self.step_timeout()
+        busy = [r for r in readings if r.phase in (SAVING, PAUSED)]
+        if busy:
+            what = busy[0].name or PHASE_NAMES[busy[0].phase]
+            return max(self.policy.pause, step), f"{what} allowance"
+        if not readings or any(r.counter == 0 for r in readings):
+            return max(self.policy.first_step, step), "first-step allowance"
+        return step, "step timeout"
+
+
+def load_longest(path: Path) -> float | None:
+    """The longest step interval an earlier start of this job learned (``None``: none)."""
+    try:
+        value = json.loads(path.read_text()).get("longest_step_interval")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
+def save_longest(path: Path, longest: float) -> None:
+    try:
+        atomic_write_bytes(path, json.dumps({"longest_step_interval": longest}).encode(),
+                           durable=False)
+    except OSError:
+        pass  # only a restart's head start is lost
+
+
+def dump_stacks(readings: list[Reading], progress_dir: Path, into: Path,
+                wait: float = 1.0) -> dict[int, str]:
+    """Ask every worker for its Python stacks, copy them to ``into/rank-<R>.txt``; return each
+    rank's top frame of its main thread (``"?"`` where no dump came)."""
+    into.mkdir(parents=True, exist_ok=True)
+    for reading in readings:
+        try:
+            os.kill(reading.pid, DUMP_SIGNAL)
+        except OSError:
+            continue
+    deadline = time.monotonic() + wait
+    tops: dict[int, str] = {}
+    while time.monotonic() < deadline and len(tops) < len(readings):
+        time.sleep(0.05)
+        for reading in readings:
+            text = _read(stack_path(progress_dir, reading.rank))
+            if text and reading.rank not in tops and "File" in text:
+                tops[reading.rank] = top_frame(text)
+    for reading in readings:
+        source = stack_path(progress_dir, reading.rank)
+        try:
+            shutil.copyfile(source, into / f"rank-{reading.rank}.txt")
+        except OSError:
+            pass
+    return {r.rank: tops.get(r.rank, "?") for r in readings}
+
+
+def top_frame(dump: str) -> str:
+    """The innermost frame of the dumped main thread (faulthandler's format), as
+    ``file:line in function``."""
+    lines = dump.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("Current thread")), 0)
+    for line in lines[start + 1:]:
+        stripped = line.strip()
+        if stripped.startswith("File "):
+            name, _, rest = stripped[len("File "):].partition(", line ")
+            number, _, function = rest.partition(" in ")
+            return f"{Path(name.strip(chr(34))).name}:{number} in {function}"
+    return "?"
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _at(reading: Reading) -> str:
+    return f"step {reading.step}" if reading.step >= 0 else f"{reading.counter} commits"
+
+
+def describe_hang(hang: Hang, tops: dict[int, str]) -> tuple[str, dict[str, Any]]:
+    """One line for stderr and the fields for the events log."""
+    ranks = ", ".join(f"rank {r.rank} ({_at(r)}, {tops.get(r.rank, '?')})"
+                      for r in hang.stalled)
+    summary = (f"no progress for {hang.silent_for:.0f} s (over the {hang.why} of "
+               f"{hang.allowance:.0f} s): {ranks}")
+    fields = {"silent_for": round(hang.silent_for, 1), "allowance": round(hang.allowance, 1),
+              "why": hang.why, "ranks": [r.rank for r in hang.stalled],
+              "steps": [r.step for r in hang.stalled],
+              "frames": [tops.get(r.rank, "?") for r in hang.stalled]}
+    return summary, fields

@@ -1,0 +1,75 @@
+"""Issue 17: a rank that hangs is found by ``cycle run`` from outside, its stacks dumped, the
+workers killed and restarted from the newest checkpoint; the job ends bit-identical to one that
+never hung. Slow but healthy phases (a long first step, a long save, a marked evaluation) raise
+no alarm. Real ``cycle run``, torchrun and 2 gloo ranks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cycler.protocol.events import read_events
+
+WORKER = Path(__file__).with_name("hang_worker.py")
+pytestmark = pytest.mark.e2e
+
+
+def cycle_run(tmp_path: Path, name: str, *worker_args: str, flags: tuple[str, ...] = ()
+              ) -> tuple[subprocess.CompletedProcess[str], Path]:
+    root = tmp_path / name
+    out = tmp_path / f"{name}.pt"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CYCLER_"))}
+    env.pop("CHECKPOINT_ARTIFACT_PATH", None)
+    command = [sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", "2",
+               "--checkpoint-dir", str(root), "--restart-delay", "0", *flags, str(WORKER),
+               "--out", str(out), *worker_args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env,
+                          cwd=tmp_path)
+    return done, out
+
+
+def events_of(root: Path) -> list[dict]:
+    return read_events(root / ".cycler" / "events-node0.jsonl")
+
+
+def test_a_rank_asleep_before_its_all_reduce_is_found_dumped_and_the_job_ends_exactly(
+        tmp_path: Path) -> None:
+    reference, expected = cycle_run(tmp_path, "reference")
+    assert reference.returncode == 0, reference.stderr
+    hung, got = cycle_run(tmp_path, "hung", "--hang-rank", "1", "--hang-step", "25",
+                          flags=("--hang-timeout-min", "3"))
+    assert hung.returncode == 0, hung.stderr
+    hangs = [e for e in events_of(tmp_path / "hung") if e["event"] == "hang"]
+    assert len(hangs) == 1, hung.stderr
+    # Both ranks stopped at step 25; their stacks tell the sleeper from the one waiting for it.
+    assert hangs[0]["ranks"] == [0, 1] and hangs[0]["steps"] == [25, 25]
+    waiting, sleeping = hangs[0]["frames"]
+    assert "hang_worker.py" in sleeping and "<module>" in sleeping, hangs[0]
+    assert "hang_worker.py" not in waiting, hangs[0]  # inside torch's all_reduce
+    dump = Path(hangs[0]["dump"])
+    assert "time.sleep(3600)" not in (dump / "rank-1.txt").read_text()  # a stack, not source
+    assert "hang_worker.py" in (dump / "rank-1.txt").read_text()
+    assert "rank 1 (step 25, hang_worker.py" in hung.stderr
+    final, reference_weights = torch.load(got), torch.load(expected)
+    assert all(torch.equal(final[k], reference_weights[k]) for k in reference_weights)
+
+
+def test_a_long_first_step_a_long_save_and_a_marked_evaluation_raise_no_alarm(
+        tmp_path: Path) -> None:
+    done, _ = cycle_run(tmp_path, "slow", "--slow-first-step", "4", "--slow-save", "4",
+                        "--eval-pause", "6",
+                        flags=("--hang-timeout-min", "1", "--hang-first-step", "20",
+                               "--hang-pause-timeout", "20"))
+    assert done.returncode == 0, done.stderr
+    assert not [e for e in events_of(tmp_path / "slow") if e["event"] == "hang"]
+
+
+def test_without_hang_detection_nothing_is_watched(tmp_path: Path) -> None:
+    done, _ = cycle_run(tmp_path, "off", "--steps", "20", flags=("--no-hang-detection",))
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "off" / ".cycler" / "hang-node0.json").exists()
