@@ -38,6 +38,7 @@ MESSAGES = {
                           "(pid {torchrun_pid})",
     "workers_exited": "workers exited with code {code}",
     "hang": "a hang: {summary}; killing the workers",
+    "first_step": "the workers made their first step",
     "restart_scheduled": "restarting in {delay:g} s (restart {restart} of {of} since the last "
                          "checkpoint)",
     "restart_together": "workers failed (code {code}): torchrun restarts them with every "

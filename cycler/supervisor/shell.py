@@ -35,7 +35,7 @@ from cycler.protocol.control import (
     write_control,
 )
 from cycler.protocol.events import EventLog, describe
-from cycler.protocol.progress import read_beacons
+from cycler.protocol.progress import Reading, read_beacons
 from cycler.supervisor import core
 from cycler.supervisor.checks import (
     check_artifact_path,
@@ -69,7 +69,7 @@ from cycler.supervisor.torchrun import (
 log = logging.getLogger("cycler.supervisor")
 
 TICK_SECONDS = 0.1
-HANG_CHECK_SECONDS = 0.5
+PROGRESS_CHECK_SECONDS = 0.5
 """How often the workers' progress beacons are read."""
 """How often the loop looks for a new checkpoint when nothing else happens."""
 STDERR_DRAIN_SECONDS = 2.0
@@ -165,7 +165,8 @@ class Supervisor:
             HangPolicy(floor=options.hang_timeout_min, factor=options.hang_factor,
                        first_step=options.hang_first_step, pause=options.hang_pause_timeout),
             load_longest(self.layout.hang_record_path(options.node_rank)))
-        self._next_hang_check = 0.0
+        self._next_progress_check = 0.0
+        self._first_step_seen = False
 
     def handle_signal(self, number: int, frame: FrameType | None = None) -> None:
         """Signal handler: only records the signal; the loop decides what it means."""
@@ -197,7 +198,7 @@ class Supervisor:
                 self._execute(decisions.handle(committed))
             self._cut_torchrun_short(decisions)
             self._watch_other_nodes(decisions)
-            self._watch_for_hangs(decisions)
+            self._watch_progress(decisions)
             if isinstance(event, core.SignalReceived):
                 event = dataclasses.replace(event, features=self._announced())
             stopping = decisions.stop_requested
@@ -219,15 +220,25 @@ class Supervisor:
             self._execute(decisions.handle(
                 core.PeerLost(loss.node, loss.why, self._clock(), failed=loss.failed)))
 
-    def _watch_for_hangs(self, decisions: core.SupervisorCore) -> None:
-        """Read the workers' beacons now and then; on a hang, dump their stacks, then let the
-        core kill and restart them."""
-        watch, now = self._hangs, time.monotonic()  # the beacons' clock, system-wide
-        if watch is None or decisions.phase is not core.Phase.RUNNING \
-                or now < self._next_hang_check:
+    def _watch_progress(self, decisions: core.SupervisorCore) -> None:
+        """Read the workers' beacons now and then: record each start's first step (what a
+        restart cost), and on a hang dump the workers' stacks, then let the core kill and
+        restart them."""
+        now = time.monotonic()  # the beacons' clock, system-wide
+        if decisions.phase is not core.Phase.RUNNING or now < self._next_progress_check:
             return
-        self._next_hang_check = now + HANG_CHECK_SECONDS
+        self._next_progress_check = now + PROGRESS_CHECK_SECONDS
         readings = read_beacons(self._progress_dir)
+        if not self._first_step_seen:
+            moved = [r.time for r in readings if r.counter > 0]
+            if moved:
+                self._first_step_seen = True
+                self._record("first_step", at=round(self._clock() - (now - min(moved)), 3))
+        if self._hangs is not None:
+            self._watch_for_hangs(decisions, self._hangs, readings, now)
+
+    def _watch_for_hangs(self, decisions: core.SupervisorCore, watch: HangWatch,
+                         readings: list[Reading], now: float) -> None:
         longest = watch.longest
         hang = watch.observe(readings, now)
         if watch.longest is not None and watch.longest != longest:
@@ -352,6 +363,7 @@ class Supervisor:
         except OSError as error:
             log.warning("hang detection is off for this start: cannot create %s (%s)",
                         self._progress_dir, error.strerror)
+        self._first_step_seen = False
         if self._hangs is not None:
             self._hangs.restarted(time.monotonic())
 

@@ -29,6 +29,8 @@ parser.add_argument("--hang-step", type=int, default=-1)
 parser.add_argument("--slow-first-step", type=float, default=0.0)
 parser.add_argument("--slow-save", type=float, default=0.0)
 parser.add_argument("--eval-pause", type=float, default=0.0)
+parser.add_argument("--step-seconds", type=float, default=0.02)
+parser.add_argument("--crash", action="store_true", help="exit 1 instead of hanging")
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -55,13 +57,15 @@ while step < args.steps:
     optimizer.zero_grad()
     loss.backward()
     if first_start and rank == args.hang_rank and step == args.hang_step:
+        if args.crash:
+            os._exit(1)  # a crash, for comparison
         time.sleep(3600)  # hung: never reaches the collective the others wait in
     for parameter in model.parameters():
         dist.all_reduce(parameter.grad)
         parameter.grad /= world
     optimizer.step()
     step += 1
-    time.sleep(0.02)
+    time.sleep(args.step_seconds)
     decision = control.step()
     if first_start and args.eval_pause and step == 15:
         with control.paused("eval"):
