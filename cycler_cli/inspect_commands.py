@@ -8,6 +8,7 @@ import typer
 
 from cycler.checkpoint.inspection import RootStatus, collect_status, prune, total_size
 from cycler.protocol.environment import default_checkpoint_root
+from cycler.protocol.exit_codes import EXIT_FAILURE
 from cycler_cli import render
 from cycler_cli.errors import exit_on_cycler_error
 
@@ -32,6 +33,8 @@ def status(
         render.print_json(result.as_dict())
     else:
         render.render_status(result)
+    if not result.exists:
+        raise typer.Exit(EXIT_FAILURE)  # a script can tell "no such root" from "no checkpoint"
 
 
 def _collect(root: Path, verify: bool, events: int, show_progress: bool) -> RootStatus:
@@ -68,5 +71,7 @@ def prune_command(
 
 def register(app: typer.Typer) -> None:
     """Add ``status`` and ``prune`` to ``app``."""
-    app.command("status")(status)
-    app.command("prune")(prune_command)
+    app.command("status", epilog="Exit codes: 0 shown; 1 no checkpoint directory there; 2 it "
+                "cannot be read or is not a directory.")(status)
+    app.command("prune", epilog="Exit codes: 0 pruned (or nothing to do); 2 refused: a live "
+                "cycle run holds the root, or it cannot be written.")(prune_command)

@@ -21,9 +21,19 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from cycler import __version__
+
+        print(f"cycle (torch-cycler) {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _configure(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log debug messages."),
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the version and exit."),
 ) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,

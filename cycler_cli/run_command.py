@@ -33,6 +33,10 @@ def register(app: typer.Typer) -> None:
     app.command(
         "run",
         help=HELP,
+        epilog="Exit codes: 0 the script finished; 1 the workers failed and restarts are used "
+               "up (or a crash loop, or a stop with nothing to resume); 2 bad usage or "
+               "configuration, nothing started; 75 stopped after a committed checkpoint: "
+               "requeue me.",
         # torchrun takes every option with underscores too (--nproc_per_node): click matches
         # option names after this normalisation, so both spellings work and --help lists one.
         context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True,

@@ -21,7 +21,7 @@ from typing import Any
 from torch.utils.data import Dataset, DistributedSampler
 
 from cycler.data.epoch_order import epoch_order, per_rank_length, rank_share
-from cycler.data.samplers import AdvancedTooFarError, _default_world
+from cycler.data.samplers import AdvancedTooFarError, _default_world, checked_mapping
 from cycler.errors import StateMismatch
 
 GROUPED_STATE_VERSION = 1
@@ -134,6 +134,7 @@ class InterruptableDistributedGroupedBatchSampler(DistributedSampler[list[int]])
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` (also a cycling_utils ``{"epoch", "progress"}`` state)."""
+        state = checked_mapping(state, "grouped batch sampler")
         if "version" not in state and set(state) == {"epoch", "progress"}:
             state = {**state, "version": GROUPED_STATE_VERSION, **self._identity()}
         for field, value in {"version": GROUPED_STATE_VERSION, **self._identity()}.items():
@@ -143,9 +144,13 @@ class InterruptableDistributedGroupedBatchSampler(DistributedSampler[list[int]])
                     f"this sampler has {field}={value!r}: build it as the saved run did to "
                     "resume that run, or do not load the state to start afresh."
                 )
-        self.set_epoch(int(state["epoch"]))
-        progress = state["progress"]
-        if not isinstance(progress, int) or not 0 <= progress <= self.num_batches:
+        epoch, progress = state.get("epoch"), state.get("progress")
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise StateMismatch(f"Saved grouped batch sampler state has epoch={epoch!r}, not an "
+                                "epoch number: the state is damaged.")
+        self.set_epoch(epoch)
+        if (not isinstance(progress, int) or isinstance(progress, bool)
+                or not 0 <= progress <= self.num_batches):
             raise StateMismatch(f"Saved grouped batch sampler state has progress={progress!r}, "
                                 f"outside 0..{self.num_batches}: the state is damaged.")
         self.progress = progress

@@ -201,6 +201,7 @@ class _ResumableSampler:
         cycling_utils state (``{"epoch", "progress"}`` only) is taken as saved by this sampler's
         configuration; a version-1 state as one of the torch order.
         """
+        state = checked_mapping(state, "sampler")
         if "version" not in state and set(state) == _LEGACY_FIELDS:
             state = self._from_cycling_utils(state)
         if state.get("version") == 1:
@@ -224,7 +225,8 @@ class _ResumableSampler:
 
     def _from_cycling_utils(self, state: Mapping[str, Any]) -> dict[str, Any]:
         saved = self.state_dict()
-        saved.update(epoch=int(state["epoch"]), progress=int(state["progress"]), resplit_at=0)
+        saved.update(epoch=_int_field(state, "epoch", 0, None),
+                     progress=_int_field(state, "progress", 0, None), resplit_at=0)
         saved["consumed"] = _consumed_count(
             self._dataset_length, 0, saved["progress"], self.num_replicas, self.drop_last
         )
@@ -241,6 +243,7 @@ class _ResumableSampler:
 
     def _load_position(self, state: Mapping[str, Any]) -> None:
         length = self._dataset_length
+        _int_field(state, "num_replicas", 1, None)
         consumed = _int_field(state, "consumed", 0, length)
         if state["num_replicas"] == self.num_replicas:
             resplit_at = _int_field(state, "resplit_at", 0, length)
@@ -271,9 +274,20 @@ def _check_version(state: Mapping[str, Any]) -> None:
         )
 
 
+def checked_mapping(state: object, what: str) -> Mapping[str, Any]:
+    """``state`` if it is the dict a ``state_dict()`` returns, else :class:`StateMismatch`."""
+    if not isinstance(state, Mapping):
+        raise StateMismatch(
+            f"Saved {what} state is {type(state).__name__} {state!r:.40}, not the dict "
+            "state_dict() returns: the state is damaged or belongs to something else; resume "
+            "from another checkpoint or do not load the state.")
+    return state
+
+
 def _int_field(state: Mapping[str, Any], field: str, low: int, high: int | None) -> int:
     value = state[field]
-    in_range = isinstance(value, int) and value >= low and (high is None or value <= high)
+    in_range = (isinstance(value, int) and not isinstance(value, bool) and value >= low
+                and (high is None or value <= high))
     if not in_range:
         bound = "" if high is None else f" and at most {high}"
         raise StateMismatch(

@@ -141,6 +141,10 @@ def read_events(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
             record = json.loads(line)
         except ValueError:
             continue
-        if isinstance(record, dict):
+        # A line another tool or a broken disk wrote must not crash `cycle status`: every
+        # reader relies on a named event at a numeric time.
+        when = record.get("time") if isinstance(record, dict) else None
+        if (isinstance(record, dict) and isinstance(record.get("event"), str)
+                and isinstance(when, int | float) and not isinstance(when, bool)):
             events.append(record)
     return events if limit is None else events[-limit:]

@@ -34,11 +34,10 @@ def check_script(options: RunOptions) -> None:
     """Refuse a script torchrun could not start, before any process is started."""
     script, mode = Path(options.script), options.launch_mode
     if mode == "module":
-        top = str(script).split(".")[0]
-        # Found without importing it: importing the user's package here could take seconds.
-        if importlib.machinery.PathFinder.find_spec(top, [os.getcwd(), *sys.path]) is None:
-            raise ConfigError(f"module {script} cannot be found: no package {top} in the "
-                              "current directory or on sys.path")
+        missing = _missing_module_part(str(options.script))
+        if missing is not None:
+            raise ConfigError(f"module {script} cannot be found: no {missing} in the current "
+                              "directory or on sys.path")
     elif mode == "no_python":
         if not (script.is_file() and os.access(script, os.X_OK)) and not shutil.which(
                 options.script):
@@ -49,6 +48,20 @@ def check_script(options: RunOptions) -> None:
                           "training script")
     elif mode == "run_path" and not script.is_absolute():
         raise ConfigError(f"--run-path needs an absolute script path, not {script}")
+
+
+def _missing_module_part(name: str) -> str | None:
+    """The first part of the dotted ``name`` that cannot be found, else ``None``. Found on the
+    file system without importing anything: importing the user's package could take seconds."""
+    search: list[str] | None = [os.getcwd(), *sys.path]
+    found = ""
+    for part in name.split("."):
+        found = f"{found}.{part}" if found else part
+        spec = importlib.machinery.PathFinder.find_spec(part, search)
+        if spec is None:
+            return f"module {found}" if "." in found else f"package {found}"
+        search = list(spec.submodule_search_locations or [])
+    return None
 
 
 def check_artifact_path(options: RunOptions, environ: Mapping[str, str] | None = None) -> None:

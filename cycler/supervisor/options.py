@@ -134,6 +134,8 @@ class RunOptions:
                  "must be a finite number, 1 or more (such as 5)")
         port = self.master_port
         _require(port is None or 0 < port < 65536, "master_port", "must be between 1 and 65535")
+        _require(self.rdzv_backend in (None, *RDZV_BACKENDS), "rdzv_backend",
+                 f"must be one of {', '.join(RDZV_BACKENDS)}")
         _require(self.rdzv_endpoint is None or self.master_addr is None, "rdzv_endpoint",
                  "cannot be combined with master_addr; give one of them")
         _require(self.nnodes == 1 or bool(self.master_addr or self.rdzv_endpoint), "master_addr",
@@ -193,6 +195,9 @@ def parse_signals(value: str | Sequence[str]) -> tuple[str, ...]:
 
 # --- the configuration file -------------------------------------------------------------------
 
+RDZV_BACKENDS = ("c10d", "etcd", "etcd-v2", "static")
+"""The rendezvous backends torchrun ships."""
+
 _CONFIG_TYPES: dict[str, tuple[type, ...]] = {
     "nproc_per_node": (int, str), "nnodes": (int, str), "node_rank": (int,),
     "master_addr": (str,), "master_port": (int,), "rdzv_endpoint": (str,),
@@ -213,9 +218,12 @@ def load_config_file(path: Path) -> dict[str, Any]:
     import yaml  # only runs with --config: every start of cycle run would pay for it
 
     try:
-        loaded = yaml.safe_load(Path(path).read_text())
+        loaded = yaml.load(Path(path).read_text(), Loader=_yaml12_loader())
     except OSError as error:
         raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not text (binary?); give a YAML file of "
+                          "option: value lines") from None
     except yaml.YAMLError as error:
         raise ConfigError(f"config file {path} is not valid YAML: {_one_line(error)}") from None
     if loaded is None:
@@ -227,6 +235,29 @@ def load_config_file(path: Path) -> dict[str, Any]:
         name = _config_key(path, key)
         options[name] = _checked_value(path, name, value)
     return options
+
+
+def _yaml12_loader() -> type:
+    """PyYAML's safe loader with YAML 1.2's integers: ``1:2`` and ``010`` stay strings (YAML
+    1.1 reads them as sexagesimal 62 and octal 8, which no one writing ``nnodes: 1:2`` or
+    ``resume_from: 010`` means)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers
+                if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?(0|[1-9][0-9]*)$"),
+                                 list("-+0123456789"))
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?([0-9]+\.[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$"
+                   r"|^[-+]?[0-9]+[eE][-+]?[0-9]+$"
+                   r"|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$"), list("-+0123456789."))
+    return Loader
 
 
 def _config_key(path: Path, key: object) -> str:
@@ -256,11 +287,22 @@ def _one_line(error: Exception) -> str:
 # --- the scheduler's environment --------------------------------------------------------------
 
 
+_RANGES = r"\[\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*\]"
+_HOST = rf"(?:[^,\[\]]+|{_RANGES})+"
+_NODELIST = re.compile(rf"{_HOST}(?:,{_HOST})*")
+"""Slurm's host list: names with bracketed numeric ranges, separated by commas."""
+
+
 def expand_nodelist(nodelist: str) -> list[str]:
-    """Slurm's compressed host list (``node[01-03,07],gpu1``) as host names, in order."""
+    """Slurm's compressed host list (``node[01-03,07],gpu1``) as host names, in order;
+    :class:`ConfigError` naming the variable if it is not one."""
     hosts: list[str] = []
-    for part in re.findall(r"(?:[^,\[]+|\[[^\]]*\])+", nodelist):
-        hosts.extend(_expand_host(part))
+    if _NODELIST.fullmatch(nodelist):
+        for part in re.findall(r"(?:[^,\[]+|\[[^\]]*\])+", nodelist):
+            hosts.extend(_expand_host(part))
+    if not hosts:
+        raise ConfigError(f"SLURM_JOB_NODELIST={nodelist!r} is not a Slurm host list (such as "
+                          "node[01-03],gpu1); fix it, or give --master-addr")
     return hosts
 
 

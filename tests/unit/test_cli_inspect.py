@@ -91,9 +91,9 @@ def test_status_verify_reports_a_flipped_byte_as_corrupt(tmp_path: Path) -> None
     assert rows[0]["state"] == "latest"
 
 
-def test_status_of_a_missing_directory_is_one_line_and_exit_zero(tmp_path: Path) -> None:
+def test_status_of_a_missing_directory_is_one_line_and_exit_one(tmp_path: Path) -> None:
     result = runner.invoke(app, ["status", str(tmp_path / "nowhere")])
-    assert result.exit_code == 0
+    assert result.exit_code == 1
     assert result.output.strip() == f"No checkpoint directory at {tmp_path / 'nowhere'}."
 
 
