@@ -58,6 +58,7 @@ def dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, line: str) -> list[
     (tmp_path / "run.sh").chmod(0o755)
     (tmp_path / "pkg").mkdir(exist_ok=True)
     (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "train.py").write_text("")
     for name in ("MASTER_ADDR", "MASTER_PORT", "NNODES", "SLURM_JOB_ID", "N_PROC"):
         monkeypatch.delenv(name, raising=False)
     result = CliRunner().invoke(app, ["run", "--dry-run", *shlex.split(line)])
