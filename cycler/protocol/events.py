@@ -39,6 +39,8 @@ MESSAGES = {
     "workers_exited": "workers exited with code {code}",
     "hang": "a hang: {summary}; killing the workers",
     "first_step": "the workers made their first step",
+    "awaiting_peers": "torchrun failed: waiting up to {seconds:g} s for the other nodes' "
+                      "verdict (a node that is gone makes this a stop, not a failure)",
     "restart_scheduled": "restarting in {delay:g} s (restart {restart} of {of} since the last "
                          "checkpoint)",
     "restart_together": "workers failed (code {code}): torchrun restarts them with every "

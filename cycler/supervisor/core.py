@@ -80,6 +80,9 @@ class Phase(str, enum.Enum):
     TERMINATING = "terminating"
     KILLED = "killed"
     BACKOFF = "backoff"
+    AWAITING_PEERS = "awaiting_peers"
+    """torchrun failed on a node of a multi-node job: is another node gone (a lost store is how
+    node 0's death looks from here)? Wait for the peers' verdict before calling it a failure."""
     DONE = "done"
 
 
@@ -121,6 +124,10 @@ class CoreConfig:
     restarts_by_torchrun: bool = False
     """Whether torchrun's agent restarts failed workers (with every node's, multi-node jobs):
     a failed torchrun then ends the job instead of being restarted here."""
+    peer_verdict_wait: float = 0.0
+    """Seconds a failed torchrun of a multi-node job waits for the verdict on the other nodes
+    (``--node-timeout``): a node that is gone makes it a stop (75 with a checkpoint), not a
+    failure."""
 
 
 class SupervisorCore:
@@ -194,7 +201,7 @@ class SupervisorCore:
             return [Log("signal", {"signal": event.name, "effect": "ignored"})]
         repeated = self.stop_requested
         self._stop_signals.append(event.name)
-        if self.phase is Phase.BACKOFF:
+        if self.phase in (Phase.BACKOFF, Phase.AWAITING_PEERS):
             return [Log("signal", {"signal": event.name, "effect": "stop while no workers run"}),
                     *self._finish_stop()]
         if event.name == "SIGINT" and self._stop_signals.count("SIGINT") >= 2:
@@ -256,7 +263,7 @@ class SupervisorCore:
             return []
         self._peer_lost = event
         log = Log("peer_lost", {"node": event.node, "why": event.why}, warning=True)
-        if self.phase is Phase.BACKOFF:
+        if self.phase in (Phase.BACKOFF, Phase.AWAITING_PEERS):
             return [log, *self._finish_peer_lost()]
         # SIGKILL at once: no collective can complete, so nothing can be saved any more, and a
         # TERM only met the workers' stray-signal shield and a 2 s wait.
@@ -306,6 +313,8 @@ class SupervisorCore:
         if self.phase is Phase.BACKOFF:
             self.phase, self.wake_at = Phase.RUNNING, None
             return self._start_workers()
+        if self.phase is Phase.AWAITING_PEERS:
+            return self._torchrun_gave_up()
         return []
 
     # -- checkpoints ------------------------------------------------------------------------
@@ -347,10 +356,14 @@ class SupervisorCore:
         self._failures += 1
         if self.config.restarts_by_torchrun:
             # torchrun's agent restarted the workers with every node's as long as the budget
-            # allowed (cycler.supervisor.launcher applies it): its exit is the end.
-            return self._exit(EXIT_FAILURE, "the workers failed and torchrun stopped restarting "
-                              "them with the other nodes' (its reason is above)",
-                              workers_failed=True)
+            # allowed (cycler.supervisor.launcher applies it): its exit is the end, unless
+            # another node is gone (node 0's death fails this torchrun on its lost store
+            # before the heartbeats can tell).
+            if self.config.peer_verdict_wait <= 0:
+                return self._torchrun_gave_up()
+            self.phase, self.wake_at = Phase.AWAITING_PEERS, (
+                event.now + self.config.peer_verdict_wait)
+            return [Log("awaiting_peers", {"seconds": self.config.peer_verdict_wait})]
         given_up = self._budget.failure()
         if given_up is not None:
             return self._exit(EXIT_FAILURE, given_up, workers_failed=True)
@@ -360,6 +373,11 @@ class SupervisorCore:
                   "of": self.config.max_restarts, "delay": delay, "code": event.code,
                   "restarts_in_job": self._failures}
         return [Log("restart_scheduled", fields, warning=True)]
+
+    def _torchrun_gave_up(self) -> list[SupervisorAction]:
+        return self._exit(EXIT_FAILURE, "the workers failed and torchrun stopped restarting "
+                          "them with the other nodes' (its reason is above)",
+                          workers_failed=True)
 
     def _restart_delay(self) -> float:
         doubling = 2.0 ** (self._budget.failures_without_progress - 1)

@@ -300,6 +300,7 @@ class Supervisor:
             initial_checkpoint=newest_valid_index(self.layout),
             first_sequence=0 if previous is None else previous.sequence + 1,
             restarts_by_torchrun=restarts_by_torchrun(options),
+            peer_verdict_wait=options.node_timeout if options.nnodes > 1 else 0.0,
         )
 
     def _next_event(self, wake_at: float | None) -> core.Event:

@@ -8,7 +8,9 @@ to an uninterrupted job:
 - node 1's supervisor alone gets SIGTERM: both nodes stop at one agreed step and exit 75;
 - node 1's supervisor is killed with SIGKILL: its watchdog ends node 1's processes, and node 0
   notices the silence and ends its own workers within seconds (``--node-timeout``), not after a
-  rendezvous or collective timeout, with exit 75 and the reason.
+  rendezvous or collective timeout, with exit 75 and the reason;
+- node 0's supervisor is killed with SIGKILL: node 1's torchrun fails on the lost rendezvous
+  store, and node 1 waits for the heartbeats' verdict and exits 75, not 1 (issue 17).
 """
 
 from __future__ import annotations
@@ -137,6 +139,17 @@ def test_nodes_on_two_hosts_restart_together_stop_together_and_survive_a_lost_no
         time.sleep(1.0)
         assert not [p for p in node1_processes if p.is_running()
                     and p.status() != psutil.STATUS_ZOMBIE], "node 1's watchdog ended its job"
+
+    with job(hosts, root, final) as nodes:
+        wait_for_text(nodes[0], "[train] training from step")
+        time.sleep(1.0)
+        nodes[0].process.kill()  # node 0 hosts the rendezvous store: node 1's torchrun fails
+        killed_at = time.monotonic()
+        code = nodes[1].wait(timeout=60)
+        took = time.monotonic() - killed_at
+        assert code == EXIT_REQUEUE, nodes[1].text()
+        assert took < NODE_TIMEOUT + 10, f"node 1 took {took:.1f} s to give node 0 up"
+        assert "node 0 is gone" in nodes[1].text(), nodes[1].text()
 
     assert latest_checkpoint(root) is not None
     with job(hosts, root, final) as nodes:

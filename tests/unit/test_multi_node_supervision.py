@@ -172,3 +172,34 @@ def test_heartbeats_are_written_at_most_once_a_second_and_readable_as_json(
     assert record["beat"] == 1 and record["node"] == 3 and record["exit_code"] is None
     beat.beat(11.0)
     assert json.loads(layout.heartbeat_path(3).read_text())["beat"] == 2
+
+
+AWAITING = replace(MULTI_NODE, peer_verdict_wait=30.0)
+
+
+def test_a_failed_torchrun_waits_for_the_peers_verdict_and_node_0_gone_is_a_requeue():
+    core = SupervisorCore(AWAITING)
+    core.start(100.0)
+    actions = core.handle(WorkersExited(1, 120.0))  # the store on node 0 is gone
+    assert core.phase is Phase.AWAITING_PEERS and core.wake_at == 150.0
+    assert not [a for a in actions if isinstance(a, Exit)]
+    actions = core.handle(PeerLost(0, "is gone", 131.0))
+    assert exit_code(actions) == EXIT_REQUEUE
+    assert any(isinstance(action, Requeue) for action in actions)
+
+
+def test_a_failed_torchrun_with_every_peer_alive_fails_when_the_wait_is_over():
+    core = SupervisorCore(AWAITING)
+    core.start(100.0)
+    core.handle(WorkersExited(1, 120.0))
+    assert core.handle(Tick(149.0)) == []
+    actions = core.handle(Tick(150.0))
+    assert exit_code(actions) == EXIT_FAILURE
+
+
+def test_a_stop_while_awaiting_the_peers_verdict_ends_as_a_stop():
+    core = SupervisorCore(AWAITING)
+    core.start(100.0)
+    core.handle(WorkersExited(1, 120.0))
+    actions = core.handle(SignalReceived("SIGTERM", 121.0))
+    assert exit_code(actions) == EXIT_REQUEUE
