@@ -142,6 +142,7 @@ class SupervisorCore:
         self._sequence = config.first_sequence
         self._starts = 0
         self._failures = 0
+        self._start_failures = 0
         self._budget = RestartBudget(max_restarts=config.max_restarts,
                                      crash_loop_limit=config.crash_loop_limit)
         self._peer_lost: PeerLost | None = None
@@ -354,6 +355,11 @@ class SupervisorCore:
 
     def _on_failure(self, event: WorkersExited) -> list[SupervisorAction]:
         self._failures += 1
+        said: list[SupervisorAction] = []
+        if event.before_first_step:
+            self._start_failures += 1
+            said.append(Log("start_failed", {"code": event.code, "count": self._start_failures},
+                            warning=True))
         if self.config.restarts_by_torchrun:
             # torchrun's agent restarted the workers with every node's as long as the budget
             # allowed (cycler.supervisor.launcher applies it): its exit is the end, unless
@@ -366,13 +372,21 @@ class SupervisorCore:
             return [Log("awaiting_peers", {"seconds": self.config.peer_verdict_wait})]
         given_up = self._budget.failure()
         if given_up is not None:
-            return self._exit(EXIT_FAILURE, given_up, workers_failed=True)
+            return said + self._exit(EXIT_FAILURE, given_up + self._start_failures_said(),
+                                     workers_failed=True)
         delay = self._restart_delay()
         self.phase, self.wake_at = Phase.BACKOFF, event.now + delay
         fields = {"restart": self._budget.failures_without_progress,
                   "of": self.config.max_restarts, "delay": delay, "code": event.code,
-                  "restarts_in_job": self._failures}
-        return [Log("restart_scheduled", fields, warning=True)]
+                  "restarts_in_job": self._failures, "start_failures": self._start_failures}
+        return [*said, Log("restart_scheduled", fields, warning=True)]
+
+    def _start_failures_said(self) -> str:
+        if not self._start_failures:
+            return ""
+        return (f"; {self._start_failures} of the {self._failures} failures came before the "
+                "first step (the start failed: imports, init_process_group, loading), not in "
+                "training")
 
     def _torchrun_gave_up(self) -> list[SupervisorAction]:
         return self._exit(EXIT_FAILURE, "the workers failed and torchrun stopped restarting "

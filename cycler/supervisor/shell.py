@@ -376,7 +376,15 @@ class Supervisor:
             self._failure = failure_report(tree.stderr.text(), code)
         elsewhere = self.options.nnodes > 1 and stop_requested_elsewhere(
             self.layout, self.options.node_rank, self._started_at)
-        return core.WorkersExited(code, self._clock(), elsewhere)
+        return core.WorkersExited(code, self._clock(), elsewhere, self._before_first_step())
+
+    def _before_first_step(self) -> bool | None:
+        """Whether no worker made a step (or commit) in this start; ``None``: the workers
+        publish no progress (they never imported cycler), so nobody knows."""
+        readings = read_beacons(self._progress_dir)
+        if not readings:
+            return None
+        return all(reading.counter == 0 for reading in readings)
 
     def _signal_tree(self, number: signal.Signals) -> None:
         if self._tree is not None:

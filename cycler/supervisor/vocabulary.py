@@ -101,6 +101,9 @@ class WorkersExited:
     stopped_elsewhere: bool = False
     """Another node's supervisor asked for ``checkpoint_and_exit`` during this run: the workers
     stopped together with that node's, which is a stop, not the end of training."""
+    before_first_step: bool | None = None
+    """Whether the workers failed before their first step (a start that failed: imports,
+    ``init_process_group``, loading), not in training; ``None``: unknown (no beacons)."""
 
 
 @dataclass(frozen=True)

@@ -418,3 +418,14 @@ def test_the_stop_checkpoint_counts_as_made_only_once_a_newer_one_is_committed()
     assert not core.stop_checkpoint_made
     core.handle(CheckpointCommitted(5))
     assert core.stop_checkpoint_made
+
+
+def test_a_start_that_fails_before_its_first_step_is_told_apart_from_a_training_crash():
+    core = started(replace(CONFIG, max_restarts=1))
+    actions = core.handle(WorkersExited(1, 200.0, before_first_step=True))
+    assert logged(actions) == ["workers_exited", "start_failed", "restart_scheduled"]
+    core.handle(Tick(core.wake_at))
+    actions = core.handle(WorkersExited(1, 300.0, before_first_step=False))
+    assert "start_failed" not in logged(actions)
+    reason = exit_of(actions).reason
+    assert "1 of the 2 failures came before the first step" in reason, reason
