@@ -23,6 +23,11 @@ class RestartBudget:
     says (``None``: ``max_restarts + 1``, the failure no restart is left for)."""
     failures_without_progress: int = 0
 
+    def backoff(self, first: float, longest: float = 60.0) -> float:
+        """The delay before the restart of the failure just counted: ``first``, doubling with
+        each failure without a checkpoint in between, at most ``longest``."""
+        return min(first * 2.0 ** max(self.failures_without_progress - 1, 0), longest)
+
     def progress(self) -> None:
         """A checkpoint was committed: the whole budget is back."""
         self.failures_without_progress = 0

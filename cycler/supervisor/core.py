@@ -394,8 +394,7 @@ class SupervisorCore:
                           workers_failed=True)
 
     def _restart_delay(self) -> float:
-        doubling = 2.0 ** (self._budget.failures_without_progress - 1)
-        return min(self.config.restart_delay * doubling, self.config.max_restart_delay)
+        return self._budget.backoff(self.config.restart_delay, self.config.max_restart_delay)
 
     def _finish_stop(self, handled_by_script: bool = False) -> list[SupervisorAction]:
         """End a stop. ``handled_by_script``: a plain script got the signal and exited 0."""

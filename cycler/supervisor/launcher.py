@@ -32,6 +32,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from cycler.checkpoint.layout import CheckpointLayout
@@ -67,11 +68,15 @@ class _QuietDuringStop(logging.Filter):
 class BudgetedRestarts:
     """Decides, at each failure torchrun's agent sees, whether it may restart the workers."""
 
-    def __init__(self, budget: RestartBudget, layout: CheckpointLayout, node_rank: int) -> None:
+    def __init__(self, budget: RestartBudget, layout: CheckpointLayout, node_rank: int,
+                 restart_delay: float = 0.0, sleep: Callable[[float], None] = time.sleep,
+                 ) -> None:
         self._budget = budget
         self._layout = layout
         self._events = EventLog(layout.events_path(node_rank))
         self._linked = layout.link_target_name()
+        self._restart_delay = restart_delay
+        self._sleep = sleep
 
     def allows_restart(self, exit_code: int | None) -> bool:
         """Count a failure of this node's workers; whether torchrun may restart them."""
@@ -83,9 +88,11 @@ class BudgetedRestarts:
         if given_up is not None:
             sys.stderr.write(f"cycle: {given_up}\n")
             return False
+        delay = self._budget.backoff(self._restart_delay)
         self._events.append("restart_together", code=exit_code,
                             restart=self._budget.failures_without_progress,
-                            of=self._budget.max_restarts)
+                            of=self._budget.max_restarts, delay=delay)
+        self._sleep(delay)  # the other nodes wait for this one in the next rendezvous
         return True
 
     def install(self) -> None:
@@ -139,7 +146,8 @@ def _budgeted_restarts(own: dict[str, str]) -> BudgetedRestarts | None:
         return None
     layout = CheckpointLayout(own["checkpoints"], own["checkpoint-name"])
     budget = RestartBudget(max_restarts=int(own["restarts"]))
-    return BudgetedRestarts(budget, layout, int(own["node-rank"]))
+    return BudgetedRestarts(budget, layout, int(own["node-rank"]),
+                            restart_delay=float(own.get("restart-delay", "0")))
 
 
 def main(argv: list[str] | None = None) -> None:

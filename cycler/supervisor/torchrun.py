@@ -99,6 +99,7 @@ def _launcher_arguments(options: RunOptions) -> list[str]:
     arguments = [f"--cycle-restarts={options.max_restarts}",
                  f"--cycle-checkpoints={root}",
                  f"--cycle-checkpoint-name={options.checkpoint_name}",
+                 f"--cycle-restart-delay={options.restart_delay:g}",
                  f"--cycle-node-rank={options.node_rank}"]
     if options.min_nodes is None and options.rdzv_endpoint is None:
         arguments.append(f"--cycle-fixed-nodes={options.nnodes}")

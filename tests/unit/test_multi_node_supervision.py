@@ -203,3 +203,13 @@ def test_a_stop_while_awaiting_the_peers_verdict_ends_as_a_stop():
     core.handle(WorkersExited(1, 120.0))
     actions = core.handle(SignalReceived("SIGTERM", 121.0))
     assert exit_code(actions) == EXIT_REQUEUE
+
+
+def test_agent_restarts_follow_the_restart_delay_backoff(tmp_path: Path) -> None:
+    from cycler.supervisor.launcher import BudgetedRestarts
+
+    slept: list[float] = []
+    restarts = BudgetedRestarts(RestartBudget(max_restarts=5), CheckpointLayout(tmp_path), 1,
+                                restart_delay=1.0, sleep=slept.append)
+    assert all(restarts.allows_restart(1) for _ in range(4))
+    assert slept == [1.0, 2.0, 4.0, 8.0]

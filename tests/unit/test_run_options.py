@@ -230,9 +230,9 @@ def test_with_several_nodes_torchrun_restarts_and_the_launcher_carries_cycles_bu
     command = torchrun_command(RunOptions(script=Path("t.py"), nnodes=2, node_rank=1,
                                           master_addr="head", max_restarts=5,
                                           checkpoint_dir=Path("/ck")), python="py")
-    assert command[3:8] == ["--cycle-restarts=5", "--cycle-checkpoints=/ck",
-                            "--cycle-checkpoint-name=AtomicDirectory", "--cycle-node-rank=1",
-                            "--cycle-fixed-nodes=2"]
+    assert command[3:9] == ["--cycle-restarts=5", "--cycle-checkpoints=/ck",
+                            "--cycle-checkpoint-name=AtomicDirectory", "--cycle-restart-delay=1",
+                            "--cycle-node-rank=1", "--cycle-fixed-nodes=2"]
     assert int(command[command.index("--max-restarts") + 1]) >= 1000, "the budget decides"
 
 
