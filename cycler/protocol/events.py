@@ -39,6 +39,7 @@ MESSAGES = {
     "workers_exited": "workers exited with code {code}",
     "hang": "a hang: {summary}; killing the workers",
     "first_step": "the workers made their first step",
+    "waiting_for_node": "waiting for node {node}: no heartbeat yet",
     "start_failed": "the workers failed (code {code}) before their first step: the start failed "
                     "(imports, init_process_group, loading), not the training ({count} so far)",
     "awaiting_peers": "torchrun failed: waiting up to {seconds:g} s for the other nodes' "
@@ -66,7 +67,7 @@ HISTORY = frozenset({
     "start", "signal", "stop_requested", "deadline", "stop_after_commit", "stop_handled_by_script",
     "stop_without_new_checkpoint", "stopped_by_another_node", "grace_expired", "kill",
     "restart_scheduled", "restart_together", "peer_lost", "requeue", "requeue_skipped", "exit",
-    "hang", "start_failed",
+    "hang", "start_failed", "waiting_for_node",
     "checkpoint_committed",
 })
 """The events ``cycle status`` shows: what the job went through, not every checkpoint."""

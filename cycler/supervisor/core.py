@@ -213,6 +213,13 @@ class SupervisorCore:
         return self._request_stop(event)
 
     def _request_stop(self, event: SignalReceived) -> list[SupervisorAction]:
+        if not event.workers_started:
+            # torchrun still waits in the rendezvous: no worker can save, none has trained
+            # since the newest checkpoint. End at once instead of waiting out the grace.
+            self.phase, self.wake_at = Phase.KILLED, None
+            self._checkpoint_at_stop = self.latest_checkpoint
+            return [Log("signal", {"signal": event.name, "effect": "stop before any worker "
+                                   "started"}), SignalTree(signal.SIGKILL)]
         deadline = event.now + self.config.grace
         request = self._request(Action.CHECKPOINT_AND_EXIT, event.name, event.now, deadline)
         self.phase = Phase.STOPPING

@@ -190,6 +190,14 @@ class WorkerTree:
             return False
         return not any(_running(worker) for worker in workers)
 
+    def has_workers(self) -> bool:
+        """Whether torchrun has started its workers (none while it waits in the rendezvous)."""
+        try:
+            workers = psutil.Process(self.process.pid).children()
+        except psutil.Error:
+            return False
+        return any(_running(worker) for worker in workers)
+
     def signal_workers(self, number: signal.Signals) -> list[int]:
         """Send ``number`` to each worker's process group, as torchrun forwards a signal
         (torchrun starts every worker in a session of its own); the pids signalled."""

@@ -116,6 +116,14 @@ def run_supervisor(options: RunOptions, *, clock: Callable[[], float] = time.tim
     return Supervisor(options, clock=clock, starter=starter, requeuer=requeuer).run()
 
 
+def run_token(options: RunOptions) -> str | None:
+    """What every node of this run shares and no other run does: Slurm's job id with its
+    requeue count, else an explicit ``--rdzv-id`` (``None``: nothing to go by)."""
+    if options.slurm_job_id is not None:
+        return f"slurm-{options.slurm_job_id}-{options.requeue_count}"
+    return None if options.rdzv_id is None else f"rdzv-{options.rdzv_id}"
+
+
 def stop_requested_elsewhere(layout: CheckpointLayout, node_rank: int, since: float) -> bool:
     """Whether another node's supervisor asked for ``checkpoint_and_exit`` at or after ``since``.
 
@@ -157,9 +165,10 @@ class Supervisor:
         self._linked: CheckpointName | None = self.layout.link_target_name()
         self._started_at = clock()
         self._cut_short = False
-        self._heartbeat = Heartbeat(self.layout, options.node_rank)
+        run = run_token(options)
+        self._heartbeat = Heartbeat(self.layout, options.node_rank, run)
         self._peers = PeerWatch(self.layout, options.node_rank, options.nnodes,
-                                timeout=options.node_timeout)
+                                timeout=options.node_timeout, run=run)
         self._progress_dir = self.layout.progress_dir(options.node_rank)
         self._hangs = None if not options.hang_detection else HangWatch(
             HangPolicy(floor=options.hang_timeout_min, factor=options.hang_factor,
@@ -200,7 +209,8 @@ class Supervisor:
             self._watch_other_nodes(decisions)
             self._watch_progress(decisions)
             if isinstance(event, core.SignalReceived):
-                event = dataclasses.replace(event, features=self._announced())
+                event = dataclasses.replace(event, features=self._announced(),
+                                            workers_started=self._workers_started())
             stopping = decisions.stop_requested
             self._execute(decisions.handle(event))
             if decisions.stop_requested and not stopping:
@@ -215,7 +225,9 @@ class Supervisor:
             return
         now = time.monotonic()  # never compared with another host's clock (see .peers)
         self._heartbeat.beat(now)
-        loss = self._peers.lost(now)
+        loss = self._peers.lost(now, stepping=self._first_step_seen)
+        for node in self._peers.waiting(now):
+            self._record("waiting_for_node", warning=True, node=node)
         if loss is not None:
             self._execute(decisions.handle(
                 core.PeerLost(loss.node, loss.why, self._clock(), failed=loss.failed)))
@@ -265,6 +277,9 @@ class Supervisor:
                 self._queue.put(core.HardDeadline(found[0], found[1], self._clock()))
 
         threading.Thread(target=ask, name="cycle-slurm-deadline", daemon=True).start()
+
+    def _workers_started(self) -> bool:
+        return self._tree is None or self._tree.has_workers() or self._first_step_seen
 
     def _announced(self) -> frozenset[str]:
         return announced(self.layout.control_path(self.options.node_rank))

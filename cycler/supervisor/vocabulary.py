@@ -50,6 +50,9 @@ class SignalReceived:
     name: str
     now: float
     features: frozenset[str] = frozenset({USES_CONTROL})
+    workers_started: bool = True
+    """Whether torchrun had started its workers (``False``: it still waits in the
+    rendezvous, where nothing can be saved and nothing would be lost)."""
 
 
 @dataclass(frozen=True)

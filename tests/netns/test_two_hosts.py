@@ -46,14 +46,14 @@ class Node:
     """One node's ``cycle run`` on its host, output in a file."""
 
     def __init__(self, host: Host, rank: int, master: Host, root: Path, final: Path,
-                 port: int) -> None:
+                 port: int, train_args: list[str] = TRAIN_ARGS) -> None:
         self.rank = rank
         self.output = root.parent / f"{root.name}-node{rank}-{time.monotonic_ns()}.txt"
         command = host.command(
             sys.executable, "-m", "cycler_cli", "run", "--nnodes", "2", "--node-rank", str(rank),
             "--nproc-per-node", "1", "--master-addr", master.address, "--master-port", str(port),
             "--local-addr", host.address, "--checkpoint-dir", str(root), "--grace", "60",
-            "--node-timeout", str(NODE_TIMEOUT), "--no-requeue", str(EXAMPLE), *TRAIN_ARGS,
+            "--node-timeout", str(NODE_TIMEOUT), "--no-requeue", str(EXAMPLE), *train_args,
             "--final-weights", str(final))
         environment = {key: value for key, value in os.environ.items()
                        if not key.startswith(("SLURM_", "CYCLER_", "MASTER_"))}
@@ -80,9 +80,11 @@ class Node:
 
 
 @contextlib.contextmanager
-def job(hosts: tuple[Host, Host], root: Path, final: Path) -> Iterator[list[Node]]:
+def job(hosts: tuple[Host, Host], root: Path, final: Path,
+        train_args: list[str] = TRAIN_ARGS) -> Iterator[list[Node]]:
     port = 29000 + os.getpid() % 1000
-    nodes = [Node(host, rank, hosts[0], root, final, port) for rank, host in enumerate(hosts)]
+    nodes = [Node(host, rank, hosts[0], root, final, port, train_args)
+             for rank, host in enumerate(hosts)]
     try:
         yield nodes
     finally:
@@ -154,6 +156,30 @@ def test_nodes_on_two_hosts_restart_together_stop_together_and_survive_a_lost_no
     assert latest_checkpoint(root) is not None
     with job(hosts, root, final) as nodes:
         assert [node.wait() for node in nodes] == [EXIT_SUCCESS, EXIT_SUCCESS], nodes[0].text()
+    expected, actual = torch.load(reference), torch.load(final)
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name
+
+
+LONG_TRAIN_ARGS = ["--epochs", "12", "--samples", "2048", "--hidden", "32",
+                   "--checkpoint-every", "8", "--step-delay", "0.05"]
+
+
+def test_ten_worker_kills_on_node_1_in_one_job_each_restart_both_nodes_and_end_exactly(
+        hosts: tuple[Host, Host], tmp_path: Path) -> None:
+    reference = tmp_path / "reference.pt"
+    with job(hosts, tmp_path / "uninterrupted", reference, LONG_TRAIN_ARGS) as nodes:
+        assert [node.wait(timeout=600) for node in nodes] == [EXIT_SUCCESS, EXIT_SUCCESS]
+    root, final = tmp_path / "ck", tmp_path / "final.pt"
+    with job(hosts, root, final, LONG_TRAIN_ARGS) as nodes:
+        for kill in range(10):
+            wait_for_text(nodes[0], "[train] training from step", count=kill + 1)
+            time.sleep(1.5)  # both train (and commit) before the next kill
+            nodes[1].worker().kill()
+        wait_for_text(nodes[0], "[train] training from step", count=11)
+        codes = [node.wait(timeout=600) for node in nodes]
+        assert codes == [EXIT_SUCCESS, EXIT_SUCCESS], nodes[1].text()[-3000:]
+    assert history(root, 1).count("restart_together") >= 10
     expected, actual = torch.load(reference), torch.load(final)
     for name in expected:
         assert torch.equal(expected[name], actual[name]), name

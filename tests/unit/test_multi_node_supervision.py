@@ -145,7 +145,10 @@ def test_a_record_left_by_an_earlier_run_is_never_taken_for_a_lost_node(
         layout: CheckpointLayout) -> None:
     Heartbeat(layout, 1).beat(0.0)  # the earlier run's last beat; no one beats any more
     watch = PeerWatch(layout, 0, 2, timeout=5.0)
-    assert [watch.lost(now) for now in (100.0, 200.0, 900.0)] == [None, None, None]
+    assert [watch.lost(now) for now in (100.0, 200.0, 500.0)] == [None, None, None]
+    # Past the start timeout node 1 never came: said as such, never as "gone".
+    loss = watch.lost(800.0)
+    assert loss is not None and "never started" in loss.why
 
 
 def test_a_node_whose_supervisor_exited_1_is_lost_at_once_and_one_that_stopped_is_not(
@@ -213,3 +216,59 @@ def test_agent_restarts_follow_the_restart_delay_backoff(tmp_path: Path) -> None
                                 restart_delay=1.0, sleep=slept.append)
     assert all(restarts.allows_restart(1) for _ in range(4))
     assert slept == [1.0, 2.0, 4.0, 8.0]
+
+
+def test_a_stop_while_torchrun_waits_in_the_rendezvous_ends_at_once():
+    core = SupervisorCore(MULTI_NODE)
+    core.start(100.0)
+    actions = core.handle(SignalReceived("SIGTERM", 101.0, workers_started=False))
+    assert [a.signal for a in actions if isinstance(a, SignalTree)] == [signal.SIGKILL]
+    assert core.wake_at is None, "no grace to wait out"
+    actions = core.handle(WorkersExited(-9, 101.2))
+    assert exit_code(actions) == EXIT_REQUEUE  # checkpoint 4 exists
+
+
+def test_a_stop_before_any_worker_started_without_a_checkpoint_ends_with_1():
+    core = SupervisorCore(replace(MULTI_NODE, initial_checkpoint=None))
+    core.start(100.0)
+    core.handle(SignalReceived("SIGTERM", 101.0, workers_started=False))
+    assert exit_code(core.handle(WorkersExited(-9, 101.2))) == EXIT_FAILURE
+
+
+def test_a_node_that_failed_in_this_run_before_this_one_looked_is_lost_at_once(
+        layout: CheckpointLayout) -> None:
+    failed = Heartbeat(layout, 1, run="slurm-7-0")
+    failed.beat(0.0)
+    failed.finish(EXIT_FAILURE)  # before node 0's supervisor ever read the records
+    loss = PeerWatch(layout, 0, 2, timeout=5.0, run="slurm-7-0").lost(50.0)
+    assert loss is not None and loss.node == 1 and loss.failed
+
+
+def test_an_earlier_runs_failed_record_never_counts_for_this_run(
+        layout: CheckpointLayout) -> None:
+    earlier = Heartbeat(layout, 1, run="slurm-7-0")
+    earlier.beat(0.0)
+    earlier.finish(EXIT_FAILURE)
+    watch = PeerWatch(layout, 0, 2, timeout=5.0, run="slurm-7-1")  # the requeued run
+    assert watch.lost(50.0) is None
+    Heartbeat(layout, 1, run="slurm-7-1").beat(52.0)
+    assert watch.lost(52.0) is None
+
+
+def test_a_node_never_heard_is_said_after_the_timeout_and_lost_after_the_start_timeout(
+        layout: CheckpointLayout) -> None:
+    watch = PeerWatch(layout, 0, 2, timeout=5.0, start_timeout=60.0)
+    assert watch.lost(0.0) is None and watch.waiting(1.0) == []
+    assert watch.lost(6.0) is None
+    assert watch.waiting(6.0) == [1] and watch.waiting(7.0) == [], "said once"
+    loss = watch.lost(61.0)
+    assert loss is not None and loss.failed and "never started" in loss.why
+
+
+def test_a_peer_unheard_while_the_workers_train_does_not_share_the_checkpoint_root(
+        layout: CheckpointLayout) -> None:
+    watch = PeerWatch(layout, 0, 2, timeout=5.0)
+    assert watch.lost(0.0) is None
+    assert watch.lost(10.0, stepping=True) is None  # the rendezvous just completed
+    loss = watch.lost(16.0, stepping=True)
+    assert loss is not None and "do not share the checkpoint root" in loss.why
