@@ -41,5 +41,6 @@ class RestartBudget:
                     " (crash loop)")
         if count > self.max_restarts:
             return (f"the workers failed {count} times in a row without committing a checkpoint"
-                    f" (crash loop): all {self.max_restarts} restarts (--max-restarts) are used")
+                    f" (crash loop): all {self.max_restarts} restarts (--max-restarts) since "
+                    "the last checkpoint are used up")
         return None
