@@ -13,6 +13,7 @@ from rich.table import Table
 
 from cycler.checkpoint.inspection import PruneResult, RootStatus
 from cycler.protocol.events import describe
+from cycler.protocol.goodput import Goodput
 
 console = Console(highlight=False)
 
@@ -52,6 +53,7 @@ def render_status(status: RootStatus) -> None:
     for note in status.notes:
         console.print(f"[yellow]warning:[/] {escape(note)}")
     _render_supervisors(status.supervisors)
+    _render_goodput(status.goodput)
     _render_events(status.events, status.counts)
 
 
@@ -90,6 +92,28 @@ def _render_supervisors(supervisors: list[dict[str, Any]]) -> None:
     for owner in supervisors:
         console.print(f"Supervisor: [green]alive[/], pid {owner.get('pid', '?')} on "
                       f"{escape(str(owner.get('host', '?')))}")
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def _render_goodput(figures: Goodput | None) -> None:
+    if figures is None or figures.goodput is None:
+        return
+    lost = [(name, getattr(figures, name)) for name in ("starting", "restarts", "stops",
+                                                         "hangs", "redone")]
+    causes = ", ".join(f"{name} {_duration(value)}" for name, value in lost if value >= 0.5)
+    ongoing = " so far" if figures.running else ""
+    console.print(f"Time{ongoing}: {_duration(figures.wall)} in {figures.runs} run"
+                  f"{'s' if figures.runs != 1 else ''}, {_duration(figures.useful)} of useful "
+                  f"training; lost: {causes or 'nothing'}. Goodput {figures.goodput:.1%}.",
+                  soft_wrap=True)
 
 
 def _render_events(events: list[dict[str, Any]], counts: dict[str, int]) -> None:

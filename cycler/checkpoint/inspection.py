@@ -26,6 +26,7 @@ from cycler.checkpoint.lock import lock_holder
 from cycler.checkpoint.retention import Decision, retention_decisions
 from cycler.errors import CheckpointDirectoryError, DirectoryInUse
 from cycler.protocol.events import history_counts, job_history, read_events
+from cycler.protocol.goodput import Goodput, goodput
 
 
 @dataclass(frozen=True)
@@ -61,12 +62,15 @@ class RootStatus:
     """Starts, stops, restarts and requeues over the job's whole life."""
     notes: list[str] = field(default_factory=list)
     """What looks wrong beyond single checkpoints (a latest link pointing outside the root)."""
+    goodput: Goodput | None = None
+    """What preemption cost the job, from node 0's events (``None``: no events)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"root": str(self.root), "exists": self.exists,
                 "checkpoints": [c.as_dict() for c in self.checkpoints],
                 "supervisors": self.supervisors, "events": self.events,
-                "counts": self.counts, "notes": self.notes}
+                "counts": self.counts, "notes": self.notes,
+                "goodput": None if self.goodput is None else self.goodput.as_dict()}
 
 
 def checked_root(root: str | os.PathLike[str]) -> Path | None:
@@ -106,12 +110,16 @@ def collect_status(root: str | os.PathLike[str], *, verify: bool = False, events
             if on_checked is not None:
                 on_checked(facts[-1].size)
     layout = CheckpointLayout(path)
-    merged = [{**event, "node": node} for node, path in layout.events_paths().items()
-              for event in read_events(path)]
+    by_node = {node: read_events(path) for node, path in layout.events_paths().items()}
+    merged = [{**event, "node": node} for node, records in by_node.items() for event in records]
     merged.sort(key=lambda event: float(event.get("time", 0)))
     history = job_history(merged)
+    # Node 0's log (the lowest node's) holds the whole job's timeline: every node starts,
+    # restarts and stops together.
+    first = by_node[min(by_node)] if by_node else []
     return RootStatus(path, True, facts, live_supervisors(layout),
-                      history[-events:] if events > 0 else [], history_counts(merged), notes)
+                      history[-events:] if events > 0 else [], history_counts(merged), notes,
+                      goodput(first) if first else None)
 
 
 def total_size(root: str | os.PathLike[str], *, verify: bool = False) -> int:
