@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import socket
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from cycler.errors import DiskFull
 
@@ -165,6 +166,16 @@ def disk_full_message(path: Path, written: int | None) -> str:
     wrote = "" if written is None else f" after {written / 2**20:.1f} MB"
     return (f"no space left on {mount} ({free}) writing {path.name}{wrote}: the checkpoints "
             "committed before are intact; free space or choose another checkpoint directory")
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``, or ``{}`` when it is missing, unreadable, malformed or not
+    an object: for the small records whose absence only means "nothing recorded"."""
+    try:
+        record = json.loads(Path(path).read_bytes() or b"{}")
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def atomic_write_bytes(path: Path, data: bytes, durable: bool = True) -> None:

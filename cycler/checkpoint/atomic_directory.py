@@ -47,9 +47,9 @@ from cycler.checkpoint.sharded import (
     disk_full_or,
     in_background,
     quiet_if_alone,
+    remember_in_flight,
     stage,
     stopping,
-    track,
     wait_before_destroying_process_groups,
 )
 from cycler.errors import CheckpointDirectoryError, CyclerError, RankFailed, StateMismatch
@@ -149,9 +149,9 @@ class AtomicDirectory:
             votes = coordinator.gather(round_key, "1" if force_save else "0")
             path = str(self._create(self._pinned(votes)))
         except BaseException as error:
-            coordinator.announce_error(round_key, error)
+            coordinator.publish_error(round_key, error)
             raise
-        coordinator.announce(round_key, path)
+        coordinator.publish(round_key, path)
         return path
 
     def _pinned(self, votes: list[str]) -> bool:
@@ -168,14 +168,14 @@ class AtomicDirectory:
             if not self._reclaimed:
                 layout.adopt()  # before its first directory: what was here stays legacy
                 self._reclaim_torn_directories()
-        _housekeep(_nothing).result()  # this process's earlier records have landed
+        _record_in_background(_nothing).result()  # this process's earlier records have landed
         index = layout.next_index()
         path = layout.path_of(CheckpointName(self.name, index, pinned))
         path.mkdir()
         self._uncommitted.append(path)
         # Recording the index takes two fsyncs (5-15 ms on a busy disk): they overlap the
         # ranks' writes, and the commit waits for them before it can link the directory.
-        self._recording = _housekeep(layout.record_index, index)
+        self._recording = _record_in_background(layout.record_index, index)
         return path
 
     def _reclaim_torn_directories(self) -> None:
@@ -184,7 +184,7 @@ class AtomicDirectory:
         run), so it goes now, before this run needs the space."""
         self._reclaimed = True
         try:
-            torn = [c for c in list_checkpoints(self.layout.root, self.name, glance=True)
+            torn = [c for c in list_checkpoints(self.layout.root, self.name, commit_state_only=True)
                     if c.state is CheckpointState.INCOMPLETE and not c.pinned]
             if torn:  # indices never repeat, even those of directories removed
                 self.layout.record_index(max(c.index for c in torn))
@@ -234,7 +234,7 @@ class AtomicDirectory:
                                          process_group=group), directory)
             self._commit(directory, metadata, committed)
 
-        track(self)
+        remember_in_flight(self)
         handle, self._in_flight = in_background(self._worker, prepare_write_commit)
         if stopping():
             self.wait()  # the stop's own save: the process ends next
@@ -341,9 +341,9 @@ class AtomicDirectory:
             shares = coordinator.gather(f"{round_key}/records", mine)
             self._seal_and_link(directory, dict(metadata or {}), _merged_records(shares))
         except BaseException as error:
-            coordinator.announce_error(round_key, error)
+            coordinator.publish_error(round_key, error)
             raise
-        coordinator.announce(round_key, "committed")
+        coordinator.publish(round_key, "committed")
         beacon().progress()
         committed()
         # The writer lock stays held for the saver's life (released when it is dropped or the
@@ -419,7 +419,7 @@ class AtomicDirectory:
 
     def _scan_and_retain(self) -> list[int] | None:
         try:
-            checkpoints = list_checkpoints(self.layout.root, self.name, glance=True)
+            checkpoints = list_checkpoints(self.layout.root, self.name, commit_state_only=True)
             decisions = retention_decisions(checkpoints, keep_last=self.keep_last,
                                             remove_torn=True, writer_active=False)
             # A writer killed during a removal leaves a renamed, half-deleted checkpoint that
@@ -502,7 +502,7 @@ def _check_writable(root: Path) -> None:
                                        "writable checkpoint directory")
 
 
-def _housekeep(work: Callable[..., None], *args: Any) -> Future[None]:
+def _record_in_background(work: Callable[..., None], *args: Any) -> Future[None]:
     """``work(*args)`` on the background thread; done at once if the interpreter is exiting
     (the executor then refuses work, while an asynchronous save may still be preparing)."""
     try:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from cycler._distributed import in_process_group
 from cycler.errors import CoordinationTimeout, RankFailed
 
 _ERROR_PREFIX = "error:"
@@ -107,13 +108,13 @@ class Coordinator:
             self._forget_previous(round_key)
         return values
 
-    def announce(self, round_key: str, outcome: str) -> None:
+    def publish(self, round_key: str, outcome: str) -> None:
         """On the creator: publish the round's outcome to every follower."""
         if self._store is not None:
             self._store.set(f"{round_key}/outcome", outcome)
 
-    def announce_error(self, round_key: str, error: BaseException) -> None:
-        self.announce(round_key, f"{_ERROR_PREFIX}{type(error).__name__}: {error}")
+    def publish_error(self, round_key: str, error: BaseException) -> None:
+        self.publish(round_key, f"{_ERROR_PREFIX}{type(error).__name__}: {error}")
 
     def outcome(self, round_key: str) -> str:
         """On a follower: the creator's outcome; raises if the creator reported an error."""
@@ -136,7 +137,7 @@ class Coordinator:
 
 def global_rank() -> int | None:
     """This process's rank in the default process group, ``None`` without one."""
-    if dist.is_available() and dist.is_initialized():
+    if in_process_group():
         return dist.get_rank()
     return None
 

@@ -124,7 +124,7 @@ def inspect_checkpoint(layout: CheckpointLayout, name: CheckpointName,
     return Checkpoint(name, path, manifest, problem)
 
 
-def glance_at_checkpoint(layout: CheckpointLayout, name: CheckpointName) -> Checkpoint:
+def commit_state(layout: CheckpointLayout, name: CheckpointName) -> Checkpoint:
     """Only whether an entry is a real directory with a manifest, read from two ``lstat``s:
     enough for retention after a commit, where reading every manifest made each commit's cost
     grow with the checkpoints kept (52 ms with 600 of them). ``manifest`` stays ``None``."""
@@ -181,21 +181,21 @@ def _without_manifest(layout: CheckpointLayout, name: CheckpointName) -> Checkpo
 
 
 def list_checkpoints(root: str | os.PathLike[str], name: str = DEFAULT_PREFIX,
-                     verify: bool = False, glance: bool = False,
+                     verify: bool = False, commit_state_only: bool = False,
                      verify_latest: bool = False) -> list[Checkpoint]:
     """Every checkpoint of saver ``name`` under ``root`` by index, the latest one marked.
 
     The latest is chosen as resume chooses it: checkpoints a resume found corrupt (recorded
     under ``.cycler/``) are corrupt here too. ``verify`` checks every checksum;
     ``verify_latest`` only those of the checkpoint chosen as latest, falling back as resume
-    does (what ``cycle prune`` needs before removing anything older). ``glance`` only tells
-    committed directories from torn ones (:func:`glance_at_checkpoint`).
+    does (what ``cycle prune`` needs before removing anything older). ``commit_state_only``
+    only tells committed directories from torn ones (:func:`commit_state`).
     """
     layout = CheckpointLayout(root, name)
     names = layout.checkpoint_names()
     failed = failed_verifications(layout)
-    if glance:
-        found = [glance_at_checkpoint(layout, entry) for entry in names]
+    if commit_state_only:
+        found = [commit_state(layout, entry) for entry in names]
     else:
         found = [inspect_checkpoint(layout, entry, verify) for entry in names]
     by_name = {c.name: with_record(c, failed) for c in found}

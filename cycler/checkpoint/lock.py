@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cycler._fs import process_start
+from cycler._fs import process_start, read_json_object
 from cycler.errors import DirectoryInUse
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class SupervisorLock:
             try:
                 fd = os.open(held, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             except FileExistsError:
-                holder = _read_held(held)
+                holder = read_json_object(held)
                 if _alive(holder):
                     self._refuse(holder)
                 held.unlink(missing_ok=True)  # its owner died without releasing it
@@ -92,7 +92,7 @@ class SupervisorLock:
                 json.dump(record, handle)
             self._held = held
             return
-        self._refuse(_read_held(held))
+        self._refuse(read_json_object(held))
 
     def _refuse(self, holder: dict[str, Any]) -> None:
         who = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
@@ -175,16 +175,10 @@ def lock_holder(path: Path,
 
 
 def _held_holder(path: Path) -> dict[str, Any] | None:
-    holder = _read_held(_held_path(path))
+    holder = read_json_object(_held_path(path))
     return holder if holder and _alive(holder) else None
 
 
-def _read_held(held: Path) -> dict[str, Any]:
-    try:
-        record = json.loads(held.read_text() or "{}")
-    except (OSError, ValueError):
-        return {}
-    return record if isinstance(record, dict) else {}
 
 
 def _alive(holder: dict[str, Any]) -> bool:

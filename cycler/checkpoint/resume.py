@@ -84,9 +84,9 @@ def _shared_plan(layout: CheckpointLayout, coordinator: Coordinator,
     try:
         plan = _candidates(layout, requested)
     except BaseException as error:
-        coordinator.announce_error(key, error)
+        coordinator.publish_error(key, error)
         raise
-    coordinator.announce(key, json.dumps(plan))
+    coordinator.publish(key, json.dumps(plan))
     return plan
 
 
@@ -125,7 +125,7 @@ def _verified_together(layout: CheckpointLayout, coordinator: Coordinator, name:
             parsed = layout.parse(name)
             if parsed is not None:
                 record_failed_verification(layout, _named(layout, parsed, outcome))
-        coordinator.announce(key, outcome)
+        coordinator.publish(key, outcome)
     return None if outcome == "ok" else outcome
 
 

@@ -29,6 +29,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
+from cycler._distributed import in_process_group
+
 _IN_FLIGHT: weakref.WeakSet[_Waitable] = weakref.WeakSet()
 _IN_FLIGHT_LOCK = threading.Lock()
 _stopping = threading.Event()
@@ -60,7 +62,7 @@ class SaveHandle:
             self._committed.result(timeout)
 
 
-def track(saver: _Waitable) -> None:
+def remember_in_flight(saver: _Waitable) -> None:
     """Remember that ``saver`` has a save in flight, for :func:`wait_for_saves`."""
     with _IN_FLIGHT_LOCK:
         _IN_FLIGHT.add(saver)
@@ -207,9 +209,8 @@ def quiet_if_alone() -> Iterator[None]:
 
 def alone() -> bool:
     """Whether this process saves without a process group (DCP's ``no_dist``)."""
-    import torch.distributed as dist
 
-    return not (dist.is_available() and dist.is_initialized())
+    return not in_process_group()
 
 
 def async_group() -> Any:
@@ -217,6 +218,6 @@ def async_group() -> Any:
     a background thread must not share the group the training's collectives use."""
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if not in_process_group() or dist.get_world_size() == 1:
         return None
     return dist.new_group(backend="gloo")

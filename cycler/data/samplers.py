@@ -42,6 +42,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
+from cycler._distributed import in_process_group
 from cycler.data.epoch_order import (
     check_order,
     epoch_order,
@@ -300,7 +301,7 @@ def _int_field(state: Mapping[str, Any], field: str, low: int, high: int | None)
 
 def _default_world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
     """The process group's world size and rank where one is initialized, else one process."""
-    grouped = dist.is_available() and dist.is_initialized()
+    grouped = in_process_group()
     if num_replicas is None:
         num_replicas = dist.get_world_size() if grouped else 1
     if rank is None:

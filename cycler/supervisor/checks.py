@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from cycler._fs import atomic_write_bytes
+from cycler._fs import atomic_write_bytes, read_json_object
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.checkpoint.listing import find_checkpoint, no_valid_checkpoint
 from cycler.errors import CheckpointDirectoryError, ConfigError, CyclerError
@@ -88,7 +88,7 @@ def say_if_no_checkpoint_is_valid(options: RunOptions) -> None:
                     "beginning unless they are told to refuse", options.checkpoint_dir, problem)
 
 
-def settle_resume_from(options: RunOptions) -> RunOptions:
+def resume_from_for_this_run(options: RunOptions) -> RunOptions:
     """``options`` without ``--resume-from`` if this job already rolled back to it.
 
     A rerun of the same command (Slurm's requeue: ``SLURM_RESTART_COUNT``; anywhere else: the
@@ -99,10 +99,7 @@ def settle_resume_from(options: RunOptions) -> RunOptions:
         return options
     layout = CheckpointLayout(options.checkpoint_dir, options.checkpoint_name)
     record = layout.resume_record_path(options.node_rank)
-    try:
-        done = json.loads(record.read_text()).get("resume_from") == options.resume_from
-    except (OSError, ValueError, AttributeError):
-        done = False
+    done = read_json_object(record).get("resume_from") == options.resume_from
     if not (done or options.requeue_count > 0):
         return options
     log.info("--resume-from %s was carried out by an earlier run of this job (%s): "

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cycler._fs import atomic_write_bytes
+from cycler._fs import atomic_write_bytes, read_json_object
 from cycler.protocol.progress import (
     DUMP_SIGNAL,
     PAUSED,
@@ -123,10 +123,7 @@ class HangWatch:
 
 def load_longest(path: Path) -> float | None:
     """The longest step interval an earlier start of this job learned (``None``: none)."""
-    try:
-        value = json.loads(path.read_text()).get("longest_step_interval")
-    except (OSError, ValueError, AttributeError):
-        return None
+    value = read_json_object(path).get("longest_step_interval")
     return float(value) if isinstance(value, int | float) and value > 0 else None
 
 

@@ -29,9 +29,8 @@ import json
 import os
 import socket
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from cycler._fs import atomic_write_bytes
+from cycler._fs import atomic_write_bytes, read_json_object
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.protocol.exit_codes import EXIT_REQUEUE, EXIT_SUCCESS
 
@@ -151,7 +150,7 @@ class PeerWatch:
         return None
 
     def _check(self, node: int, now: float) -> Loss | None:
-        record = _read(self.layout.heartbeat_path(node))
+        record = read_json_object(self.layout.heartbeat_path(node))
         beat = record.get("beat")
         seen = self._seen.get(node)
         ours = self.run is not None and record.get("run") == self.run
@@ -175,9 +174,3 @@ def _failed(node: int, record: dict[str, object]) -> Loss | None:
     return None
 
 
-def _read(path: Path) -> dict[str, object]:
-    try:
-        record = json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return {}
-    return record if isinstance(record, dict) else {}

@@ -43,8 +43,8 @@ from cycler.supervisor.checks import (
     check_script,
     prepare_checkpoint_root,
     record_resume_from,
+    resume_from_for_this_run,
     say_if_no_checkpoint_is_valid,
-    settle_resume_from,
 )
 from cycler.supervisor.failure import failure_report
 from cycler.supervisor.hangs import (
@@ -94,7 +94,7 @@ def plan_run(options: RunOptions) -> LaunchPlan:
     """Check the script and ``--resume-from``, and return what the first start would run."""
     check_script(options)
     check_artifact_path(options)
-    options = settle_resume_from(options)
+    options = resume_from_for_this_run(options)
     check_resume_from(options)
     return launch_plan(options)
 
@@ -110,7 +110,7 @@ def run_supervisor(options: RunOptions, *, clock: Callable[[], float] = time.tim
     check_script(options)
     check_artifact_path(options)
     prepare_checkpoint_root(options)
-    options = settle_resume_from(options)
+    options = resume_from_for_this_run(options)
     check_resume_from(options)
     say_if_no_checkpoint_is_valid(options)
     return Supervisor(options, clock=clock, starter=starter, requeuer=requeuer).run()

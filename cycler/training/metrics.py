@@ -29,6 +29,7 @@ from typing import Any, TextIO
 import torch
 import torch.distributed as dist
 
+from cycler._distributed import in_process_group
 from cycler.errors import StateMismatch
 
 METRICS_STATE_VERSION = 1
@@ -124,7 +125,7 @@ class MetricsTracker:
 def _sum_over_ranks(
     values: dict[str, float], group: dist.ProcessGroup | None, device: torch.device | str | None
 ) -> dict[str, float]:
-    if not (dist.is_available() and dist.is_initialized()):
+    if not in_process_group():
         return values
     on_device = _reduction_device(group, device)
     names = _names_on_any_rank(values, group, on_device)

@@ -50,6 +50,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from cycler._distributed import in_process_group
 from cycler.checkpoint.sharded import stop_decided, wait_for_saves
 from cycler.errors import ConfigError, CyclerError, StateMismatch
 from cycler.protocol.control import Action, ControlFileWatcher, ControlRequest
@@ -135,7 +136,7 @@ def adaptive_sync_every(step_seconds: float) -> int:
 def _distributed_group(process_group: Any) -> Any | None:
     """The group to agree over, or ``None`` when this process is alone."""
     if process_group is None:
-        if not (dist.is_available() and dist.is_initialized()):
+        if not in_process_group():
             return None
         process_group = dist.group.WORLD
     return process_group if dist.get_world_size(process_group) > 1 else None

@@ -25,7 +25,7 @@ ALLOWED = {
 """Which other parts each part may import (DESIGN.md, "Layout of the package"). The helpers
 (``_fs``, ``errors``) are below every part; ``errors`` reads the exit codes, a leaf module."""
 
-HELPERS = {"_fs", "errors", "_moved_modules"}
+HELPERS = {"_fs", "_distributed", "errors", "_moved_modules"}
 
 
 def module_name(path: Path) -> str:

@@ -112,14 +112,14 @@ def test_resume_from_is_dropped_for_a_requeued_run_and_after_this_job_carried_it
     from dataclasses import replace
 
     from cycler.checkpoint.layout import CheckpointLayout
-    from cycler.supervisor.checks import record_resume_from, settle_resume_from
+    from cycler.supervisor.checks import record_resume_from, resume_from_for_this_run
 
     options = RunOptions(script=Path("t.py"), checkpoint_dir=tmp_path, resume_from="3")
-    assert settle_resume_from(options).resume_from == "3", "the job's first run rolls back"
-    assert settle_resume_from(replace(options, requeue_count=1)).resume_from is None
+    assert resume_from_for_this_run(options).resume_from == "3", "the job's first run rolls back"
+    assert resume_from_for_this_run(replace(options, requeue_count=1)).resume_from is None
     record_resume_from(CheckpointLayout(tmp_path), 0, "3")
-    assert settle_resume_from(options).resume_from is None, "a rerun of the same command"
-    assert settle_resume_from(replace(options, resume_from="1")).resume_from == "1", (
+    assert resume_from_for_this_run(options).resume_from is None, "a rerun of the same command"
+    assert resume_from_for_this_run(replace(options, resume_from="1")).resume_from == "1", (
         "another --resume-from is a new rollback")
 
 
