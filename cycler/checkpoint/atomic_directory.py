@@ -161,6 +161,9 @@ class AtomicDirectory:
 
     def _create(self, pinned: bool) -> Path:
         layout = self.layout
+        # This process's earlier index records land first: one landing after the reclaim's
+        # own record below would take the index record back down.
+        _record_in_background(_nothing).result()
         if not self._holds_writer_lock:
             _check_writable(layout.root)
             hold_shared(layout.writer_lock_path, role="writer", name=self.name)
@@ -168,7 +171,6 @@ class AtomicDirectory:
             if not self._reclaimed:
                 layout.adopt()  # before its first directory: what was here stays legacy
                 self._reclaim_torn_directories()
-        _record_in_background(_nothing).result()  # this process's earlier records have landed
         index = layout.next_index()
         path = layout.path_of(CheckpointName(self.name, index, pinned))
         path.mkdir()
