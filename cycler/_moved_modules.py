@@ -31,7 +31,7 @@ MOVED = {
     "cycler.rng": "cycler.training.rng",
     "cycler.samplers": "cycler.data.samplers",
     "cycler.step_control": "cycler.training.step_control",
-    "cycler.stray_signals": "cycler.training.stray_signals",
+    "cycler.stray_signals": "cycler.protocol.stop_signals",
 }
 """Old module path -> where it lives now."""
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -30,6 +31,9 @@ USES_CONTROL = "control"
 USES_SAVER = "saver"
 """The script commits through cycler's savers: its commits are visible to the supervisor."""
 FEATURES = (USES_CYCLER, USES_CONTROL, USES_SAVER)
+WORKER_STARTED_AT = time.time()
+"""About when this process started (cycler's import): a stop asked for before it was not."""
+_USED_HERE: set[str] = set()
 
 
 class Action(str, enum.Enum):
@@ -102,9 +106,27 @@ def stop_requested_since(paths: list[Path], since: float) -> bool:
     return False
 
 
+def stop_requested_of_this_job(since: float = WORKER_STARTED_AT) -> bool:
+    """Under ``cycle run``: whether a supervisor of this job (any node) asked for
+    ``checkpoint_and_exit`` since ``since``. Reads the control files beside
+    ``$CYCLER_CONTROL_FILE``."""
+    control = os.environ.get(ENV_CONTROL_FILE)
+    if not control:
+        return False
+    paths = sorted(Path(control).parent.glob("control-node*.json"))
+    return stop_requested_since(paths, since)
+
+
 def announcement_path(control_path: Path, feature: str) -> Path:
     """Where workers reading ``control_path`` announce ``feature`` (one of :data:`FEATURES`)."""
     return control_path.with_name(f"{control_path.stem}.uses-{feature}")
+
+
+
+
+def uses_here(feature: str) -> bool:
+    """Whether this process announced ``feature`` (a StepControl stops at its agreed step)."""
+    return feature in _USED_HERE
 
 
 def announce(feature: str, control_path: Path | str | None = None) -> None:
@@ -113,6 +135,7 @@ def announce(feature: str, control_path: Path | str | None = None) -> None:
     ``control_path`` defaults to ``$CYCLER_CONTROL_FILE``. Costs a ``stat`` once the file exists;
     never raises: an announcement only speeds a stop up.
     """
+    _USED_HERE.add(feature)
     control = control_path or os.environ.get(ENV_CONTROL_FILE)
     if not control:
         return

@@ -1,9 +1,19 @@
-"""The job's stop signals, and the handler that makes a stray one do nothing.
+"""The job's stop signals, and the shield that makes a stray one do nothing.
 
-``cycle run`` passes the signals it treats as stop requests to every process of the job in
-``$CYCLER_STOP_SIGNALS``; a process that must not die of one that reaches it directly (torchrun
-under the supervisor, a worker that reads the control file) gives it :func:`ignore_stray`'s
-handler, which only says so once. No torch here: the launcher imports this on its start-up path.
+Some clusters signal every process of a job (Slurm's proctrack/pgid or linuxproc, some time
+limits), not just the batch script: torchrun, each worker and each DataLoader worker get the
+SIGTERM that ``cycle run`` also gets. The supervisor decides the stop. ``cycle run`` passes the
+signals it treats as stop requests to every process of the job in ``$CYCLER_STOP_SIGNALS``; a
+process that must not die of one that reaches it directly gives it :func:`ignore_stray`'s
+handler, which only says so once: torchrun under the supervisor, and a worker that stops on its
+own at the agreed step (``StepControl``) or after its next commit (cycler's savers), together
+with the DataLoader workers it forks (:func:`shield_from_stray_signals`; torch gives those a
+C-level SIGTERM handler that kills them, and the next batch would then fail). It is a Python
+handler, not ``SIG_IGN``, so a program the worker executes starts with the default again.
+Scripts that use neither are never shielded: they get their signal as under torchrun.
+
+torch is imported only inside the DataLoader shield: the launcher imports this on its start-up
+path.
 """
 
 from __future__ import annotations
@@ -12,7 +22,9 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 from cycler.protocol.environment import ENV_STOP_SIGNALS
 
@@ -44,3 +56,32 @@ def ignore_stray(numbers: list[int], *, over_any_handler: bool = False) -> None:
         current = signal.getsignal(number)
         if over_any_handler or current in (signal.SIG_DFL, signal.default_int_handler, None):
             signal.signal(number, _stray)
+
+
+def shield_from_stray_signals() -> None:
+    """Under ``cycle run``: stray stop signals do nothing here or in DataLoader workers forked
+    from here. A no-op outside ``cycle run``."""
+    numbers = stop_signals()
+    if not numbers:
+        return
+    ignore_stray(numbers)
+    _shield_dataloader_workers(numbers)
+
+
+def _shield_dataloader_workers(numbers: list[int]) -> None:
+    # torch's DataLoader worker loop calls signal_handling._set_worker_signal_handlers() first,
+    # which gives SIGTERM a C handler that kills the worker; ours runs right after it.
+    try:
+        from torch.utils.data._utils import signal_handling
+    except ImportError:
+        return
+    original: Callable[..., Any] = signal_handling._set_worker_signal_handlers
+    if getattr(original, "_cycler_shield", False):
+        return
+
+    def set_worker_signal_handlers(*args: Any) -> None:
+        original(*args)
+        ignore_stray(numbers, over_any_handler=True)
+
+    set_worker_signal_handlers._cycler_shield = True  # type: ignore[attr-defined]
+    signal_handling._set_worker_signal_handlers = set_worker_signal_handlers

@@ -114,6 +114,50 @@ class BudgetedRestarts:
         LocalElasticAgent._monitor_workers = monitor_within_budget  # type: ignore[method-assign]
 
 
+RESTART_STOP_SECONDS = 2
+"""How long the surviving workers of a failed group get after SIGTERM before SIGKILL."""
+
+
+def stop_failed_workers_quickly() -> None:
+    """When a worker group failed (a crash, a hang's kill), give its survivors
+    :data:`RESTART_STOP_SECONDS` after SIGTERM instead of torchrun's 30 s: their state is
+    thrown away (the restart resumes from the checkpoint), and a worker that reads the control
+    file ignores a SIGTERM that does not come from ``cycle run``'s decision."""
+    import signal
+
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    def stop_workers(agent: Any, worker_group: Any, *args: Any, **kwargs: Any) -> None:
+        agent._shutdown(signal.SIGTERM, timeout=RESTART_STOP_SECONDS)
+
+    LocalElasticAgent._stop_workers = stop_workers  # type: ignore[method-assign]
+
+
+def fresh_worker_store_each_round() -> None:
+    """Give every rendezvous round's workers a new store server (on node 0's agent).
+
+    torch's agent shares one TCPStore server with the workers of every round, and the workers
+    use it with no per-attempt prefix ("we create a new TCPStore for every retry", but the
+    server and its keys stay): a restarted worker could read the previous round's keys, a dead
+    worker's address among them, and fail in ``init_process_group`` with "Gloo
+    connectFullMesh failed ... Connection refused". Forgetting the server before each round
+    makes node 0's agent start a new one on a new port, published through the round's own
+    (prefixed) rendezvous keys; the agent still hosts it, so it outlives the workers (which
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` does not: rank 0's worker then hosts the store,
+    and a rank still tearing down when rank 0 exits aborts).
+    """
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    next_rendezvous = DynamicRendezvousHandler.next_rendezvous
+
+    def with_a_fresh_store(handler: DynamicRendezvousHandler) -> Any:
+        handler._bootstrap_store_info = None
+        handler._shared_tcp_store_server = None
+        return next_rendezvous(handler)
+
+    DynamicRendezvousHandler.next_rendezvous = with_a_fresh_store  # type: ignore[method-assign,assignment]
+
+
 def keep_node_ranks(node_rank: int, nnodes: int) -> None:
     """Make every completed rendezvous of ``nnodes`` nodes give this node group rank
     ``node_rank`` (each node does the same with its own, so the ranks stay a permutation)."""
@@ -163,8 +207,10 @@ def main(argv: list[str] | None = None) -> None:
         for handler in logging.getLogger(name).handlers:
             handler.addFilter(quiet)
     ignore_stray(stop_signals())
+    stop_failed_workers_quickly()
     restarts = _budgeted_restarts(own)
     if restarts is not None:
+        fresh_worker_store_each_round()
         restarts.install()
     if "fixed-nodes" in own:
         keep_node_ranks(int(own["node-rank"]), int(own["fixed-nodes"]))

@@ -116,6 +116,16 @@ def run_supervisor(options: RunOptions, *, clock: Callable[[], float] = time.tim
     return Supervisor(options, clock=clock, starter=starter, requeuer=requeuer).run()
 
 
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, not ours to signal
+    return True
+
+
 def run_token(options: RunOptions) -> str | None:
     """What every node of this run shares and no other run does: Slurm's job id with its
     requeue count, else an explicit ``--rdzv-id`` (``None``: nothing to go by)."""
@@ -240,7 +250,8 @@ class Supervisor:
         if decisions.phase is not core.Phase.RUNNING or now < self._next_progress_check:
             return
         self._next_progress_check = now + PROGRESS_CHECK_SECONDS
-        readings = read_beacons(self._progress_dir)
+        # A finished or killed worker's beacon stays until the next start: only live ones count.
+        readings = [r for r in read_beacons(self._progress_dir) if pid_alive(r.pid)]
         if not self._first_step_seen:
             moved = [r.time for r in readings if r.counter > 0]
             if moved:

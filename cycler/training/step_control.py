@@ -33,7 +33,7 @@ No decision is taken in a signal handler. Under ``cycle run`` the supervisor wri
 file and sends no signal until the grace period runs out, so workers keep running until the
 agreed checkpoint is saved; a stop signal that reaches a worker directly (clusters that signal
 every process of a job) is ignored there and in its DataLoader workers
-(:mod:`cycler.training.stray_signals`). A script started without ``cycle run`` dies on SIGTERM as
+(:mod:`cycler.protocol.stop_signals`). A script started without ``cycle run`` dies on SIGTERM as
 usual.
 """
 
@@ -56,8 +56,8 @@ from cycler.errors import ConfigError, CyclerError, StateMismatch
 from cycler.protocol.control import Action, ControlFileWatcher, ControlRequest
 from cycler.protocol.environment import ENV_CONTROL_FILE
 from cycler.protocol.progress import PAUSED, beacon
+from cycler.protocol.stop_signals import shield_from_stray_signals
 from cycler.training.exchange import Exchange, record_close, starter, wait_or_name_the_missing
-from cycler.training.stray_signals import shield_from_stray_signals
 
 STEP_CONTROL_STATE_VERSION = 1
 

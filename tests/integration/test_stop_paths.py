@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -168,3 +169,29 @@ def test_sigterm_to_every_process_of_the_job_still_stops_at_the_agreed_step(
                  and c.manifest.created_at > sent]
     assert committed, f"no checkpoint at the agreed step:\n{output}"
     assert "stopping at step" in output and "Traceback" not in output, output
+
+
+def test_a_saver_only_script_survives_sigterm_to_every_process_and_stops_after_its_commit(
+        tmp_path: Path, jobs: list[Job]) -> None:
+    # Slurm's proctrack/linuxproc: the TERM reaches the supervisor, torchrun and every worker.
+    job = Job(tmp_path, "--grace", "60", nproc=2, worker=SAVER_ONLY)
+    jobs.append(job)
+    job.wait_ready(nproc=2)
+    commits = tmp_path / "commits-0"
+    wait_for(lambda: commits.exists() and len(commits.read_text().split()) >= 2,
+             "two commits", job)
+    tree = job.tree()
+    sent = time.time()
+    for member in tree:
+        with contextlib.suppress(psutil.Error):
+            member.send_signal(signal.SIGTERM)
+    assert job.wait(60) == EXIT_REQUEUE, job.output()[-3000:]
+    after = [float(t) for t in commits.read_text().split() if float(t) > sent]
+    assert not after, "the worker ended inside the stop's commit, before its own next line"
+    committed = [c for c in list_checkpoints(job.root) if c.valid and c.manifest is not None
+                 and c.manifest.created_at > sent]
+    assert committed, "no commit after the stop request: the TERM killed the workers first"
+    assert "stop_without_new_checkpoint" not in job.event_names()
+    assert "is the stop's checkpoint" in job.output()
+    no_traceback(job)
+    assert_all_gone(tree)

@@ -105,10 +105,10 @@ def test_module_level_imports_have_no_cycle() -> None:
         visit(module, [])
 
 
-def test_the_protocol_never_imports_torch() -> None:
+def test_the_protocol_never_imports_torch_at_import_time() -> None:
     for path in (PACKAGE / "protocol").glob("*.py"):
         tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
+        for node in tree.body:  # the supervisor's start-up path imports these
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             assert not any(n.split(".")[0] == "torch" for n in names), path
