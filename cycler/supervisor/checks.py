@@ -69,7 +69,7 @@ def check_artifact_path(options: RunOptions, environ: Mapping[str, str] | None =
     that saves there would write where ``cycle run`` does not look, and every stop would wait
     the whole grace for a checkpoint that never comes."""
     preset = (os.environ if environ is None else environ).get(ENV_ISC_ARTIFACT_PATH)
-    root = CheckpointLayout(options.checkpoint_dir).root
+    root = options.layout.root
     if preset and os.path.realpath(preset) != os.path.realpath(root):
         raise ConfigError(
             f"CHECKPOINT_ARTIFACT_PATH is {preset} but the checkpoint root is {root}: a script "
@@ -97,7 +97,7 @@ def resume_from_for_this_run(options: RunOptions) -> RunOptions:
     """
     if options.resume_from is None:
         return options
-    layout = CheckpointLayout(options.checkpoint_dir, options.checkpoint_name)
+    layout = options.layout
     record = layout.resume_record_path(options.node_rank)
     done = read_json_object(record).get("resume_from") == options.resume_from
     if not (done or options.requeue_count > 0):
@@ -127,7 +127,7 @@ def check_resume_from(options: RunOptions) -> None:
 def prepare_checkpoint_root(options: RunOptions) -> None:
     """Create the root and its ``.cycler/``, and prove a file can be written there; create
     the lossy directory the workers are told about."""
-    layout = CheckpointLayout(options.checkpoint_dir, options.checkpoint_name)
+    layout = options.layout
     layout.check_supervisor_dir()
     probe_name = f".probe-{socket.gethostname()}-{os.getpid()}"
     try:

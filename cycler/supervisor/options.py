@@ -8,6 +8,7 @@ single-node jobs sharing a machine never collide on a port.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -17,7 +18,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from cycler.checkpoint.layout import DEFAULT_PREFIX
+from cycler.checkpoint.layout import DEFAULT_PREFIX, CheckpointLayout
 from cycler.errors import ConfigError
 from cycler.protocol.environment import default_checkpoint_root
 
@@ -101,6 +102,11 @@ class RunOptions:
     """``SLURM_JOB_ID`` when running under Slurm."""
     requeue_count: int = 0
     """``SLURM_RESTART_COUNT``: how often this job was requeued already."""
+
+    @functools.cached_property
+    def layout(self) -> CheckpointLayout:
+        """The checkpoint root's layout for the watched saver, built once per options."""
+        return CheckpointLayout(self.checkpoint_dir, self.checkpoint_name)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "signals", parse_signals(self.signals))

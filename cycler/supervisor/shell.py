@@ -162,7 +162,7 @@ class Supervisor:
                  slurm_reader: SlurmReader = read_job) -> None:
         self.options = options
         self._slurm_reader = slurm_reader
-        self.layout = CheckpointLayout(options.checkpoint_dir, options.checkpoint_name)
+        self.layout = options.layout
         self.events = EventLog(self.layout.events_path(options.node_rank), clock=clock)
         self._clock = clock
         self._starter = starter

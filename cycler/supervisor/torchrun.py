@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from cycler.checkpoint.layout import CheckpointLayout
 from cycler.protocol.environment import (
     ENV_CHECKPOINT_DIR,
     ENV_CHECKPOINT_NAME,
@@ -95,7 +94,7 @@ def restarts_by_torchrun(options: RunOptions) -> bool:
 def _launcher_arguments(options: RunOptions) -> list[str]:
     if not restarts_by_torchrun(options):
         return []
-    root = CheckpointLayout(options.checkpoint_dir, options.checkpoint_name).root
+    root = options.layout.root
     arguments = [f"--cycle-restarts={options.max_restarts}",
                  f"--cycle-checkpoints={root}",
                  f"--cycle-checkpoint-name={options.checkpoint_name}",
@@ -137,13 +136,13 @@ def _has_option(arguments: tuple[str, ...], *names: str) -> bool:
 def lossy_directory(options: RunOptions) -> Path:
     """ISC's ``LOSSY_ARTIFACT_PATH`` for this run: a sibling of the checkpoint root, for logs
     and tensorboard files that need no atomic commit (``<root>-lossy``)."""
-    root = CheckpointLayout(options.checkpoint_dir, options.checkpoint_name).root
+    root = options.layout.root
     return root.with_name(f"{root.name}-lossy")
 
 
 def isc_environment(options: RunOptions, environ: Mapping[str, str]) -> dict[str, str]:
     """ISC's artifact variables that scripts read, for those the user has not set."""
-    names = {ENV_ISC_ARTIFACT_PATH: CheckpointLayout(options.checkpoint_dir).root,
+    names = {ENV_ISC_ARTIFACT_PATH: options.layout.root,
              ENV_ISC_LOSSY_PATH: lossy_directory(options)}
     return {name: str(path) for name, path in names.items() if not environ.get(name)}
 
@@ -152,7 +151,7 @@ def worker_environment(options: RunOptions, *, start_number: int, resume_from: s
                        environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables ``cycle run`` adds for one start (``start_number``: earlier local starts)
     to ``environ`` (default: this process's environment)."""
-    layout = CheckpointLayout(options.checkpoint_dir, options.checkpoint_name)
+    layout = options.layout
     environment = {
         ENV_CONTROL_FILE: str(layout.control_path(options.node_rank)),
         ENV_CHECKPOINT_DIR: str(layout.root),
