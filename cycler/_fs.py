@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import os
 import socket
 import uuid
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from cycler.errors import DiskFull
+
+log = logging.getLogger("cycler.checkpoint")
 
 TEMP_MARKER = ".cycler-tmp-"
 """Part of every temporary's name: ``.<final>.cycler-tmp-<host>-<pid>-<start>-<random>``; the
@@ -176,6 +179,20 @@ def read_json_object(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return record if isinstance(record, dict) else {}
+
+
+def remove_logged(remove: Callable[[Path], object], path: Path, what: str) -> bool:
+    """``remove(path)``; whether it worked. A failure is logged, never raised: what follows a
+    commit must not fail the commit, and the next one retries."""
+    try:
+        remove(path)
+    except FileNotFoundError:
+        return True  # gone already (cycle prune, another writer's retention)
+    except OSError as error:  # an undeletable file, NFS's .nfs* of a file still open...
+        log.warning("could not remove %s %s (%s); retention retries at the next commit",
+                    what, path.name, error.strerror or error)
+        return False
+    return True
 
 
 def atomic_write_bytes(path: Path, data: bytes, durable: bool = True) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cycler import _fs
-from cycler.checkpoint.coordination import Coordinator, global_rank
+from cycler.checkpoint.coordination import COORDINATED, STRATEGIES, Coordinator, global_rank
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import (
     CheckpointState,
@@ -35,26 +35,12 @@ from cycler.checkpoint.manifest import (
     FileRecord,
     checkpoint_files,
     files_of_rank,
-    read_manifest,
     record_files,
     seal,
 )
-from cycler.checkpoint.resume import agreed_checkpoint
 from cycler.checkpoint.retention import retention_decisions
-from cycler.checkpoint.sharded import (
-    SaveHandle,
-    alone,
-    async_group,
-    default_stager,
-    disk_full_or,
-    in_background,
-    quiet_if_alone,
-    remember_in_flight,
-    stage,
-    stopping,
-    wait_before_destroying_process_groups,
-)
-from cycler.errors import CheckpointDirectoryError, CyclerError, RankFailed, StateMismatch
+from cycler.checkpoint.sharded import ShardedSaves
+from cycler.errors import CheckpointDirectoryError, CyclerError, RankFailed
 from cycler.protocol.control import (
     USES_CONTROL,
     USES_SAVER,
@@ -71,13 +57,11 @@ log = logging.getLogger(__name__)
 _RECORDER = ThreadPoolExecutor(1, thread_name_prefix="cycler-index-record")
 """Makes prepared indices durable in the background; one thread, started on first use."""
 
-STRATEGIES = ("sync_any", "sync_all", "async", "offline", "mono")
-_COORDINATED = ("sync_any", "sync_all")
 _COMMITTED, _COMMITTED_AND_STOP = "committed", "committed; stop"
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
 
 
-class AtomicDirectory:
+class AtomicDirectory(ShardedSaves):
     """Saves each checkpoint to a new directory and commits it by swapping one link.
 
     Args:
@@ -105,13 +89,14 @@ class AtomicDirectory:
                  device: Any = None,
                  timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> None:
         if strategy not in STRATEGIES:
-            raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
+            raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, "
+                             f"not {strategy!r}")
         self.strategy = strategy
         self.keep_last = keep_last
         self.is_master = is_master
         self.device = device
         name = name or default_checkpoint_name()
-        self._coordinator = Coordinator(name, timeout, strategy in _COORDINATED)
+        self._coordinator = Coordinator(name, timeout, strategy in COORDINATED)
         self.name = name if strategy != "async" else f"{name}_rank_{global_rank() or 0}"
         self.layout = CheckpointLayout(output_directory, self.name)
         self.output_directory = str(self.layout.root)
@@ -207,107 +192,7 @@ class AtomicDirectory:
         except OSError:
             return
         for checkpoint in torn:
-            self._without_raising(_fs.discard_directory, checkpoint.path, "torn directory")
-
-    def save(self, state_dict: dict[str, Any], metadata: Mapping[str, Any] | None = None, *,
-             asynchronous: bool = False) -> SaveHandle:
-        """Every rank: write ``state_dict`` with torch.distributed.checkpoint into a new
-        checkpoint and commit it (see :mod:`cycler.checkpoint.sharded`).
-
-        ``asynchronous=False`` returns once the checkpoint is committed. ``asynchronous=True``
-        returns as soon as the state is copied into staging memory: ``state_dict`` may change
-        then, and the returned handle's ``wait()`` (or :meth:`wait`) returns once committed.
-        With ``strategy`` ``"mono"``, ``"async"`` or ``"offline"`` each process writes its
-        ``state_dict`` whole, alone (DCP's ``no_dist``); sharded (FSDP) state needs
-        ``"sync_any"`` or ``"sync_all"``.
-        """
-        import torch.distributed.checkpoint as dcp
-
-        self.wait()  # one save in flight at a time: its staging memory is reused next
-        # Decided now, not in the background: the script may destroy its group right after.
-        no_dist = self._alone()
-        if not asynchronous:
-            with beacon().phase(SAVING):
-                directory = self._prepare(force_save=False)
-                self._write(lambda: dcp.save(state_dict, checkpoint_id=directory,
-                                             no_dist=no_dist), directory)
-                self._commit(directory, metadata)
-            return SaveHandle(directory)
-        if self._worker is None:
-            wait_before_destroying_process_groups()
-            self._stager = default_stager()
-            self._async_group = None if no_dist else async_group()
-            self._worker = ThreadPoolExecutor(1, thread_name_prefix="cycler-async-save")
-        staged, group = stage(self._stager, state_dict), self._async_group
-
-        # Everything after the snapshot runs in the background, preparing the directory too
-        # (a store round, a mkdir: 3-16 ms measured, which DCP's own async_save does not pay).
-        def prepare_write_commit(prepared: Callable[[str], None],
-                                 committed: Callable[[], None]) -> None:
-            directory = self._prepare(force_save=False)
-            prepared(directory)
-            self._write(lambda: dcp.save(staged, checkpoint_id=directory, no_dist=no_dist,
-                                         process_group=group), directory)
-            self._commit(directory, metadata, committed)
-
-        remember_in_flight(self)
-        handle, self._in_flight = in_background(self._worker, prepare_write_commit)
-        if stopping():
-            self.wait()  # the stop's own save: the process ends next
-        return handle
-
-    def _alone(self) -> bool:
-        """Whether this saver's DCP calls run without the process group (``no_dist``): without
-        one, or with a strategy where each process saves for itself. Binds the coordinator
-        to the group of this moment."""
-        self._coordinator.rank  # noqa: B018 (resolves the binding now)
-        return alone() or self.strategy not in _COORDINATED
-
-    def _write(self, write: Callable[[], object], directory: str) -> None:
-        """DCP's write into ``directory``; a failure removes what it wrote at once (a partial
-        shard on a full disk would make every later save fail too) and a full disk is
-        :class:`DiskFull`, whichever way torch reports it."""
-        try:
-            with quiet_if_alone():
-                write()
-        except BaseException as error:
-            if self._coordinator.is_creator:
-                self._without_raising(_fs.discard_directory, Path(directory), "failed save")
-            raise disk_full_or(error, directory) from error
-
-    def wait(self) -> None:
-        """Wait until this saver's asynchronous save in flight, if any, is committed and its
-        retention done; raises what made it fail."""
-        in_flight, self._in_flight = self._in_flight, None
-        if in_flight is not None:
-            in_flight.result()
-
-    def load(self, state_dict: dict[str, Any], checkpoint: str | int | None = None,
-             strict: bool = False) -> dict[str, Any] | None:
-        """Every rank: load a checkpoint saved by :meth:`save` into ``state_dict``, in place
-        and resharded to this world size; return its metadata (``None``: no checkpoint).
-
-        ``checkpoint`` (a name or an index) picks one; default the newest valid one. All
-        ranks agree on it through the store, each verifying the checksums of its own share
-        (:mod:`cycler.checkpoint.resume`). ``strict``: raise when checkpoints exist and none
-        is valid, instead of warning and returning ``None``.
-        """
-        import torch.distributed.checkpoint as dcp
-
-        self.wait()
-        self._alone()  # binds the coordinator to the group of this moment
-        requested = None if checkpoint is None else str(checkpoint)
-        path = agreed_checkpoint(self.layout, self._coordinator, requested, strict)
-        if path is None:
-            return None
-        if not (Path(path) / ".metadata").is_file():
-            raise StateMismatch(
-                f"{Path(path).name} was not written by save() (it has no torch.distributed."
-                "checkpoint .metadata): load its files with torch.load(os.path.join("
-                "saver.latest_checkpoint(), NAME)) as they were written")
-        with quiet_if_alone():
-            dcp.load(state_dict, checkpoint_id=str(path), no_dist=self._alone())
-        return read_manifest(Path(path)).metadata
+            _fs.remove_logged(_fs.discard_directory, checkpoint.path, "torn directory")
 
     def symlink_latest(self, checkpoint_directory: str | os.PathLike[str],
                        metadata: Mapping[str, Any] | None = None) -> None:
@@ -448,7 +333,7 @@ class AtomicDirectory:
                        for index in self._kept[:max(beyond, 0)]]
             self._kept = self._kept[max(beyond, 0):]
         for path in doomed:
-            if not self._without_raising(_fs.discard_directory, path, "checkpoint"):
+            if not _fs.remove_logged(_fs.discard_directory, path, "checkpoint"):
                 self._kept = None
 
     def _scan_and_retain(self) -> list[int] | None:
@@ -462,28 +347,15 @@ class AtomicDirectory:
         except OSError as error:
             log.warning("retention skipped after a commit (%s); it runs again at the next", error)
             return None
-        removed = [self._without_raising(_fs.discard_directory, d.checkpoint.path, "checkpoint")
+        removed = [_fs.remove_logged(_fs.discard_directory, d.checkpoint.path, "checkpoint")
                    for d in decisions if not d.keep]
-        removed += [self._without_raising(_fs.remove_leftover, temporary,
+        removed += [_fs.remove_logged(_fs.remove_leftover, temporary,
                                           "leftover of a dead writer") for temporary in leftovers]
         kept = [d.checkpoint.index for d in decisions
                 if d.keep and d.checkpoint.valid and not d.checkpoint.pinned
                 and d.checkpoint.is_directory]
         self._uncommitted = []
         return sorted(kept) if all(removed) else None
-
-    @staticmethod
-    def _without_raising(remove: Callable[[Path], object], path: Path, what: str) -> bool:
-        """``remove(path)``; whether it worked (a failure is logged, never raised)."""
-        try:
-            remove(path)
-        except FileNotFoundError:
-            return True  # gone already (cycle prune, another writer's retention)
-        except OSError as error:  # an undeletable file, NFS's .nfs* of a file still open...
-            log.warning("could not remove %s %s (%s); retention retries at the next commit",
-                        what, path.name, error.strerror or error)
-            return False
-        return True
 
     def is_checkpoint_directory(self, path: str | os.PathLike[str]) -> str | None:
         """cycling_utils' test: the suffix (``"3"`` or ``"3_force"``) if ``path`` is an existing

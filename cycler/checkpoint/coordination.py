@@ -20,6 +20,11 @@ from cycler.errors import CoordinationTimeout, RankFailed
 
 _ERROR_PREFIX = "error:"
 
+STRATEGIES = ("sync_any", "sync_all", "async", "offline", "mono")
+"""cycling_utils' saver strategies (see :class:`cycler.AtomicDirectory`)."""
+COORDINATED = ("sync_any", "sync_all")
+"""The strategies whose ranks coordinate through the process group; the others act alone."""
+
 
 class Coordinator:
     """One creator rank (global rank 0) and ``world_size - 1`` followers, or a lone process."""
