@@ -15,8 +15,6 @@ import datetime
 import json
 import logging
 import os
-import sys
-import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -50,14 +48,13 @@ from cycler.protocol.control import (
 )
 from cycler.protocol.environment import ENV_CONTROL_FILE, default_checkpoint_name
 from cycler.protocol.progress import SAVING, beacon
-from cycler.protocol.stop_signals import shield_from_stray_signals
+from cycler.protocol.stop_signals import lower_shield, shield_from_stray_signals
 
 log = logging.getLogger(__name__)
 
 _RECORDER = ThreadPoolExecutor(1, thread_name_prefix="cycler-index-record")
 """Makes prepared indices durable in the background; one thread, started on first use."""
 
-_COMMITTED, _COMMITTED_AND_STOP = "committed", "committed; stop"
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
 
 
@@ -117,9 +114,10 @@ class AtomicDirectory(ShardedSaves):
         """The thread of this saver's asynchronous saves, from its first one on."""
         self._async_group: Any = None
         announce(USES_SAVER)
-        if os.environ.get(ENV_CONTROL_FILE):
-            # Under cycle run the saver ends the process itself after the stop's commit
-            # (see _commit): a TERM that reaches it directly must not kill it first.
+        self._shielded = bool(os.environ.get(ENV_CONTROL_FILE))
+        if self._shielded:
+            # Under cycle run a TERM that reaches the worker directly (clusters that signal
+            # every process) must not kill it before the stop's commit (see _commit).
             shield_from_stray_signals()
         _ensure_root(self.layout.root)  # on every rank: the process group may not exist yet
         self.layout.check_supervisor_dir()
@@ -224,6 +222,11 @@ class AtomicDirectory(ShardedSaves):
         rank 0's retention."""
         coordinator = self._coordinator
         directory = Path(checkpoint_directory)
+        if self._shielded and not uses_here(USES_CONTROL) and stop_requested_of_this_job():
+            # A script that only saves: this commit is the stop's checkpoint, and the stray
+            # TERM came with the request already. cycle run's own TERM after it must end the
+            # process as it would without cycler.
+            lower_shield()
         round_key = coordinator.new_round("commit")
         coordinator.arrive(round_key, "done")
         coordinator.wait_for_all(round_key)  # every rank has written its files
@@ -234,10 +237,9 @@ class AtomicDirectory(ShardedSaves):
             raise
         coordinator.arrive(f"{round_key}/records", mine)
         if not coordinator.is_creator:
-            outcome = coordinator.outcome(round_key)
+            coordinator.outcome(round_key)
             beacon().progress()
             committed()
-            self._end_if_stopping(outcome == _COMMITTED_AND_STOP, directory)
             return
         try:
             shares = coordinator.gather(f"{round_key}/records", mine)
@@ -245,29 +247,12 @@ class AtomicDirectory(ShardedSaves):
         except BaseException as error:
             coordinator.publish_error(round_key, error)
             raise
-        # One rank reads the stop request for all: every rank must end after the same commit.
-        stopping_now = stop_requested_of_this_job()
-        coordinator.publish(round_key, _COMMITTED_AND_STOP if stopping_now else _COMMITTED)
+        coordinator.publish(round_key, "committed")
         beacon().progress()
         committed()
         # The writer lock stays held for the saver's life (released when it is dropped or the
         # process ends): between two commits another writer would interleave its own.
         self._apply_retention(directory.name)
-        self._end_if_stopping(stopping_now, directory)
-
-    def _end_if_stopping(self, stopping_now: bool, directory: Path) -> None:
-        """After the first commit that completed after ``cycle run`` asked for a stop, end the
-        process (exit 0) in a script that only saves: that commit is the stop's checkpoint, and
-        no signal from outside is needed (clusters that TERM every process reach a shielded
-        worker). A script with ``StepControl`` stops at its agreed step instead."""
-        if not stopping_now or uses_here(USES_CONTROL):
-            return
-        sys.stderr.write(f"cycler: {directory.name} is the stop's checkpoint; this worker "
-                         "ends, as cycle run asked\n")
-        sys.stderr.flush()
-        if threading.current_thread() is threading.main_thread():
-            raise SystemExit(0)
-        os._exit(0)  # an asynchronous save's thread: committed, nothing is left to lose
 
     def _record_share(self, directory: Path) -> str:
         """This rank's share of the commit's fsyncs and checksums, as JSON (or the error)."""

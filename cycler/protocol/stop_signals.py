@@ -31,7 +31,20 @@ from cycler.protocol.environment import ENV_STOP_SIGNALS
 _said: set[int] = set()
 
 
+_lowered = threading.Event()
+
+
+def lower_shield() -> None:
+    """From now on a stop signal does what it would without the shield (any thread may call
+    it: the handler itself, on the main thread, restores the default and re-raises)."""
+    _lowered.set()
+
+
 def _stray(number: int, frame: FrameType | None) -> None:
+    if _lowered.is_set():
+        signal.signal(number, signal.SIG_DFL)
+        os.kill(os.getpid(), number)
+        return
     if number not in _said:
         _said.add(number)
         name = signal.Signals(number).name
