@@ -113,20 +113,25 @@ def test_a_plain_script_without_a_handler_ends_at_once_without_a_traceback(
     no_traceback(job)
 
 
-def test_a_saver_only_script_is_ended_right_after_its_next_commit(
-        tmp_path: Path, jobs: list[Job]) -> None:
+def saver_only_job_after_two_commits(tmp_path: Path, jobs: list[Job]) -> Job:
     job = Job(tmp_path, "--grace", "60", nproc=2, worker=SAVER_ONLY)
     jobs.append(job)
     job.wait_ready(nproc=2)
     commits = tmp_path / "commits-0"
     wait_for(lambda: commits.exists() and len(commits.read_text().split()) >= 2,
              "two commits", job)
+    return job
+
+
+def test_a_saver_only_script_is_ended_right_after_its_next_commit(
+        tmp_path: Path, jobs: list[Job]) -> None:
+    job = saver_only_job_after_two_commits(tmp_path, jobs)
     tree = job.tree()
     sent = time.time()
     job.send(signal.SIGTERM)
     assert job.wait(60) == EXIT_REQUEUE
     ended = time.time()
-    # The stop's commit never returns to the script: the saver ends the process after it.
+    # Read from the manifest: the script's own record after the commit races with the TERM.
     after = [c.manifest.created_at for c in list_checkpoints(job.root)
              if c.manifest is not None and c.manifest.created_at > sent]
     assert after, "the stop came before any commit that completed after the request"
@@ -176,12 +181,7 @@ def test_sigterm_to_every_process_of_the_job_still_stops_at_the_agreed_step(
 def test_a_saver_only_script_survives_sigterm_to_every_process_and_stops_after_its_commit(
         tmp_path: Path, jobs: list[Job]) -> None:
     # Slurm's proctrack/linuxproc: the TERM reaches the supervisor, torchrun and every worker.
-    job = Job(tmp_path, "--grace", "60", nproc=2, worker=SAVER_ONLY)
-    jobs.append(job)
-    job.wait_ready(nproc=2)
-    commits = tmp_path / "commits-0"
-    wait_for(lambda: commits.exists() and len(commits.read_text().split()) >= 2,
-             "two commits", job)
+    job = saver_only_job_after_two_commits(tmp_path, jobs)
     tree = job.tree()
     sent = time.time()
     job.send(signal.SIGTERM)
