@@ -18,14 +18,17 @@ each worker for its Python stacks and gathers them under ``.cycler/hang-<time>/`
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cycler._fs import atomic_write_bytes, read_json_object
+from cycler.checkpoint.layout import CheckpointLayout
 from cycler.protocol.progress import (
     DUMP_SIGNAL,
     PAUSED,
@@ -33,8 +36,15 @@ from cycler.protocol.progress import (
     SAVING,
     TRAINING,
     Reading,
+    read_beacons,
     stack_path,
 )
+from cycler.supervisor.vocabulary import HangDetected
+
+log = logging.getLogger("cycler.supervisor")
+
+CHECK_SECONDS = 0.5
+"""How often the workers' progress beacons are read."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -198,3 +208,76 @@ def describe_hang(hang: Hang, tops: dict[int, str]) -> tuple[str, dict[str, Any]
               "steps": [r.step for r in hang.stalled],
               "frames": [tops.get(r.rank, "?") for r in hang.stalled]}
     return summary, fields
+
+
+class WorkerProgress:
+    """This node's workers' beacons as the supervisor reads them: each start's first step (an
+    event: what a start cost) and, with a ``policy``, hangs (their stacks dumped first)."""
+
+    def __init__(self, layout: CheckpointLayout, node_rank: int, policy: HangPolicy | None,
+                 record: Callable[..., None]) -> None:
+        self._layout, self._node_rank = layout, node_rank
+        self._directory = layout.progress_dir(node_rank)
+        self._record = record
+        self._hangs = None if policy is None else HangWatch(
+            policy, load_longest(layout.hang_record_path(node_rank)))
+        self._next_check = 0.0
+        self.first_step_seen = False
+
+    def new_start(self) -> None:
+        """The workers are (re)started: the last ones' beacons and stacks must not count."""
+        shutil.rmtree(self._directory, ignore_errors=True)
+        try:
+            self._directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            log.warning("hang detection is off for this start: cannot create %s (%s)",
+                        self._directory, error.strerror)
+        self.first_step_seen = False
+        if self._hangs is not None:
+            self._hangs.restarted(time.monotonic())
+
+    def check(self, now: float, wall: float) -> HangDetected | None:
+        """Read the live workers' beacons (every :data:`CHECK_SECONDS`); ``now`` is the
+        beacons' monotonic clock, ``wall`` the events log's."""
+        if now < self._next_check:
+            return None
+        self._next_check = now + CHECK_SECONDS
+        # A finished or killed worker's beacon stays until the next start: only live ones count.
+        readings = [r for r in read_beacons(self._directory) if _alive(r.pid)]
+        moved = [r.time for r in readings if r.counter > 0]
+        if moved and not self.first_step_seen:
+            self.first_step_seen = True
+            self._record("first_step", at=round(wall - (now - min(moved)), 3))
+        return None if self._hangs is None else self._hang(self._hangs, readings, now, wall)
+
+    def _hang(self, watch: HangWatch, readings: list[Reading], now: float,
+              wall: float) -> HangDetected | None:
+        longest = watch.longest
+        hang = watch.observe(readings, now)
+        if watch.longest is not None and watch.longest != longest:
+            save_longest(self._layout.hang_record_path(self._node_rank), watch.longest)
+        if hang is None:
+            return None
+        dump = self._layout.hang_dump_dir(time.strftime("%Y%m%d-%H%M%S"))
+        tops = dump_stacks(hang.stalled or readings, self._directory, dump)
+        summary, fields = describe_hang(hang, tops)
+        watch.restarted(time.monotonic())
+        return HangDetected(f"{summary}; stacks in {dump}", wall, {**fields, "dump": str(dump)})
+
+    def before_first_step(self) -> bool | None:
+        """Whether no worker made a step (or commit) in this start; ``None``: the workers
+        publish no progress (they never imported cycler), so nobody knows."""
+        readings = read_beacons(self._directory)
+        if not readings:
+            return None
+        return all(reading.counter == 0 for reading in readings)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, not ours to signal
+    return True

@@ -14,7 +14,6 @@ import dataclasses
 import logging
 import os
 import queue
-import shutil
 import signal
 import threading
 import time
@@ -35,7 +34,6 @@ from cycler.protocol.control import (
     write_control,
 )
 from cycler.protocol.events import EventLog, describe
-from cycler.protocol.progress import Reading, read_beacons
 from cycler.supervisor import core
 from cycler.supervisor.checks import (
     check_artifact_path,
@@ -47,14 +45,7 @@ from cycler.supervisor.checks import (
     say_if_no_checkpoint_is_valid,
 )
 from cycler.supervisor.failure import failure_report
-from cycler.supervisor.hangs import (
-    HangPolicy,
-    HangWatch,
-    describe_hang,
-    dump_stacks,
-    load_longest,
-    save_longest,
-)
+from cycler.supervisor.hangs import HangPolicy, WorkerProgress
 from cycler.supervisor.options import RunOptions
 from cycler.supervisor.peers import Heartbeat, PeerWatch
 from cycler.supervisor.processes import Watchdog, WorkerTree, become_subreaper, start_torchrun
@@ -69,8 +60,6 @@ from cycler.supervisor.torchrun import (
 log = logging.getLogger("cycler.supervisor")
 
 TICK_SECONDS = 0.1
-PROGRESS_CHECK_SECONDS = 0.5
-"""How often the workers' progress beacons are read."""
 """How often the loop looks for a new checkpoint when nothing else happens."""
 STDERR_DRAIN_SECONDS = 2.0
 
@@ -114,16 +103,6 @@ def run_supervisor(options: RunOptions, *, clock: Callable[[], float] = time.tim
     check_resume_from(options)
     say_if_no_checkpoint_is_valid(options)
     return Supervisor(options, clock=clock, starter=starter, requeuer=requeuer).run()
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # exists, not ours to signal
-    return True
 
 
 def run_token(options: RunOptions) -> str | None:
@@ -179,13 +158,10 @@ class Supervisor:
         self._heartbeat = Heartbeat(self.layout, options.node_rank, run)
         self._peers = PeerWatch(self.layout, options.node_rank, options.nnodes,
                                 timeout=options.node_timeout, run=run)
-        self._progress_dir = self.layout.progress_dir(options.node_rank)
-        self._hangs = None if not options.hang_detection else HangWatch(
-            HangPolicy(floor=options.hang_timeout_min, factor=options.hang_factor,
-                       first_step=options.hang_first_step, pause=options.hang_pause_timeout),
-            load_longest(self.layout.hang_record_path(options.node_rank)))
-        self._next_progress_check = 0.0
-        self._first_step_seen = False
+        policy = None if not options.hang_detection else HangPolicy(
+            floor=options.hang_timeout_min, factor=options.hang_factor,
+            first_step=options.hang_first_step, pause=options.hang_pause_timeout)
+        self._progress = WorkerProgress(self.layout, options.node_rank, policy, self._record)
 
     def handle_signal(self, number: int, frame: FrameType | None = None) -> None:
         """Signal handler: only records the signal; the loop decides what it means."""
@@ -235,7 +211,7 @@ class Supervisor:
             return
         now = time.monotonic()  # never compared with another host's clock (see .peers)
         self._heartbeat.beat(now)
-        loss = self._peers.lost(now, stepping=self._first_step_seen)
+        loss = self._peers.lost(now, stepping=self._progress.first_step_seen)
         for node in self._peers.waiting(now):
             self._record("waiting_for_node", warning=True, node=node)
         if loss is not None:
@@ -243,38 +219,13 @@ class Supervisor:
                 core.PeerLost(loss.node, loss.why, self._clock(), failed=loss.failed)))
 
     def _watch_progress(self, decisions: core.SupervisorCore) -> None:
-        """Read the workers' beacons now and then: record each start's first step (what a
-        restart cost), and on a hang dump the workers' stacks, then let the core kill and
-        restart them."""
-        now = time.monotonic()  # the beacons' clock, system-wide
-        if decisions.phase is not core.Phase.RUNNING or now < self._next_progress_check:
+        """On a hang found in the workers' beacons (stacks dumped already), the core kills
+        and restarts them."""
+        if decisions.phase is not core.Phase.RUNNING:
             return
-        self._next_progress_check = now + PROGRESS_CHECK_SECONDS
-        # A finished or killed worker's beacon stays until the next start: only live ones count.
-        readings = [r for r in read_beacons(self._progress_dir) if pid_alive(r.pid)]
-        if not self._first_step_seen:
-            moved = [r.time for r in readings if r.counter > 0]
-            if moved:
-                self._first_step_seen = True
-                self._record("first_step", at=round(self._clock() - (now - min(moved)), 3))
-        if self._hangs is not None:
-            self._watch_for_hangs(decisions, self._hangs, readings, now)
-
-    def _watch_for_hangs(self, decisions: core.SupervisorCore, watch: HangWatch,
-                         readings: list[Reading], now: float) -> None:
-        longest = watch.longest
-        hang = watch.observe(readings, now)
-        if watch.longest is not None and watch.longest != longest:
-            save_longest(self.layout.hang_record_path(self.options.node_rank), watch.longest)
-        if hang is None:
-            return
-        dump = self.layout.hang_dump_dir(time.strftime("%Y%m%d-%H%M%S"))
-        tops = dump_stacks(hang.stalled or readings, self._progress_dir, dump)
-        summary, fields = describe_hang(hang, tops)
-        self._execute(decisions.handle(
-            core.HangDetected(f"{summary}; stacks in {dump}", self._clock(),
-                              {**fields, "dump": str(dump)})))
-        watch.restarted(time.monotonic())
+        hang = self._progress.check(time.monotonic(), self._clock())
+        if hang is not None:
+            self._execute(decisions.handle(hang))
 
     def _learn_hard_deadline(self, signalled_at: float, kill_after: float) -> None:
         """Ask Slurm, in a thread, when it will end the job; the answer comes as an event."""
@@ -290,7 +241,8 @@ class Supervisor:
         threading.Thread(target=ask, name="cycle-slurm-deadline", daemon=True).start()
 
     def _workers_started(self) -> bool:
-        return self._tree is None or self._tree.has_workers() or self._first_step_seen
+        return (self._tree is None or self._tree.has_workers()
+                or self._progress.first_step_seen)
 
     def _announced(self) -> frozenset[str]:
         return announced(self.layout.control_path(self.options.node_rank))
@@ -370,7 +322,7 @@ class Supervisor:
         if self._tree is not None:
             self._tree.reap()
         clear_announcements(self.layout.control_path(self.options.node_rank))
-        self._clear_progress()
+        self._progress.new_start()
         if action.resume_from is not None:
             record_resume_from(self.layout, self.options.node_rank, action.resume_from)
         plan = launch_plan(self.options, start_number=action.start_number,
@@ -382,18 +334,6 @@ class Supervisor:
                      restart_count=plan.environment["CYCLER_RESTART_COUNT"])
         _Waiter(self._tree, self._queue, self._on_exit).start()
 
-    def _clear_progress(self) -> None:
-        """A fresh start: the last workers' beacons and stacks must not count for the new."""
-        shutil.rmtree(self._progress_dir, ignore_errors=True)
-        try:
-            self._progress_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            log.warning("hang detection is off for this start: cannot create %s (%s)",
-                        self._progress_dir, error.strerror)
-        self._first_step_seen = False
-        if self._hangs is not None:
-            self._hangs.restarted(time.monotonic())
-
     def _on_exit(self, tree: WorkerTree, code: int) -> core.WorkersExited:
         """The exit event, with what the report and a multi-node stop need (waiter thread)."""
         if self._cut_short:
@@ -402,15 +342,8 @@ class Supervisor:
             self._failure = failure_report(tree.stderr.text(), code)
         elsewhere = self.options.nnodes > 1 and stop_requested_elsewhere(
             self.layout, self.options.node_rank, self._started_at)
-        return core.WorkersExited(code, self._clock(), elsewhere, self._before_first_step())
-
-    def _before_first_step(self) -> bool | None:
-        """Whether no worker made a step (or commit) in this start; ``None``: the workers
-        publish no progress (they never imported cycler), so nobody knows."""
-        readings = read_beacons(self._progress_dir)
-        if not readings:
-            return None
-        return all(reading.counter == 0 for reading in readings)
+        return core.WorkersExited(code, self._clock(), elsewhere,
+                                  self._progress.before_first_step())
 
     def _signal_tree(self, number: signal.Signals) -> None:
         if self._tree is not None:
