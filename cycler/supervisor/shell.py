@@ -60,6 +60,8 @@ from cycler.supervisor.torchrun import (
 log = logging.getLogger("cycler.supervisor")
 
 TICK_SECONDS = 0.1
+VERDICT_MARGIN = 5.0
+"""Seconds a failed torchrun waits for the peers' verdict beyond ``--node-timeout``."""
 """How often the loop looks for a new checkpoint when nothing else happens."""
 STDERR_DRAIN_SECONDS = 2.0
 
@@ -278,7 +280,10 @@ class Supervisor:
             initial_checkpoint=newest_valid_index(self.layout),
             first_sequence=0 if previous is None else previous.sequence + 1,
             restarts_by_torchrun=restarts_by_torchrun(options),
-            peer_verdict_wait=options.node_timeout if options.nnodes > 1 else 0.0,
+            # The verdict needs node_timeout of silence after the lost node's last beat, read
+            # once a second, while torchrun fails on the lost store at once: a margin.
+            peer_verdict_wait=options.node_timeout + VERDICT_MARGIN if options.nnodes > 1
+            else 0.0,
         )
 
     def _next_event(self, wake_at: float | None) -> core.Event:
