@@ -171,6 +171,7 @@ def main() -> None:
     trainer = Trainer(args)
     trainer.resume()
     finished = trainer.train()
+    trainer.control.close()  # every rank: the exchange in flight and the saves are waited for
     if finished and args.final_weights is not None and trainer.rank == 0:
         atomic_torch_save(trainer.final_weights(), args.final_weights)
     if finished:

@@ -35,7 +35,9 @@ args = parser.parse_args()
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
-first_start = os.environ.get("CYCLER_RESTART_COUNT", "0") == "0"
+# Restarts by cycle run (one node) or by torchrun's agent (several nodes) are not first starts.
+first_start = (os.environ.get("CYCLER_RESTART_COUNT", "0") == "0"
+               and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0")
 torch.manual_seed(0)
 inputs, targets = torch.randn(4096, 16), torch.randn(4096, 1)
 model = torch.nn.Linear(16, 1)

@@ -46,15 +46,17 @@ class Node:
     """One node's ``cycle run`` on its host, output in a file."""
 
     def __init__(self, host: Host, rank: int, master: Host, root: Path, final: Path,
-                 port: int, train_args: list[str] = TRAIN_ARGS) -> None:
+                 port: int, train_args: list[str] = TRAIN_ARGS, script: Path = EXAMPLE,
+                 flags: tuple[str, ...] = ()) -> None:
         self.rank = rank
         self.output = root.parent / f"{root.name}-node{rank}-{time.monotonic_ns()}.txt"
         command = host.command(
             sys.executable, "-m", "cycler_cli", "run", "--nnodes", "2", "--node-rank", str(rank),
             "--nproc-per-node", "1", "--master-addr", master.address, "--master-port", str(port),
             "--local-addr", host.address, "--checkpoint-dir", str(root), "--grace", "60",
-            "--node-timeout", str(NODE_TIMEOUT), "--no-requeue", str(EXAMPLE), *train_args,
-            "--final-weights", str(final))
+            "--node-timeout", str(NODE_TIMEOUT), "--no-requeue", *flags, str(script),
+            *train_args, *(["--final-weights", str(final)] if script == EXAMPLE
+                           else ["--out", str(final)]))
         environment = {key: value for key, value in os.environ.items()
                        if not key.startswith(("SLURM_", "CYCLER_", "MASTER_"))}
         # gloo finds its own address through the host name, which no namespace resolves.
@@ -80,10 +82,10 @@ class Node:
 
 
 @contextlib.contextmanager
-def job(hosts: tuple[Host, Host], root: Path, final: Path,
-        train_args: list[str] = TRAIN_ARGS) -> Iterator[list[Node]]:
+def job(hosts: tuple[Host, Host], root: Path, final: Path, train_args: list[str] = TRAIN_ARGS,
+        script: Path = EXAMPLE, flags: tuple[str, ...] = ()) -> Iterator[list[Node]]:
     port = 29000 + os.getpid() % 1000
-    nodes = [Node(host, rank, hosts[0], root, final, port, train_args)
+    nodes = [Node(host, rank, hosts[0], root, final, port, train_args, script, flags)
              for rank, host in enumerate(hosts)]
     try:
         yield nodes
@@ -180,6 +182,28 @@ def test_ten_worker_kills_on_node_1_in_one_job_each_restart_both_nodes_and_end_e
         codes = [node.wait(timeout=600) for node in nodes]
         assert codes == [EXIT_SUCCESS, EXIT_SUCCESS], nodes[1].text()[-3000:]
     assert history(root, 1).count("restart_together") >= 10
+    expected, actual = torch.load(reference), torch.load(final)
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name
+
+
+HANG_WORKER = REPO / "tests" / "integration" / "hang_worker.py"
+
+
+def test_a_rank_that_hangs_on_node_1_restarts_both_nodes_and_the_job_ends_exactly(
+        hosts: tuple[Host, Host], tmp_path: Path) -> None:
+    reference, final = tmp_path / "reference.pt", tmp_path / "final.pt"
+    with job(hosts, tmp_path / "uninterrupted", reference, [], HANG_WORKER) as nodes:
+        assert [node.wait() for node in nodes] == [EXIT_SUCCESS, EXIT_SUCCESS]
+    root = tmp_path / "ck"
+    with job(hosts, root, final, ["--hang-rank", "1", "--hang-step", "25"], HANG_WORKER,
+             ("--hang-timeout-min", "3")) as nodes:
+        codes = [node.wait(timeout=300) for node in nodes]
+        assert codes == [EXIT_SUCCESS, EXIT_SUCCESS], nodes[1].text()[-3000:]
+        assert "a hang" in nodes[1].text(), nodes[1].text()[-3000:]
+    hangs = [e for node in (0, 1) for e in read_events(CheckpointLayout(root).events_path(node))
+             if e["event"] == "hang"]
+    assert any("hang_worker.py" in frame for e in hangs for frame in e["frames"]), hangs
     expected, actual = torch.load(reference), torch.load(final)
     for name in expected:
         assert torch.equal(expected[name], actual[name]), name
