@@ -27,8 +27,8 @@ if os.environ.get("CYCLER_CONTROL_FILE") and os.environ.get("LOCAL_RANK"):
     from cycler.protocol.progress import beacon, register_stack_dump
 
     announce(USES_CYCLER)
-    register_stack_dump()  # a hung worker's stacks, asked for by the supervisor
     beacon()  # from now on the supervisor sees this worker, before its first step
+    register_stack_dump()  # a hung worker's stacks, asked for by the supervisor
 
 if TYPE_CHECKING:
     from cycler.checkpoint.atomic_directory import AtomicDirectory

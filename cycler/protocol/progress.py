@@ -105,11 +105,32 @@ def beacon() -> Beacon:
     if _beacon is None:
         directory, rank = os.environ.get(ENV_PROGRESS_DIR), os.environ.get("RANK")
         try:
-            _beacon = (Beacon(Path(directory) / f"rank-{int(rank)}{BEACON_SUFFIX}")
-                       if directory and rank is not None else _NoBeacon())
+            path = Path(directory or "") / f"rank-{int(rank or '')}{BEACON_SUFFIX}"
+            owned = directory and not _owned_by_another_live_process(path)
+            _beacon = Beacon(path) if owned else _NoBeacon()
         except (OSError, ValueError):
             _beacon = _NoBeacon()
     return _beacon
+
+
+def _owned_by_another_live_process(path: Path) -> bool:
+    """Whether ``path`` is the beacon of another live process: the worker's own, seen from a
+    process it spawned (a DataLoader worker under ``spawn`` imports cycler again with the
+    worker's environment) that must not take it over."""
+    try:
+        with open(path, "rb") as handle:
+            pid = _FORMAT.unpack(handle.read(_FORMAT.size))[0]
+    except (OSError, struct.error):
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 _stack_file: IO[str] | None = None
@@ -122,6 +143,8 @@ def register_stack_dump() -> None:
     directory, rank = os.environ.get(ENV_PROGRESS_DIR), os.environ.get("RANK")
     if _stack_file is not None or not directory or rank is None:
         return
+    if isinstance(beacon(), _NoBeacon):
+        return  # not the worker itself (a process it spawned): its stacks are not asked for
     try:
         _stack_file = open(Path(directory) / f"rank-{int(rank)}{STACK_SUFFIX}", "w")
         faulthandler.register(DUMP_SIGNAL, file=_stack_file, all_threads=True, chain=False)

@@ -100,3 +100,26 @@ def test_the_top_frame_is_the_innermost_frame_of_the_dumped_main_thread() -> Non
             '  File "/x/train.py", line 58 in <module>\n')
     assert top_frame(dump) == "distributed_c10d.py:3252 in all_reduce"
     assert top_frame("garbage") == "?"
+
+
+def test_a_process_the_worker_spawns_never_takes_over_its_beacon(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from cycler.protocol.progress import read_beacons
+
+    env = {**os.environ, "CYCLER_PROGRESS_DIR": str(tmp_path), "RANK": "3"}
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from cycler.protocol.progress import beacon; "
+         "beacon().progress(7); print('up', flush=True); time.sleep(30)"],
+        env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout is not None and worker.stdout.readline().strip() == "up"
+        subprocess.run([sys.executable, "-c", "from cycler.protocol.progress import beacon; "
+                        "beacon().progress(1)"], env=env, check=True)  # e.g. a spawned loader
+        [reading] = read_beacons(tmp_path)
+        assert (reading.pid, reading.step) == (worker.pid, 7)
+    finally:
+        worker.kill()
+        worker.wait()
