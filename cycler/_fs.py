@@ -46,6 +46,17 @@ def process_start(pid: int) -> str:
         return ""
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one not ours to signal counts as existing)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
 def left_by_dead_writer(name: str) -> bool:
     """Whether the temporary ``name`` was made on this host by a process that is gone (pid
     absent, or reused by a process that started at another time). Temporaries of other hosts

@@ -147,8 +147,12 @@ def _named(layout: CheckpointLayout, name: CheckpointName, problem: str) -> Chec
 
 def _say_fell_back(layout: CheckpointLayout, chosen: str, problems: dict[str, str]) -> None:
     newer = {name: problem for name, problem in problems.items()
-             if (layout.parse(name) or CheckpointName("", -1, False)).index
-             > (layout.parse(chosen) or CheckpointName("", -1, False)).index}
+             if _index(layout, name) > _index(layout, chosen)}
     if newer:
         why = "; ".join(f"{name}: {problem}" for name, problem in newer.items())
         warnings.warn(f"{why}; using {chosen} instead", CheckpointWarning, stacklevel=3)
+
+
+def _index(layout: CheckpointLayout, name: str) -> int:
+    parsed = layout.parse(name)
+    return -1 if parsed is None else parsed.index

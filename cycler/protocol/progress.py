@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from cycler._fs import pid_alive
 from cycler.protocol.environment import ENV_PROGRESS_DIR
 
 TRAINING, SAVING, PAUSED = 0, 1, 2
@@ -122,15 +123,7 @@ def _owned_by_another_live_process(path: Path) -> bool:
             pid = _FORMAT.unpack(handle.read(_FORMAT.size))[0]
     except (OSError, struct.error):
         return False
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
+    return pid != os.getpid() and pid_alive(pid)
 
 
 _stack_file: IO[str] | None = None

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cycler._fs import atomic_write_bytes, read_json_object
+from cycler._fs import atomic_write_bytes, pid_alive, read_json_object
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.protocol.progress import (
     DUMP_SIGNAL,
@@ -243,7 +243,7 @@ class WorkerProgress:
             return None
         self._next_check = now + CHECK_SECONDS
         # A finished or killed worker's beacon stays until the next start: only live ones count.
-        readings = [r for r in read_beacons(self._directory) if _alive(r.pid)]
+        readings = [r for r in read_beacons(self._directory) if pid_alive(r.pid)]
         moved = [r.time for r in readings if r.counter > 0]
         if moved and not self.first_step_seen:
             self.first_step_seen = True
@@ -271,13 +271,3 @@ class WorkerProgress:
         if not readings:
             return None
         return all(reading.counter == 0 for reading in readings)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # exists, not ours to signal
-    return True
