@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from cycler.checkpoint.tiers import DEFAULT_MEMORY_DIR, DEFAULT_PERSIST_EVERY
 from cycler.errors import ConfigError
 from cycler.protocol.exit_codes import EXIT_FAILURE
 from cycler.supervisor import LaunchPlan, RunOutcome, plan_run, resolve_run_options, run_supervisor
@@ -45,6 +46,13 @@ def register(app: typer.Typer) -> None:
 
 
 _TORCHRUN = "torchrun options (passed to torchrun unchanged)"
+
+
+def _memory_tier(on: bool | None, directory: Path | None) -> Path | bool | None:
+    """``--memory-tier``/``--memory-dir`` as the option's value (``None``: not given)."""
+    if on is False or directory is None:
+        return on
+    return directory
 
 
 def _dashes(name: str) -> str:
@@ -104,6 +112,14 @@ def run(
     checkpoint_dir: Path = typer.Option(None, "--checkpoint-dir", help="Checkpoint "
                                         "root (default: $CYCLER_CHECKPOINT_DIR, "
                                         "$CHECKPOINT_ARTIFACT_PATH, ./checkpoints)."),
+    memory_tier: bool = typer.Option(None, "--memory-tier/--no-memory-tier", help="Commit "
+                                     "every checkpoint in node memory first and persist some "
+                                     "to the checkpoint root (one-node jobs; default: off)."),
+    memory_dir: Path = typer.Option(None, "--memory-dir", help="Where --memory-tier keeps "
+                                    f"them (implies it; default: {DEFAULT_MEMORY_DIR})."),
+    persist_every: int = typer.Option(None, "--persist-every", help="With --memory-tier: "
+                                      "persist every K-th checkpoint (and every stop's) "
+                                      f"(default: {DEFAULT_PERSIST_EVERY})."),
     checkpoint_name: str = typer.Option(None, "--checkpoint-name",
                                         help="The saver's name= (default: AtomicDirectory)."),
     grace: float = typer.Option(None, "--grace", help="Seconds to checkpoint and exit after a "
@@ -177,6 +193,7 @@ def run(
         "master_addr": master_addr, "master_port": master_port, "rdzv_endpoint": rdzv_endpoint,
         "rdzv_backend": rdzv_backend, "rdzv_id": rdzv_id, "standalone": standalone,
         "checkpoint_dir": checkpoint_dir, "checkpoint_name": checkpoint_name, "grace": grace,
+        "memory_tier": _memory_tier(memory_tier, memory_dir), "persist_every": persist_every,
         "max_restarts": max_restarts, "restart_delay": restart_delay, "requeue": requeue,
         "node_timeout": node_timeout, "hang_detection": hang_detection,
         "hang_timeout_min": hang_timeout_min, "hang_factor": hang_factor,

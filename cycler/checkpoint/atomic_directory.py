@@ -37,7 +37,15 @@ from cycler.checkpoint.manifest import (
     seal,
 )
 from cycler.checkpoint.retention import retention_decisions
-from cycler.checkpoint.sharded import ShardedSaves
+from cycler.checkpoint.sharded import InFlight, ShardedSaves, stopping
+from cycler.checkpoint.tiers import (
+    MemoryTier,
+    memory_tier,
+    newest_of,
+    persist,
+    retain_durable,
+    retain_memory,
+)
 from cycler.errors import CheckpointDirectoryError, CyclerError, RankFailed
 from cycler.protocol.control import (
     USES_CONTROL,
@@ -79,6 +87,12 @@ class AtomicDirectory(ShardedSaves):
         device: cycling_utils' device for its agreement tensors. Accepted and unused: the
             ranks agree through the process group's store, which needs no device.
         timeout: the longest any rank waits for another.
+
+    Under ``cycle run --memory-tier`` every checkpoint is committed in node memory first and
+    every K-th one (and every stop's and pinned one) persisted to ``output_directory`` in the
+    background (:mod:`cycler.checkpoint.tiers`); ``latest_checkpoint()`` and ``load()`` take
+    the newest valid checkpoint of either tier. ``output_directory`` and its latest link only
+    ever hold persisted checkpoints.
     """
 
     def __init__(self, output_directory: str | os.PathLike[str], is_master: bool = False,
@@ -95,14 +109,25 @@ class AtomicDirectory(ShardedSaves):
         name = name or default_checkpoint_name()
         self._coordinator = Coordinator(name, timeout, strategy in COORDINATED)
         self.name = name if strategy != "async" else f"{name}_rank_{global_rank() or 0}"
-        self.layout = CheckpointLayout(output_directory, self.name)
-        self.output_directory = str(self.layout.root)
+        self.durable = CheckpointLayout(output_directory, self.name)
+        """The checkpoint root's layout: where checkpoints are kept for good."""
+        self._tier: MemoryTier | None = memory_tier(self.durable.root)
+        self.layout = self.durable if self._tier is None else CheckpointLayout(self._tier.root,
+                                                                              self.name)
+        """Where checkpoints are committed first: the memory root under the memory tier."""
+        self.output_directory = str(self.durable.root)
         self.symlink_name = self.layout.link_name
+        self._index_floor = -1
+        """An index above every index of the other tier (memory tier: read at first prepare)."""
+        self._persister: ThreadPoolExecutor | None = None
+        self._persisting: tuple[int, Future[None]] | None = None
+        """The memory checkpoint being persisted (its index) and its copy's future."""
+        self._last_size = 0
         self._holds_writer_lock = False
         self._saving: contextlib.AbstractContextManager[None] | None = None
         """The beacon's saving phase, from prepare_checkpoint_directory() to the commit."""
         self._recording: Future[None] | None = None
-        self._in_flight: Future[None] | None = None
+        self._in_flight: InFlight | None = None
         """The asynchronous save in flight, until its retention is done."""
         self._kept: list[int] | None = None
         """Unpinned committed indices retention keeps, oldest first (``None``: not scanned)."""
@@ -119,8 +144,10 @@ class AtomicDirectory(ShardedSaves):
             # Under cycle run a TERM that reaches the worker directly (clusters that signal
             # every process) must not kill it before the stop's commit (see _commit).
             shield_from_stray_signals()
-        _ensure_root(self.layout.root)  # on every rank: the process group may not exist yet
-        self.layout.check_supervisor_dir()
+        _ensure_root(self.durable.root)  # on every rank: the process group may not exist yet
+        self.durable.check_supervisor_dir()
+        if self._tier is not None:
+            _ensure_root(self._tier.root)
 
     def prepare_checkpoint_directory(self, force_save: bool = False) -> str:
         """Create the next checkpoint directory (rank 0) and return its path on every rank.
@@ -162,13 +189,17 @@ class AtomicDirectory(ShardedSaves):
         # own record below would take the index record back down.
         _record_in_background(_nothing).result()
         if not self._holds_writer_lock:
-            _check_writable(layout.root)
-            hold_shared(layout.writer_lock_path, role="writer", name=self.name)
+            for tier in self._tiers():
+                _check_writable(tier.root)
+                hold_shared(tier.writer_lock_path, role="writer", name=self.name)
             self._holds_writer_lock = True
             if not self._reclaimed:
                 layout.adopt()  # before its first directory: what was here stays legacy
                 self._reclaim_torn_directories()
-        index = layout.next_index()
+        layout = self._layout_with_room()
+        if self._index_floor < 0 and self._tier is not None:
+            self._index_floor = max(t.next_index() for t in self._tiers())
+        index = max(layout.next_index(), self._index_floor)
         path = layout.path_of(CheckpointName(self.name, index, pinned))
         path.mkdir()
         self._uncommitted.append(path)
@@ -176,6 +207,26 @@ class AtomicDirectory(ShardedSaves):
         # ranks' writes, and the commit waits for them before it can link the directory.
         self._recording = _record_in_background(layout.record_index, index)
         return path
+
+    def _tiers(self) -> list[CheckpointLayout]:
+        """Where this saver's checkpoints may be: memory first, then the checkpoint root."""
+        return [self.layout] if self._tier is None else [
+            CheckpointLayout(self._tier.root, self.name), self.durable]
+
+    def _layout_with_room(self) -> CheckpointLayout:
+        """The memory root while the next checkpoint fits in its share of the tmpfs; once it
+        does not, the checkpoint root for the rest of this saver's life (said once)."""
+        if self._tier is None or self.layout is self.durable:
+            return self.layout
+        if self._tier.has_room(self._last_size):
+            return self.layout
+        log.warning("the memory tier %s is full (%d MB more would pass its share): "
+                    "checkpoints go to %s from now on", self._tier.root,
+                    self._last_size >> 20, self.durable.root)
+        self._finish_persisting()
+        self.layout, self._kept, self._index_floor = self.durable, None, -1
+        self._index_floor = max(t.next_index() for t in self._tiers())
+        return self.layout
 
     def _reclaim_torn_directories(self) -> None:
         """At this saver's first prepare, under the writer lock: every directory without a
@@ -252,7 +303,10 @@ class AtomicDirectory(ShardedSaves):
         committed()
         # The writer lock stays held for the saver's life (released when it is dropped or the
         # process ends): between two commits another writer would interleave its own.
-        self._apply_retention(directory.name)
+        if self.layout is self.durable:
+            self._apply_retention(directory.name)
+        else:
+            self._persist_and_retain(directory.name)
 
     def _record_share(self, directory: Path) -> str:
         """This rank's share of the commit's fsyncs and checksums, as JSON (or the error)."""
@@ -287,12 +341,52 @@ class AtomicDirectory(ShardedSaves):
             self._recording = None
         _fs.atomic_symlink(self.layout.path_of(name), self.layout.link_path)
 
+    def _persist_and_retain(self, committed: str) -> None:
+        """Memory tier, after a commit: persist it in the background if it is an every-K-th,
+        pinned or a stop's checkpoint (a stop's is waited for: the node may be taken away
+        next), then keep the newest few in memory."""
+        assert self._tier is not None
+        name = self.layout.parse(committed)
+        if name is None:
+            return
+        self._uncommitted = [p for p in self._uncommitted if p.name != committed]
+        self._last_size = max(self._last_size, _tree_size_of(self.layout.path_of(name)))
+        stop = stopping() or stop_requested_of_this_job()
+        if stop or self._tier.wants_persisted(name):
+            self._finish_persisting()
+            if self._persister is None:
+                self._persister = ThreadPoolExecutor(1, thread_name_prefix="cycler-persist")
+            memory, durable, keep_last = self.layout, self.durable, self.keep_last
+
+            def copy_and_retain() -> None:
+                persist(memory, durable, name)
+                retain_durable(durable, keep_last)
+
+            self._persisting = (name.index, self._persister.submit(copy_and_retain))
+            if stop:
+                self._finish_persisting()
+        busy = [] if self._persisting is None else [self._persisting[0]]
+        retain_memory(self.layout, busy)
+
+    def _finish_persisting(self) -> None:
+        """Wait for the copy in flight; a failed one is logged (the memory copy stays, and
+        the next persisted checkpoint or the job's end tries again)."""
+        persisting, self._persisting = self._persisting, None
+        if persisting is None:
+            return
+        try:
+            persisting[1].result()
+        except Exception as error:  # noqa: BLE001 (any failure: training goes on from memory)
+            log.warning("checkpoint %d was not persisted to %s: %s", persisting[0],
+                        self.durable.root, error)
+
     def __del__(self) -> None:
         # The writer lock is held from the first prepare for the saver's life: between two
         # commits another process's writer would interleave its own. A dropped saver lets go.
         if getattr(self, "_holds_writer_lock", False):  # __init__ may have failed
             self._holds_writer_lock = False
-            drop_shared(self.layout.writer_lock_path)
+            for tier in self._tiers():
+                drop_shared(tier.writer_lock_path)
 
     def _apply_retention(self, committed: str) -> None:
         """Remove what retention says may go; a failure is logged and retried at the next
@@ -351,9 +445,16 @@ class AtomicDirectory(ShardedSaves):
         return f"{name.index}_force" if name.pinned else str(name.index)
 
     def latest_checkpoint(self, verify: bool = True, strict: bool = False) -> str | None:
-        """The newest valid checkpoint of this saver (see :func:`cycler.latest_checkpoint`)."""
-        path = latest_checkpoint(self.layout.root, self.name, verify=verify, strict=strict)
+        """The newest valid checkpoint of this saver (see :func:`cycler.latest_checkpoint`),
+        under the memory tier the newest of either tier (memory first on a tie)."""
+        path = newest_of(self.durable, [latest_checkpoint(tier.root, self.name, verify=verify,
+                                                          strict=strict)
+                                        for tier in self._tiers()])
         return None if path is None else str(path)
+
+
+def _tree_size_of(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def _error_share(rank: int, error: BaseException) -> str:

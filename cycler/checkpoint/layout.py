@@ -28,6 +28,7 @@ DEFAULT_PREFIX = DEFAULT_CHECKPOINT_NAME
 CHECKPOINT_INFIX = "_checkpoint_"
 PINNED_SUFFIX = "_force"
 LINK_SUFFIX = ".latest_checkpoint"
+MEMORY_TIER_RECORD_FILENAME = "memory-tier.json"
 MANIFEST_NAME = "cycler_manifest.json"
 
 SUPERVISOR_DIRNAME = ".cycler"
@@ -184,6 +185,11 @@ class CheckpointLayout:
     def lock_paths(self) -> list[Path]:
         """Every node's supervisor lock file."""
         return sorted(self.supervisor_dir.glob(LOCK_FILENAME.format(node="*")))
+
+    @property
+    def memory_tier_record_path(self) -> Path:
+        """Where `cycle run --memory-tier` records the memory root, for `cycle status`."""
+        return self.supervisor_dir / MEMORY_TIER_RECORD_FILENAME
 
     @property
     def index_record_path(self) -> Path:

@@ -8,6 +8,10 @@ out). For each candidate in turn every rank checks the checksums of its share of
 rest) and reports through the store; the first candidate that every rank verified is the one
 all of them load. A rank whose share fails makes all fall back together, so W ranks read the
 checkpoint once between them, and no two ranks ever resume from different checkpoints.
+
+Under the memory tier the candidates of both tiers are tried newest first, the memory copy
+before the durable one of the same index: a memory copy that fails its checksums falls back to
+the durable copy of the same checkpoint, then to older ones.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,31 +39,40 @@ from cycler.checkpoint.listing import (
     with_record,
 )
 from cycler.checkpoint.manifest import CHECKSUM_MISMATCH, check_files, files_of_rank, read_manifest
+from cycler.checkpoint.tiers import newest_of
 from cycler.errors import CheckpointNotFound, CorruptCheckpoint, CyclerError
 from cycler.protocol.environment import ENV_RESUME_FROM
 
 
-def agreed_checkpoint(layout: CheckpointLayout, coordinator: Coordinator,
+def agreed_checkpoint(tiers: Sequence[CheckpointLayout], coordinator: Coordinator,
                       requested: str | None = None, strict: bool = False) -> Path | None:
     """On every rank: the checkpoint all ranks resume from, ``None`` when there is none.
 
+    ``tiers``: where the saver's checkpoints may be, memory first, the checkpoint root last.
     ``requested`` (a name or an index; default ``$CYCLER_RESUME_FROM`` when it names one of
     this saver's checkpoints) must verify, else :class:`CorruptCheckpoint`. Without a
     request, what :func:`cycler.latest_checkpoint` would choose, warnings and ``strict``
     included.
     """
-    requested = requested if requested is not None else _resume_from(layout)
+    layout = tiers[-1]
+    requested = requested if requested is not None else _resume_from(tiers)
     if coordinator.world_size == 1:
-        if requested is None:
-            return latest_checkpoint(layout.root, layout.prefix, strict=strict)
-        return find_checkpoint(layout.root, requested, layout.prefix, verify=True)
-    plan = _shared_plan(layout, coordinator, requested)
+        if requested is not None:
+            return _found_in_a_tier(tiers, requested)
+        found = [latest_checkpoint(t.root, t.prefix, strict=strict and len(tiers) == 1)
+                 for t in tiers]
+        newest = newest_of(layout, found)
+        if newest is None and strict and len(tiers) > 1:
+            return latest_checkpoint(layout.root, layout.prefix, strict=True)
+        return newest
+    plan = _shared_plan(tiers, coordinator, requested)
     problems = {str(name): str(problem) for name, problem in plan["invalid"]}
-    for name, legacy in plan["candidates"]:
-        outcome = _verified_together(layout, coordinator, str(name), bool(legacy))
+    for tier, name, legacy in plan["candidates"]:
+        where = tiers[int(str(tier))]
+        outcome = _verified_together(where, coordinator, str(name), bool(legacy))
         if outcome is None:
             _say_fell_back(layout, str(name), problems)
-            return layout.root / str(name)
+            return where.root / str(name)
         problems[str(name)] = outcome
     if requested is not None:
         raise CorruptCheckpoint(f"{requested} in {layout.root}: {problems.get(requested)}; "
@@ -67,14 +81,28 @@ def agreed_checkpoint(layout: CheckpointLayout, coordinator: Coordinator,
     return None
 
 
-def _resume_from(layout: CheckpointLayout) -> str | None:
+def _resume_from(tiers: Sequence[CheckpointLayout]) -> str | None:
     requested = os.environ.get(ENV_RESUME_FROM)
-    if requested and (layout.parse(requested) or by_index(layout, requested)):
+    if requested and any(t.parse(requested) or by_index(t, requested) for t in tiers):
         return requested
     return None
 
 
-def _shared_plan(layout: CheckpointLayout, coordinator: Coordinator,
+def _found_in_a_tier(tiers: Sequence[CheckpointLayout], requested: str) -> Path:
+    """The requested checkpoint from the first tier where it verifies."""
+    error: CyclerError | None = None
+    for tier in tiers:
+        try:
+            return find_checkpoint(tier.root, requested, tier.prefix, verify=True)
+        except CheckpointNotFound as missing:
+            error = error or missing
+        except CorruptCheckpoint as corrupt:
+            error = corrupt
+    assert error is not None
+    raise error
+
+
+def _shared_plan(tiers: Sequence[CheckpointLayout], coordinator: Coordinator,
                  requested: str | None) -> dict[str, list[list[object]]]:
     """Rank 0's list of candidates (and of what is not valid), as every rank gets it."""
     key = coordinator.new_round("resume")
@@ -82,7 +110,7 @@ def _shared_plan(layout: CheckpointLayout, coordinator: Coordinator,
         plan: dict[str, list[list[object]]] = json.loads(coordinator.outcome(key))
         return plan
     try:
-        plan = _candidates(layout, requested)
+        plan = _candidates(tiers, requested)
     except BaseException as error:
         coordinator.publish_error(key, error)
         raise
@@ -90,25 +118,37 @@ def _shared_plan(layout: CheckpointLayout, coordinator: Coordinator,
     return plan
 
 
-def _candidates(layout: CheckpointLayout, requested: str | None,
+def _candidates(tiers: Sequence[CheckpointLayout], requested: str | None,
                 ) -> dict[str, list[list[object]]]:
-    """The checkpoints to try, in order, each with whether it is legacy; and what is wrong
-    with those that cannot be tried (sizes, manifests, earlier verifications)."""
-    failed = failed_verifications(layout)
+    """The checkpoints to try, in order, each with its tier and whether it is legacy; and
+    what is wrong with those that cannot be tried (sizes, manifests, earlier verifications)."""
+    ranked: list[tuple[tuple[int, int], Checkpoint, int]] = []
+    for order, layout in enumerate(tiers):
+        failed = failed_verifications(layout)
+        for place, name in enumerate(_in_resume_order(layout, requested)):
+            checked = with_record(inspect_checkpoint(layout, name), failed)
+            # One tier: the link's order. Several: newest first, memory first on a tie.
+            key = (place, order) if len(tiers) == 1 else (-name.index, order)
+            ranked.append((key, checked, order))
+    if requested is not None and not ranked:
+        raise CheckpointNotFound(f"no checkpoint named {requested!r} in "
+                                 f"{' or '.join(str(t.root) for t in tiers)}; see `cycle status`")
+    ranked.sort(key=lambda entry: entry[0])
+    return {"candidates": [[order, str(c.name), c.kind == LEGACY]
+                           for _, c, order in ranked if c.valid],
+            "invalid": [[str(c.name), c.problem] for _, c, _ in ranked
+                        if not c.valid and c.committed]}
+
+
+def _in_resume_order(layout: CheckpointLayout, requested: str | None) -> list[CheckpointName]:
+    """The requested checkpoint if this tier has it; else the link's target, then the rest
+    newest first."""
     if requested is not None:
         parsed = layout.parse(requested) or by_index(layout, requested)
-        if parsed is None:
-            raise CheckpointNotFound(f"no checkpoint named {requested!r} in {layout.root}; "
-                                     "see `cycle status`")
-        names = [parsed]
-    else:
-        target = layout.link_target_name()
-        every = list(reversed(layout.checkpoint_names()))
-        names = ([target] if target in every else []) + [n for n in every if n != target]
-    checked = [with_record(inspect_checkpoint(layout, name), failed) for name in names]
-    return {"candidates": [[str(c.name), c.kind == LEGACY] for c in checked if c.valid],
-            "invalid": [[str(c.name), c.problem] for c in checked
-                        if not c.valid and c.committed]}
+        return [parsed] if parsed is not None and os.path.lexists(layout.path_of(parsed)) else []
+    target = layout.link_target_name()
+    every = list(reversed(layout.checkpoint_names()))
+    return ([target] if target in every else []) + [n for n in every if n != target]
 
 
 def _verified_together(layout: CheckpointLayout, coordinator: Coordinator, name: str,

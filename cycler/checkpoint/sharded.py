@@ -53,9 +53,10 @@ class SaveHandle:
     chosen in the background, so reading it waits until the directory exists."""
 
     def __init__(self, directory: str | Future[str], committed: Future[None] | None = None,
-                 ) -> None:
+                 reported: threading.Event | None = None) -> None:
         self._directory = directory
         self._committed = committed
+        self._reported = reported
 
     @property
     def directory(self) -> str:
@@ -65,8 +66,33 @@ class SaveHandle:
         return self._committed is None or self._committed.done()
 
     def wait(self, timeout: float | None = None) -> None:
-        if self._committed is not None:
+        if self._committed is None:
+            return
+        try:
             self._committed.result(timeout)
+        except TimeoutError:
+            raise
+        except BaseException:
+            if self._reported is not None:
+                self._reported.set()  # the saver's next wait, or the exit, need not raise it
+            raise
+
+
+class InFlight:
+    """A saver's asynchronous save in flight: the future of its whole work (retention
+    included), and whether its failure was already raised to the script by the handle."""
+
+    def __init__(self) -> None:
+        self.finished: Future[None] = Future()
+        self.reported = threading.Event()
+
+    def wait(self) -> None:
+        """Wait for the work; raise its failure unless the handle's ``wait()`` raised it."""
+        try:
+            self.finished.result()
+        except BaseException:
+            if not self.reported.is_set():
+                raise
 
 
 def remember_in_flight(saver: _Waitable) -> None:
@@ -137,7 +163,7 @@ def wait_before_destroying_process_groups() -> None:
 
 def in_background(worker: ThreadPoolExecutor,
                   work: Callable[[Callable[[str], None], Callable[[], None]], None],
-                  ) -> tuple[SaveHandle, Future[None]]:
+                  ) -> tuple[SaveHandle, InFlight]:
     """Run a save's ``work`` on ``worker``, the saver's own thread (kept from one save to the
     next: starting a thread makes the caller wait while the new one takes the GIL, up to the
     5 ms switch interval, which ``dcp.async_save`` pays at every call). ``work`` is given two
@@ -147,7 +173,8 @@ def in_background(worker: ThreadPoolExecutor,
     future of the whole work, retention included, which the saver's next call waits for."""
     directory: Future[str] = Future()
     committed: Future[None] = Future()
-    finished: Future[None] = Future()
+    in_flight = InFlight()
+    finished = in_flight.finished
 
     def run() -> None:
         try:
@@ -163,7 +190,7 @@ def in_background(worker: ThreadPoolExecutor,
             finished.set_result(None)
 
     worker.submit(run)  # not a daemon: the interpreter's exit runs what is queued first
-    return SaveHandle(directory, committed), finished
+    return SaveHandle(directory, committed, in_flight.reported), in_flight
 
 
 def disk_full_or(error: BaseException, directory: str) -> BaseException:
@@ -238,13 +265,16 @@ class ShardedSaves:
     layout: CheckpointLayout
     strategy: str
     _coordinator: Coordinator
-    _in_flight: Future[None] | None
+    _in_flight: InFlight | None
     _stager: Any = None
     _worker: ThreadPoolExecutor | None = None
     """The thread of this saver's asynchronous saves, from its first one on."""
     _async_group: Any = None
 
     def _prepare(self, force_save: bool) -> str:
+        raise NotImplementedError
+
+    def _tiers(self) -> list[CheckpointLayout]:
         raise NotImplementedError
 
     def _commit(self, checkpoint_directory: str | os.PathLike[str],
@@ -323,7 +353,7 @@ class ShardedSaves:
         retention done; raises what made it fail."""
         in_flight, self._in_flight = self._in_flight, None
         if in_flight is not None:
-            in_flight.result()
+            in_flight.wait()
 
     def load(self, state_dict: dict[str, Any], checkpoint: str | int | None = None,
              strict: bool = False) -> dict[str, Any] | None:
@@ -340,7 +370,7 @@ class ShardedSaves:
         self.wait()
         self._saves_alone()  # binds the coordinator to the group of this moment
         requested = None if checkpoint is None else str(checkpoint)
-        path = agreed_checkpoint(self.layout, self._coordinator, requested, strict)
+        path = agreed_checkpoint(self._tiers(), self._coordinator, requested, strict)
         if path is None:
             return None
         if not (Path(path) / ".metadata").is_file():

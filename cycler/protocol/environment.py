@@ -29,6 +29,14 @@ reads the control file ignores them when they reach it directly."""
 ENV_PROGRESS_DIR = "CYCLER_PROGRESS_DIR"
 """Where this node's workers keep their progress beacons and stack dumps (``cycle run``)."""
 
+ENV_MEMORY_TIER = "CYCLER_MEMORY_TIER"
+"""This job's memory root on this node (``cycle run --memory-tier``): savers commit every
+checkpoint there first and persist some to the checkpoint root."""
+
+ENV_PERSIST_EVERY = "CYCLER_PERSIST_EVERY"
+"""With the memory tier: every checkpoint whose index is a multiple of this is persisted to the
+checkpoint root (``cycle run --persist-every``); stop checkpoints always are."""
+
 ENV_ISC_ARTIFACT_PATH = "CHECKPOINT_ARTIFACT_PATH"
 """ISC's checkpoint artifact directory; used when ``CYCLER_CHECKPOINT_DIR`` is not set."""
 

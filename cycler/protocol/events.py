@@ -59,6 +59,10 @@ MESSAGES = {
     "requeue": "scontrol requeue {job_id}: {detail}",
     "requeue_skipped": "not requeued: {requeues} requeues reached --max-requeues {max_requeues}",
     "exit": "exit {code}: {reason}",
+    "persisted": "persisted checkpoint {index} from the memory tier to the checkpoint root "
+                 "({why})",
+    "memory_tier_removed": "removed the memory tier {root} (the job ended)",
+    "memory_tier_off": "the memory tier works on one node: off for this {nnodes}-node job",
 }
 """One readable sentence per event (``event.path`` first where a stop's path picks it), for
 ``cycle run``'s log and ``cycle status``."""
@@ -67,7 +71,8 @@ HISTORY = frozenset({
     "start", "signal", "stop_requested", "deadline", "stop_after_commit", "stop_handled_by_script",
     "stop_without_new_checkpoint", "stopped_by_another_node", "grace_expired", "kill",
     "restart_scheduled", "restart_together", "peer_lost", "requeue", "requeue_skipped", "exit",
-    "hang", "start_failed", "waiting_for_node",
+    "hang", "start_failed", "waiting_for_node", "persisted", "memory_tier_removed",
+    "memory_tier_off",
     "checkpoint_committed",
 })
 """The events ``cycle status`` shows: what the job went through, not every checkpoint."""

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cycler.checkpoint.layout import DEFAULT_PREFIX, CheckpointLayout
+from cycler.checkpoint.tiers import DEFAULT_MEMORY_DIR, DEFAULT_PERSIST_EVERY, memory_root
 from cycler.errors import ConfigError
 from cycler.protocol.environment import default_checkpoint_root
 
@@ -68,6 +69,11 @@ class RunOptions:
     """torchrun options cycle does not own (``--log-dir``, ``--tee``, ...), passed unchanged."""
     checkpoint_dir: Path = Path("checkpoints")
     """The checkpoint root; the supervisor's record goes to its ``.cycler/``."""
+    memory_tier: Path | None = None
+    """Where jobs keep checkpoints in node memory (``--memory-tier``; ``None``: no memory
+    tier). This job's memory root is a directory inside it (``tiers.memory_root``)."""
+    persist_every: int = DEFAULT_PERSIST_EVERY
+    """With the memory tier: persist every checkpoint whose index is a multiple of this."""
     checkpoint_name: str = DEFAULT_PREFIX
     """The saver's name (``AtomicDirectory(name=...)``) whose checkpoints the supervisor watches."""
     grace: float = 60.0
@@ -108,10 +114,22 @@ class RunOptions:
         """The checkpoint root's layout for the watched saver, built once per options."""
         return CheckpointLayout(self.checkpoint_dir, self.checkpoint_name)
 
+    @functools.cached_property
+    def memory_layout(self) -> CheckpointLayout | None:
+        """This job's memory root on this node (one-node jobs with ``--memory-tier`` only)."""
+        if self.memory_tier is None or self.nnodes > 1:
+            return None
+        return CheckpointLayout(memory_root(self.memory_tier, self.layout.root),
+                                self.checkpoint_name)
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "signals", parse_signals(self.signals))
         object.__setattr__(self, "script", os.fspath(self.script))
         object.__setattr__(self, "checkpoint_dir", Path(self.checkpoint_dir))
+        if self.memory_tier is not None:
+            object.__setattr__(self, "memory_tier", Path(self.memory_tier))
+        _require(not isinstance(self.persist_every, bool) and self.persist_every >= 1,
+                 "persist_every", "must be a whole number, 1 or more (such as 5)")
         object.__setattr__(self, "script_args", tuple(self.script_args))
         object.__setattr__(self, "torchrun_args", tuple(self.torchrun_args))
         object.__setattr__(self, "nproc_per_node", parse_nproc(self.nproc_per_node))
@@ -208,7 +226,8 @@ _CONFIG_TYPES: dict[str, tuple[type, ...]] = {
     "nproc_per_node": (int, str), "nnodes": (int, str), "node_rank": (int,),
     "master_addr": (str,), "master_port": (int,), "rdzv_endpoint": (str,),
     "rdzv_backend": (str,), "rdzv_id": (str, int), "standalone": (bool,), "checkpoint_dir": (str,),
-    "checkpoint_name": (str,), "grace": (int, float), "max_restarts": (int,),
+    "checkpoint_name": (str,), "memory_tier": (str, bool), "persist_every": (int,),
+    "grace": (int, float), "max_restarts": (int,),
     "restart_delay": (int, float), "node_timeout": (int, float), "requeue": (bool,),
     "hang_detection": (bool,), "hang_timeout_min": (int, float), "hang_factor": (int, float),
     "hang_first_step": (int, float), "hang_pause_timeout": (int, float),
@@ -401,6 +420,8 @@ def resolve_run_options(*, script: str | Path, script_args: Sequence[str] = (),
         merged["signals"] = parse_signals(merged["signals"])
     if merged.get("resume_from") is not None:
         merged["resume_from"] = str(merged["resume_from"])
+    if isinstance(merged.get("memory_tier"), bool):  # --memory-tier, or YAML's true / false
+        merged["memory_tier"] = DEFAULT_MEMORY_DIR if merged["memory_tier"] else None
     return RunOptions(script=os.fspath(script), script_args=tuple(script_args), **merged)
 
 

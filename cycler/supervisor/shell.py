@@ -11,10 +11,12 @@ other nodes, so the core's clock and theirs must be the same kind.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import queue
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,9 +25,12 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from cycler._fs import atomic_write_bytes
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import inspect_checkpoint, list_checkpoints
 from cycler.checkpoint.lock import SupervisorLock
+from cycler.checkpoint.tiers import persist_newest, remove_memory_root
+from cycler.errors import CyclerError
 from cycler.protocol.control import (
     announced,
     clear_announcements,
@@ -34,6 +39,7 @@ from cycler.protocol.control import (
     write_control,
 )
 from cycler.protocol.events import EventLog, describe
+from cycler.protocol.exit_codes import EXIT_REQUEUE
 from cycler.supervisor import core
 from cycler.supervisor.checks import (
     check_artifact_path,
@@ -153,7 +159,7 @@ class Supervisor:
         self._watchdog: Watchdog | None = None
         self._outcome: RunOutcome | None = None
         self._failure: str | None = None
-        self._linked: CheckpointName | None = self.layout.link_target_name()
+        self._linked: CheckpointName | None = self._newest_linked()
         self._started_at = clock()
         self._cut_short = False
         run = run_token(options)
@@ -180,6 +186,8 @@ class Supervisor:
             stack.callback(self._watchdog.close)
             stack.callback(self._reap)
             outcome = self._loop(core.SupervisorCore(self._core_config()))
+            self._reap()
+            self._finish_memory_tier(outcome)
         if self.options.nnodes > 1:
             self._heartbeat.finish(outcome.exit_code)
         return outcome
@@ -188,6 +196,7 @@ class Supervisor:
         self._record("start", pid=os.getpid(), script=str(self.options.script),
                      nproc_per_node=self.options.nproc_per_node, nnodes=self.options.nnodes,
                      node_rank=self.options.node_rank, grace=self.options.grace)
+        self._announce_memory_tier()
         self._execute(decisions.start(self._clock()))
         while self._outcome is None:
             event = self._next_event(decisions.wake_at)
@@ -277,7 +286,8 @@ class Supervisor:
             max_restarts=options.max_restarts, restart_delay=options.restart_delay,
             requeue=requeue, requeue_count=options.requeue_count,
             max_requeues=options.max_requeues, resume_from=options.resume_from,
-            initial_checkpoint=newest_valid_index(self.layout),
+            initial_checkpoint=max((i for t in self._tiers()
+                                    if (i := newest_valid_index(t)) is not None), default=None),
             first_sequence=0 if previous is None else previous.sequence + 1,
             restarts_by_torchrun=restarts_by_torchrun(options),
             # The verdict needs node_timeout of silence after the lost node's last beat, read
@@ -296,12 +306,51 @@ class Supervisor:
             return core.Tick(self._clock())
 
     def _new_checkpoints(self) -> Iterator[core.CheckpointCommitted]:
-        linked = self.layout.link_target_name()
+        """The newest checkpoint committed since the last look, in either tier."""
+        linked = self._newest_linked()
         if linked == self._linked:
             return
         self._linked = linked
-        if linked is not None and inspect_checkpoint(self.layout, linked).valid:
+        if linked is not None:
             yield core.CheckpointCommitted(linked.index, self._clock())
+
+    def _newest_linked(self) -> CheckpointName | None:
+        found = [(name, tier) for tier in self._tiers()
+                 if (name := tier.link_target_name()) is not None]
+        valid = [name for name, tier in found if inspect_checkpoint(tier, name).valid]
+        return max(valid, key=lambda name: name.index, default=None)
+
+    def _tiers(self) -> list[CheckpointLayout]:
+        memory = self.options.memory_layout
+        return [self.layout] if memory is None else [memory, self.layout]
+
+    def _announce_memory_tier(self) -> None:
+        """Say where the memory tier is (for ``cycle status``), or that it is off."""
+        options, memory = self.options, self.options.memory_layout
+        if options.memory_tier is not None and memory is None:
+            self._record("memory_tier_off", warning=True, nnodes=options.nnodes)
+        elif memory is not None:
+            record = {"root": str(memory.root), "host": socket.gethostname(),
+                      "persist_every": options.persist_every}
+            atomic_write_bytes(self.layout.memory_tier_record_path,
+                               json.dumps(record).encode(), durable=False)
+
+    def _finish_memory_tier(self, outcome: RunOutcome) -> None:
+        """The workers are gone: persist the newest memory checkpoint if the checkpoint root
+        has nothing as new, then remove the memory tier unless the job may rerun here."""
+        memory = self.options.memory_layout
+        if memory is None:
+            return
+        try:
+            persisted = persist_newest(memory, self.layout)
+        except (OSError, CyclerError) as error:
+            self._record("persist_failed", warning=True, error=str(error))
+            return  # the memory tier stays: it holds the newest checkpoint
+        if persisted is not None:
+            self._record("persisted", index=persisted.index, why=f"exit {outcome.exit_code}")
+        if outcome.exit_code != EXIT_REQUEUE and memory.root.exists():
+            remove_memory_root(memory.root)
+            self._record("memory_tier_removed", root=str(memory.root))
 
     # -- actions ----------------------------------------------------------------------------
 

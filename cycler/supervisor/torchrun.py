@@ -27,6 +27,8 @@ from cycler.protocol.environment import (
     ENV_CONTROL_FILE,
     ENV_ISC_ARTIFACT_PATH,
     ENV_ISC_LOSSY_PATH,
+    ENV_MEMORY_TIER,
+    ENV_PERSIST_EVERY,
     ENV_PROGRESS_DIR,
     ENV_RESTART_COUNT,
     ENV_RESUME_FROM,
@@ -163,6 +165,9 @@ def worker_environment(options: RunOptions, *, start_number: int, resume_from: s
     }
     if resume_from is not None:
         environment[ENV_RESUME_FROM] = resume_from
+    if options.memory_layout is not None and options.memory_tier is not None:
+        environment[ENV_MEMORY_TIER] = str(options.memory_tier)
+        environment[ENV_PERSIST_EVERY] = str(options.persist_every)
     timeout = str(math.ceil(options.grace) + SHUTDOWN_MARGIN_SECONDS)
     environment.update(dict.fromkeys(SHUTDOWN_TIMEOUT_VARIABLES, timeout))
     return environment

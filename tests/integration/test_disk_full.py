@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from cycler import AtomicDirectory, atomic_torch_save, latest_checkpoint, list_checkpoints
+from cycler import (
+    AtomicDirectory,
+    atomic_torch_save,
+    latest_checkpoint,
+    list_checkpoints,
+    read_manifest,
+)
 from cycler.errors import DiskFull
 
 
@@ -117,3 +123,26 @@ def test_prune_of_a_read_only_root_is_one_line_with_exit_two(read_only_root: Pat
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot prune" in lines[0] and "Read-only" in lines[0], lines
     assert [c.index for c in list_checkpoints(read_only_root)] == [0, 1]
+
+
+def test_a_failed_async_save_the_script_was_told_of_is_not_raised_again(small_disk: Path) -> None:
+    """The handle's wait() raised it: the saver's next wait, destroy_process_group's wait and
+    the exit's must not raise it again (the script already handled it)."""
+    from cycler.checkpoint.sharded import wait_for_saves
+
+    saver = AtomicDirectory(small_disk)
+    handle = saver.save({"w": torch.randn(1 << 20)}, asynchronous=True)  # 4 MB on a 4 MB disk
+    with pytest.raises(DiskFull):
+        handle.wait()
+    wait_for_saves()
+    saver.wait()
+    saver.save({"w": torch.ones(1000)}, metadata={"step": 2})
+    assert read_manifest(Path(str(saver.latest_checkpoint()))).step == 2
+
+
+def test_a_failed_async_save_nobody_waited_for_is_raised_by_the_savers_next_call(
+        small_disk: Path) -> None:
+    saver = AtomicDirectory(small_disk)
+    saver.save({"w": torch.randn(1 << 20)}, asynchronous=True)
+    with pytest.raises(DiskFull):
+        saver.wait()

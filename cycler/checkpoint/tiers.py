@@ -1,0 +1,221 @@
+"""The memory tier (DESIGN.md, "Tiers"): checkpoints committed first in node memory, some of
+them persisted to the checkpoint root.
+
+Under ``cycle run --memory-tier`` a saver commits every checkpoint in this job's memory root on
+this node (a tmpfs: the same layout, commit protocol and checksums as the checkpoint root), and
+copies every K-th one, every pinned one and every one taken for a stop to the checkpoint root
+(the durable tier) in the background. A copy is committed there only once its files read back
+with the memory manifest's checksums; a kill during the copy leaves a directory without a
+manifest (torn: the next writer removes it) and the durable link where it was.
+
+Indices are shared by the tiers: checkpoint 7 in memory is checkpoint 7 on disk, so "the newest
+checkpoint" means the same in both, and a resume takes the newest valid one of either (memory
+first on a tie: it reads faster).
+
+The memory tier is for one node: with several, each node's memory would hold only its own ranks'
+files. It is turned off there (one warning) and every checkpoint goes to the checkpoint root.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import warnings
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from cycler import _fs
+from cycler.checkpoint.layout import MANIFEST_NAME, CheckpointLayout, CheckpointName
+from cycler.checkpoint.listing import CheckpointWarning, inspect_checkpoint, list_checkpoints
+from cycler.checkpoint.manifest import check_files, read_manifest
+from cycler.checkpoint.retention import retention_decisions
+from cycler.errors import CorruptCheckpoint
+from cycler.protocol.environment import ENV_MEMORY_TIER, ENV_PERSIST_EVERY
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MEMORY_DIR = Path("/dev/shm/cycler")
+"""Where ``cycle run --memory-tier`` keeps jobs' memory roots unless told otherwise."""
+
+DEFAULT_PERSIST_EVERY = 5
+"""Persist every 5th checkpoint (and every stop's and pinned one) by default."""
+
+MEMORY_KEEP = 2
+"""Committed checkpoints a memory root keeps per saver (besides one being persisted)."""
+
+TMPFS_SHARE = 0.5
+"""The most of its filesystem a memory root may fill; past it, saves go to the durable root."""
+
+
+def memory_root(base: str | os.PathLike[str], durable_root: str | os.PathLike[str]) -> Path:
+    """The memory root of the job whose checkpoint root is ``durable_root``: the same for
+    every restart of the job on this node, distinct for two jobs with different roots."""
+    durable = Path(os.path.abspath(durable_root))
+    digest = hashlib.sha256(str(durable).encode()).hexdigest()[:12]
+    return Path(os.path.abspath(base)) / f"{durable.name or 'root'}-{digest}"
+
+
+@dataclass(frozen=True)
+class MemoryTier:
+    """This process's memory tier: its root and how often checkpoints are persisted."""
+
+    root: Path
+    persist_every: int = DEFAULT_PERSIST_EVERY
+
+    def wants_persisted(self, name: CheckpointName) -> bool:
+        """Whether the checkpoint is one of the every-K-th (pinned ones always are)."""
+        return name.pinned or name.index % self.persist_every == 0
+
+    def has_room(self, needed: int) -> bool:
+        """Whether ``needed`` more bytes fit in the free space and within the tier's share."""
+        try:
+            stats = os.statvfs(self.root)
+        except OSError:
+            return False
+        total, free = stats.f_blocks * stats.f_frsize, stats.f_bavail * stats.f_frsize
+        return needed < free and _tree_size(self.root) + needed <= TMPFS_SHARE * total
+
+
+def memory_tier(durable_root: str | os.PathLike[str],
+                environ: Mapping[str, str] | None = None) -> MemoryTier | None:
+    """The memory tier ``cycle run`` set for this worker, ``None`` when there is none (or when
+    the job spans several nodes: said once)."""
+    env = os.environ if environ is None else environ
+    base = env.get(ENV_MEMORY_TIER)
+    if not base:
+        return None
+    world, local = env.get("WORLD_SIZE", "1"), env.get("LOCAL_WORLD_SIZE")
+    if local is not None and local != world:
+        warnings.warn("the memory tier works on one node; with several, every checkpoint goes "
+                      "to the checkpoint root", CheckpointWarning, stacklevel=3)
+        return None
+    try:
+        every = max(1, int(env.get(ENV_PERSIST_EVERY) or DEFAULT_PERSIST_EVERY))
+    except ValueError:
+        every = DEFAULT_PERSIST_EVERY
+    return MemoryTier(memory_root(base, durable_root), every)
+
+
+def newest_of(layout: CheckpointLayout, found: list[Path | None]) -> Path | None:
+    """The checkpoint of the highest index among ``found`` (one per tier, memory first;
+    ``None`` where a tier has none); the earlier tier's on a tie."""
+    ranked = [(name.index, -order, path) for order, path in enumerate(found)
+              if path is not None and (name := layout.parse(path.name)) is not None]
+    return max(ranked)[2] if ranked else None
+
+
+def persist(memory: CheckpointLayout, durable: CheckpointLayout, name: CheckpointName) -> Path:
+    """Copy the committed memory checkpoint ``name`` into the durable root and commit it there
+    once the copy verifies; return the durable directory.
+
+    The durable link moves only forward. Raises :class:`CorruptCheckpoint` (the copy removed)
+    when the memory copy does not match its own manifest.
+    """
+    source = memory.path_of(name)
+    manifest = read_manifest(source)
+    target = durable.path_of(name)
+    if os.path.lexists(target):
+        if inspect_checkpoint(durable, name).valid:
+            return target  # persisted before (a stop's checkpoint, then the job's end)
+        _fs.discard_directory(target)  # a copy cut short by a kill
+    durable.record_index(name.index)
+    target.mkdir()
+    try:
+        for file in sorted(manifest.files):
+            (target / file).parent.mkdir(parents=True, exist_ok=True)
+            _copy_durably(source / file, target / file)
+        problem = check_files(target, manifest, checksums=True)
+        if problem is not None:
+            raise CorruptCheckpoint(f"{source} cannot be persisted: its copy's {problem}")
+        for parent in {(target / file).parent for file in manifest.files} - {target}:
+            _fs.fsync_directory(parent)
+        _fs.atomic_write_bytes(target / MANIFEST_NAME, (source / MANIFEST_NAME).read_bytes())
+    except BaseException:
+        _fs.remove_logged(_fs.discard_directory, target, "unfinished persisted copy")
+        raise
+    linked = durable.link_target_name()
+    if linked is None or linked.index < name.index:
+        _fs.atomic_symlink(target, durable.link_path)
+    return target
+
+
+def persist_newest(memory: CheckpointLayout, durable: CheckpointLayout,
+                   ) -> CheckpointName | None:
+    """At the job's end or stop, with no writer left: persist the newest memory checkpoint that
+    is newer than the durable root's latest and copies intact (an older one where the newest
+    does not); return its name, ``None`` when nothing needed persisting."""
+    if not memory.root.is_dir():
+        return None
+    linked = durable.link_target_name()
+    for checkpoint in reversed(list_checkpoints(memory.root, memory.prefix)):
+        if linked is not None and checkpoint.index <= linked.index:
+            return None
+        if not checkpoint.valid:
+            continue
+        try:
+            persist(memory, durable, checkpoint.name)
+        except CorruptCheckpoint as error:
+            log.warning("%s; trying an older memory checkpoint", error)
+            continue
+        return checkpoint.name
+    return None
+
+
+def _copy_durably(source: Path, target: Path) -> None:
+    with open(source, "rb") as reading, open(target, "xb") as writing:
+        shutil.copyfileobj(reading, writing, 8 << 20)
+        writing.flush()
+        os.fsync(writing.fileno())
+
+
+def retain_durable(durable: CheckpointLayout, keep_last: int) -> None:
+    """Retention in the durable root after a persisted commit (DESIGN.md's rules); failures
+    are logged, never raised."""
+    try:
+        checkpoints = list_checkpoints(durable.root, durable.prefix, commit_state_only=True)
+    except OSError as error:
+        log.warning("retention skipped in %s (%s)", durable.root, error)
+        return
+    for decision in retention_decisions(checkpoints, keep_last=keep_last, remove_torn=True,
+                                        writer_active=True):
+        if not decision.keep:
+            _fs.remove_logged(_fs.discard_directory, decision.checkpoint.path, "checkpoint")
+
+
+def retain_memory(memory: CheckpointLayout, busy: Collection[int], keep: int = MEMORY_KEEP,
+                  ) -> None:
+    """Keep the newest ``keep`` committed checkpoints of a memory root and those in ``busy``
+    (being persisted); remove the rest, pinned ones too (they were persisted), and torn ones
+    older than the newest. Failures are logged, never raised."""
+    try:
+        checkpoints = list_checkpoints(memory.root, memory.prefix, commit_state_only=True)
+    except OSError as error:
+        log.warning("retention skipped in %s (%s)", memory.root, error)
+        return
+    committed = sorted(c.index for c in checkpoints if c.valid)
+    kept = set(committed[-keep:]) | set(busy)
+    newest = committed[-1] if committed else -1
+    for checkpoint in checkpoints:
+        if checkpoint.index in kept or (not checkpoint.valid and checkpoint.index > newest):
+            continue
+        if checkpoint.is_directory:
+            _fs.remove_logged(_fs.discard_directory, checkpoint.path, "memory checkpoint")
+
+
+def remove_memory_root(root: Path) -> None:
+    """Remove a job's memory root (the job ended for good); logged, never raised."""
+    _fs.remove_logged(_fs.discard_directory, root, "memory tier")
+
+
+def _tree_size(root: Path) -> int:
+    total = 0
+    for directory, _, files in os.walk(root):
+        for file in files:
+            try:
+                total += os.lstat(os.path.join(directory, file)).st_size
+            except OSError:
+                continue
+    return total

@@ -1,0 +1,228 @@
+"""The memory tier in one process: commits in memory, persists every K-th and the stop's
+checkpoint to the checkpoint root after verifying the copy, resumes from the newest of either
+tier, falls back past a corrupt memory copy, degrades to disk when its tmpfs share is full, and
+a kill -9 during a persist leaves the checkpoint root at its previous checkpoint.
+
+Real files, real tmpfs mounts, real kill -9 (no mocks); the `cycle run` paths are in
+test_memory_tier_cycle_run.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from cycler import AtomicDirectory, CheckpointWarning, list_checkpoints, read_manifest
+from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
+from cycler.checkpoint.tiers import memory_root, persist, persist_newest
+from cycler.protocol.environment import ENV_MEMORY_TIER, ENV_PERSIST_EVERY
+
+
+@pytest.fixture
+def tier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """(durable root, this job's memory root), the memory tier on with K = 3."""
+    durable, base = tmp_path / "durable", tmp_path / "shm"
+    monkeypatch.setenv(ENV_MEMORY_TIER, str(base))
+    monkeypatch.setenv(ENV_PERSIST_EVERY, "3")
+    return durable, memory_root(base, durable)
+
+
+def save_files(saver: AtomicDirectory, step: int, size: int = 1000) -> Path:
+    directory = Path(saver.prepare_checkpoint_directory())
+    torch.save({"w": torch.full((size,), float(step))}, directory / "model.pt")
+    saver.symlink_latest(directory, metadata={"step": step})
+    return directory
+
+
+def indices(root: Path) -> list[int]:
+    return [c.index for c in list_checkpoints(root) if c.valid]
+
+
+def test_every_checkpoint_lands_in_memory_and_every_kth_is_persisted(
+        tier: tuple[Path, Path]) -> None:
+    durable, memory = tier
+    saver = AtomicDirectory(durable, keep_last=2)
+    for step in range(8):
+        assert save_files(saver, step).parent == memory
+    saver._finish_persisting()
+    assert indices(memory) == [6, 7]  # the newest two stay in memory
+    assert indices(durable) == [3, 6]  # 0, 3, 6 persisted; keep_last=2 on disk
+    assert os.readlink(durable / "AtomicDirectory.latest_checkpoint") == str(
+        durable / "AtomicDirectory_checkpoint_6")
+    assert read_manifest(durable / "AtomicDirectory_checkpoint_6") == read_manifest(
+        memory / "AtomicDirectory_checkpoint_6")
+    # A script that asks the saver gets the memory copy, the newest.
+    assert AtomicDirectory(durable).latest_checkpoint() == str(
+        memory / "AtomicDirectory_checkpoint_7")
+
+
+def test_indices_go_on_above_the_durable_ones_when_memory_was_wiped(
+        tier: tuple[Path, Path]) -> None:
+    durable, memory = tier
+    saver = AtomicDirectory(durable)
+    for step in range(4):
+        save_files(saver, step)
+    saver._finish_persisting()
+    del saver
+    subprocess.run(["rm", "-rf", str(memory)], check=True)  # the node's memory is gone
+    saver = AtomicDirectory(durable)
+    assert saver.latest_checkpoint() == str(durable / "AtomicDirectory_checkpoint_3")
+    assert save_files(saver, 4).name == "AtomicDirectory_checkpoint_4"
+
+
+def test_a_corrupt_memory_copy_falls_back_to_the_durable_one_with_a_warning(
+        tier: tuple[Path, Path]) -> None:
+    durable, memory = tier
+    saver = AtomicDirectory(durable)
+    for step in range(5):
+        save_files(saver, step)
+    saver._finish_persisting()
+    for index in (3, 4):  # both memory copies flipped: 3 is on disk too, 4 only in memory
+        path = memory / f"AtomicDirectory_checkpoint_{index}" / "model.pt"
+        data = bytearray(path.read_bytes())
+        data[-10] ^= 0xFF
+        path.write_bytes(bytes(data))
+    with pytest.warns(CheckpointWarning, match="checksum"):
+        chosen = AtomicDirectory(durable).latest_checkpoint()
+    assert chosen == str(durable / "AtomicDirectory_checkpoint_3")
+
+
+def test_dcp_saves_and_loads_through_the_memory_tier(tier: tuple[Path, Path]) -> None:
+    durable, memory = tier
+    saver = AtomicDirectory(durable)
+    for step in range(5):
+        handle = saver.save({"w": torch.full((100,), float(step))}, metadata={"step": step},
+                            asynchronous=step % 2 == 1)
+        handle.wait()
+    saver.wait()
+    saver._finish_persisting()
+    assert indices(durable) == [0, 3] and indices(memory) == [3, 4]
+    state = {"w": torch.zeros(100)}
+    assert AtomicDirectory(durable).load(state) == {"step": 4}  # from memory
+    assert torch.equal(state["w"], torch.full((100,), 4.0))
+    assert AtomicDirectory(durable).load(state, checkpoint=0) == {"step": 0}  # disk only
+
+
+def test_a_stop_checkpoint_is_persisted_before_the_commit_returns(
+        tier: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    from cycler.checkpoint import sharded
+
+    durable, _ = tier
+    saver = AtomicDirectory(durable)
+    save_files(saver, 0)
+    save_files(saver, 1)
+    monkeypatch.setattr(sharded, "_stopping", _Set())  # what StepControl sets at a stop
+    save_files(saver, 2)
+    assert saver._persisting is None  # waited for
+    assert indices(durable) == [0, 2]
+
+
+class _Set:
+    def is_set(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    mount = tmp_path / "shm"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.strip()}): needs root")
+    monkeypatch.setenv(ENV_MEMORY_TIER, str(mount))
+    monkeypatch.setenv(ENV_PERSIST_EVERY, "100")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_tmpfs_share_sends_checkpoints_to_disk_with_one_warning(
+        tmp_path: Path, small_tmpfs: Path, caplog: pytest.LogCaptureFixture) -> None:
+    durable = tmp_path / "durable"
+    saver = AtomicDirectory(durable)
+    paths = [save_files(saver, step, size=300_000) for step in range(4)]  # 1.2 MB each
+    assert [p.parent for p in paths] == [memory_root(small_tmpfs, durable)] + [durable] * 3
+    assert sum("memory tier" in r.message and "full" in r.message for r in caplog.records) == 1
+    assert AtomicDirectory(durable).latest_checkpoint() == str(paths[-1])
+    assert [p.name for p in paths] == [f"AtomicDirectory_checkpoint_{i}" for i in range(4)]
+
+
+def test_persist_newest_copies_what_the_durable_root_lacks(tier: tuple[Path, Path]) -> None:
+    durable, memory = tier
+    saver = AtomicDirectory(durable)
+    for step in range(3):
+        save_files(saver, step)
+    saver._finish_persisting()
+    del saver
+    layouts = CheckpointLayout(memory), CheckpointLayout(durable)
+    assert persist_newest(*layouts) == CheckpointName("AtomicDirectory", 2, False)
+    assert persist_newest(*layouts) is None
+    assert indices(durable) == [0, 2]
+
+
+PERSISTER = """
+import sys
+from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
+from cycler.checkpoint.tiers import persist
+memory, durable, index = sys.argv[1], sys.argv[2], int(sys.argv[3])
+print("copying", flush=True)
+persist(CheckpointLayout(memory), CheckpointLayout(durable), CheckpointName("AtomicDirectory", index, False))
+"""
+
+
+def test_kill_9_during_a_persist_leaves_the_durable_root_at_its_previous_checkpoint(
+        tier: tuple[Path, Path]) -> None:
+    durable, memory = tier
+    saver = AtomicDirectory(durable, keep_last=-1)
+    directory = Path(saver.prepare_checkpoint_directory())
+    torch.save({"w": torch.zeros(10)}, directory / "model.pt")
+    saver.symlink_latest(directory, metadata={"step": 0})  # index 0: persisted
+    saver._finish_persisting()
+    for step in (1, 2):  # two memory-only checkpoints of 64 MB in 8 files
+        directory = Path(saver.prepare_checkpoint_directory())
+        for part in range(8):
+            torch.save({"w": torch.randn(2 << 20)}, directory / f"part-{part}.pt")
+        saver.symlink_latest(directory, metadata={"step": step})
+    del saver
+    rng = random.Random(7)
+    kills = 0
+    for _ in range(10):
+        process = subprocess.Popen([sys.executable, "-c", PERSISTER, str(memory), str(durable),
+                                    "2"], stdout=subprocess.PIPE, text=True)
+        assert process.stdout is not None and process.stdout.readline() == "copying\n"
+        time.sleep(rng.uniform(0.0, 0.3))
+        process.send_signal(signal.SIGKILL)
+        killed = process.wait() == -signal.SIGKILL
+        kills += killed
+        target = (durable / "AtomicDirectory.latest_checkpoint").resolve().name
+        if killed:
+            assert target in ("AtomicDirectory_checkpoint_0", "AtomicDirectory_checkpoint_2")
+        checkpoints = {c.index: c for c in list_checkpoints(durable)}
+        assert checkpoints[0].valid
+        assert all(c.valid or not c.committed for c in checkpoints.values()), checkpoints
+        if target == "AtomicDirectory_checkpoint_2":
+            assert checkpoints[2].valid
+            break
+    print("kills during the copy:", kills)
+    assert kills >= 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        persist(CheckpointLayout(memory), CheckpointLayout(durable),
+                CheckpointName("AtomicDirectory", 2, False))
+    assert indices(durable)[-1] == 2
+    manifest = json.loads((durable / "AtomicDirectory_checkpoint_2" / "cycler_manifest.json")
+                          .read_text())
+    assert manifest["step"] == 2
