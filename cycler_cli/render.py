@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+from pathlib import Path
 from typing import Any
 
 from rich import box
@@ -11,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from cycler.checkpoint.inspection import PruneResult, RootStatus
+from cycler.checkpoint.inspection import CheckpointFacts, MemoryTierStatus, PruneResult, RootStatus
 from cycler.protocol.events import describe
 from cycler.protocol.goodput import Goodput
 
@@ -49,7 +50,9 @@ def render_status(status: RootStatus) -> None:
     if not status.checkpoints:
         console.print(f"No checkpoints in {escape(str(status.root))}.", soft_wrap=True)
     else:
-        _print_status_table(status)
+        _print_status_table(status.checkpoints, status.root)
+    if status.memory is not None:
+        _render_memory_tier(status.memory)
     for note in status.notes:
         console.print(f"[yellow]warning:[/] {escape(note)}")
     _render_supervisors(status.supervisors)
@@ -57,19 +60,30 @@ def render_status(status: RootStatus) -> None:
     _render_events(status.events, status.counts)
 
 
-def _print_status_table(status: RootStatus) -> None:
+def _render_memory_tier(memory: MemoryTierStatus) -> None:
+    if memory.checkpoints:
+        _print_status_table(memory.checkpoints, memory.root, "in memory at ")
+    else:
+        console.print(f"No checkpoints in the memory tier at {escape(str(memory.root))}.")
+    if memory.newest is not None:
+        persisted = "none" if memory.newest_persisted is None else memory.newest_persisted
+        console.print(f"Persisted: up to checkpoint {persisted}; {memory.lag} newer only in "
+                      f"memory on {escape(memory.host)} (lost if this node's memory is).")
+
+
+def _print_status_table(rows: list[CheckpointFacts], root: Path, where: str = "in ") -> None:
     # Fits 80 columns: one saver's rows are numbered by index under a title naming the saver;
     # only a root shared by several savers spends a column on full names.
-    savers = sorted({row.saver for row in status.checkpoints})
-    title = f"Checkpoints in {escape(str(status.root))}"
+    savers = sorted({row.saver for row in rows})
+    title = f"Checkpoints {where}{escape(str(root))}"
     if len(savers) == 1:
-        title = f"{escape(savers[0])} checkpoints in {escape(str(status.root))}"
+        title = f"{escape(savers[0])} checkpoints {where}{escape(str(root))}"
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("index" if len(savers) == 1 else "name", no_wrap=True)
     for column in ("step", "epoch", "size", "age"):
         table.add_column(column, justify="right", no_wrap=True)
     table.add_column("state", overflow="fold")
-    for row in status.checkpoints:
+    for row in rows:
         state = row.state + (" (pinned)" if row.pinned and row.state != "pinned" else "")
         if row.problem:
             state += f": {row.problem}"

@@ -8,6 +8,7 @@ decisions.
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import time
 from collections.abc import Callable
@@ -49,6 +50,24 @@ class CheckpointFacts:
 
 
 @dataclass(frozen=True)
+class MemoryTierStatus:
+    """The memory tier of a job, as ``cycle status`` shows it: its checkpoints and how far the
+    checkpoint root is behind (``lag``: checkpoints committed after the newest persisted one,
+    which a loss of this node's memory would cost)."""
+
+    root: Path
+    host: str
+    checkpoints: list[CheckpointFacts]
+    newest: int | None
+    newest_persisted: int | None
+    lag: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "root": str(self.root),
+                "checkpoints": [c.as_dict() for c in self.checkpoints]}
+
+
+@dataclass(frozen=True)
 class RootStatus:
     root: Path
     exists: bool
@@ -64,9 +83,12 @@ class RootStatus:
     """What looks wrong beyond single checkpoints (a latest link pointing outside the root)."""
     goodput: Goodput | None = None
     """What preemption cost the job, from node 0's events (``None``: no events)."""
+    memory: MemoryTierStatus | None = None
+    """The job's memory tier where ``cycle run --memory-tier`` recorded one on this host."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"root": str(self.root), "exists": self.exists,
+                "memory": None if self.memory is None else self.memory.as_dict(),
                 "checkpoints": [c.as_dict() for c in self.checkpoints],
                 "supervisors": self.supervisors, "events": self.events,
                 "counts": self.counts, "notes": self.notes,
@@ -119,7 +141,34 @@ def collect_status(root: str | os.PathLike[str], *, verify: bool = False, events
     first = by_node[min(by_node)] if by_node else []
     return RootStatus(path, True, facts, live_supervisors(layout),
                       history[-events:] if events > 0 else [], history_counts(merged), notes,
-                      goodput(first) if first else None)
+                      goodput(first) if first else None,
+                      _memory_tier(layout, facts, verify, clock()))
+
+
+def memory_tier_here(layout: CheckpointLayout) -> Path | None:
+    """The memory root ``cycle run --memory-tier`` recorded for this checkpoint root, if it
+    is on this host and still there."""
+    try:
+        record = _fs.read_json_object(layout.memory_tier_record_path)
+    except (OSError, ValueError):
+        return None
+    root = Path(str(record.get("root", "")))
+    if record.get("host") != socket.gethostname() or not root.is_absolute() or not root.is_dir():
+        return None
+    return root
+
+
+def _memory_tier(layout: CheckpointLayout, on_disk: list[CheckpointFacts], verify: bool,
+                 now: float) -> MemoryTierStatus | None:
+    root = memory_tier_here(layout)
+    if root is None:
+        return None
+    rows = [_facts(prefix, checkpoint, now) for prefix in saver_prefixes(root)
+            for checkpoint in list_checkpoints(root, prefix, verify=verify)]
+    newest = max((r.index for r in rows if r.problem is None), default=None)
+    persisted = max((r.index for r in on_disk if r.problem is None), default=None)
+    lag = 0 if newest is None else newest - (-1 if persisted is None else persisted)
+    return MemoryTierStatus(root, socket.gethostname(), rows, newest, persisted, lag)
 
 
 def total_size(root: str | os.PathLike[str], *, verify: bool = False) -> int:
@@ -184,18 +233,25 @@ def prune(root: str | os.PathLike[str], *, keep_last: int = -1, dry_run: bool = 
 
     Never removes the latest valid checkpoint, a pinned one, anything reached through a
     symlink, or anything outside ``root``. Refuses while a live ``cycle run`` holds the root's
-    lock, unless ``force``. With ``dry_run`` only the decisions are returned.
+    lock, unless ``force``. With ``dry_run`` only the decisions are returned. The job's memory
+    tier on this host, if ``cycle run`` recorded one, is pruned by the same rules.
     """
     path = checked_root(root)
     if path is None:
         return PruneResult([], [], [], dry_run)
     _refuse_if_supervised(CheckpointLayout(path), force)
     decisions, temporaries = _plan(path, keep_last)
+    memory = memory_tier_here(CheckpointLayout(path))
+    if memory is not None:
+        in_memory, memory_temporaries = _plan(memory, keep_last)
+        decisions, temporaries = decisions + in_memory, temporaries + memory_temporaries
     if dry_run:
         return PruneResult(decisions, temporaries, [], True)
     doomed = [d.checkpoint.path for d in decisions if not d.keep]
     try:
-        _remember_indices(path, [d.checkpoint for d in decisions if not d.keep])
+        for tier in {d.checkpoint.path.parent for d in decisions if not d.keep}:
+            _remember_indices(tier, [d.checkpoint for d in decisions
+                                     if not d.keep and d.checkpoint.path.parent == tier])
         for target in doomed:
             _fs.discard_directory(target)
         for temporary in temporaries:

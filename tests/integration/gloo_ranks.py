@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import socket
 import sys
+import threading
+import time
 from pathlib import Path
 
 import torch.distributed as dist
@@ -17,6 +20,20 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def no_thread_ending() -> None:
+    """Before forking DataLoader workers: let an abandoned iterator's threads end first.
+
+    CPython 3.11 deadlocks a child forked while another thread of the parent is ending
+    (``PyOS_AfterFork_Child`` waits forever for the thread-state lock the ending thread held).
+    A loader abandoned mid-epoch ends its queues' feeder threads in the background, so the next
+    loader's fork could hang the test forever (seen once in the README suite).
+    """
+    gc.collect()  # an abandoned iterator shuts its workers and queues down now
+    deadline = time.monotonic() + 10
+    while threading.active_count() > 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def run_on_every_rank(module: str, *check_names: str, root: Path | None = None,

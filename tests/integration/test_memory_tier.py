@@ -179,7 +179,8 @@ from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.tiers import persist
 memory, durable, index = sys.argv[1], sys.argv[2], int(sys.argv[3])
 print("copying", flush=True)
-persist(CheckpointLayout(memory), CheckpointLayout(durable), CheckpointName("AtomicDirectory", index, False))
+name = CheckpointName("AtomicDirectory", index, False)
+persist(CheckpointLayout(memory), CheckpointLayout(durable), name)
 """
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from gloo_ranks import run_on_every_rank
+from gloo_ranks import no_thread_ending, run_on_every_rank
 from torch.utils.data import DataLoader, TensorDataset
 
 from cycler.data.samplers import InterruptableDistributedSampler
@@ -59,6 +59,7 @@ def _batches_of_epoch(dataset: TensorDataset, state: dict[str, object] | None) -
 def _loader(dataset: TensorDataset, sampler: InterruptableDistributedSampler) -> DataLoader:
     # Fork, as under torchrun: these ranks were spawned, so spawn would be the default here, and
     # spawning workers costs seconds each.
+    no_thread_ending()
     return DataLoader(
         dataset, BATCH_SIZE, sampler=sampler, num_workers=2, multiprocessing_context="fork"
     )

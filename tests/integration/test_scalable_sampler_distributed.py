@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from gloo_ranks import run_on_every_rank
+from gloo_ranks import no_thread_ending, run_on_every_rank
 from torch.utils.data import DataLoader, TensorDataset
 
 from cycler.data.permutation import FeistelPermutation
@@ -25,6 +25,7 @@ def sampler(world: int | None = None, rank: int | None = None) -> InterruptableD
 
 def loader(of: InterruptableDistributedSampler) -> DataLoader:
     # Fork, as under torchrun: spawning workers costs seconds each.
+    no_thread_ending()
     return DataLoader(DATASET, BATCH_SIZE, sampler=of, num_workers=2,
                       multiprocessing_context="fork")
 

@@ -1,0 +1,191 @@
+"""What the memory tier buys: commit cost, training stall and work lost per crash.
+
+    python benchmarks/bench_memory_tier.py [--sizes-mb 100,1000] [--crashes 12]
+
+1. Commit: ``AtomicDirectory`` with the memory tier (prepare, ``torch.save`` of the state into
+   the memory root, commit: checksums, manifest, link) against a plain ``torch.save`` of the same
+   tensors into the same tmpfs. Goal (issue 18): <= 1.2x.
+2. Stall: how long training waits for one save: a synchronous DCP save into the memory tier,
+   and an asynchronous one, against the disk tier's asynchronous DCP save (staging only), all
+   of the same state. Goal: the memory tier's <= 1.0x the disk tier's asynchronous one.
+3. Work lost per crash at the same durable write volume: a worker (1 MB of state, 20 ms steps)
+   killed with SIGKILL at a random moment, then the step it would resume from. Disk only saves
+   every N x K steps; the memory tier saves every N steps and persists every K-th, so both
+   write the same bytes to the checkpoint root. Goal: at least 5x less lost work (K = 5).
+   This is a process crash (node memory survives); a lost node falls back to the durable
+   checkpoints, the disk-only figure.
+
+Each figure is the median of several repetitions in the same run; the ratios are the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from cycler.checkpoint.tiers import memory_root
+from cycler.protocol.environment import ENV_MEMORY_TIER, ENV_PERSIST_EVERY
+
+SHM = Path("/dev/shm")
+
+
+def state_of(size_mb: int) -> dict[str, torch.Tensor]:
+    parts = 8
+    each = size_mb * (1 << 20) // 4 // parts
+    return {f"layer{i}": torch.randn(each) for i in range(parts)}
+
+
+def with_memory_tier(base: Path, every: int = 1000) -> None:
+    os.environ[ENV_MEMORY_TIER] = str(base)
+    os.environ[ENV_PERSIST_EVERY] = str(every)
+
+
+def without_memory_tier() -> None:
+    os.environ.pop(ENV_MEMORY_TIER, None)
+    os.environ.pop(ENV_PERSIST_EVERY, None)
+
+
+def commit_figures(size_mb: int, repeats: int) -> tuple[float, float]:
+    from cycler import AtomicDirectory
+
+    state = state_of(size_mb)
+    plain, tiered = [], []
+    with tempfile.TemporaryDirectory(dir=SHM) as shm, tempfile.TemporaryDirectory() as disk:
+        with_memory_tier(Path(shm))
+        saver = AtomicDirectory(Path(disk) / "root", keep_last=2)
+        for repeat in range(repeats + 1):
+            started = time.perf_counter()
+            torch.save(state, Path(shm) / f"plain-{repeat}.pt")
+            plain.append(time.perf_counter() - started)
+            os.unlink(Path(shm) / f"plain-{repeat}.pt")
+            started = time.perf_counter()
+            directory = Path(saver.prepare_checkpoint_directory())
+            torch.save(state, directory / "model.pt")
+            saver.symlink_latest(directory, metadata={"step": repeat})
+            tiered.append(time.perf_counter() - started)
+        del saver
+        without_memory_tier()
+    return statistics.median(plain[1:]), statistics.median(tiered[1:])
+
+
+def stall_figures(size_mb: int, repeats: int) -> dict[str, float]:
+    from cycler import AtomicDirectory
+
+    state = state_of(size_mb)
+    stalls: dict[str, list[float]] = {"disk async": [], "memory sync": [], "memory async": []}
+    with tempfile.TemporaryDirectory(dir=SHM) as shm, tempfile.TemporaryDirectory() as disk:
+        for label in stalls:
+            if label.startswith("memory"):
+                with_memory_tier(Path(shm))
+            else:
+                without_memory_tier()
+            saver = AtomicDirectory(Path(disk) / label.replace(" ", "-"), keep_last=2)
+            for _ in range(repeats + 1):
+                started = time.perf_counter()
+                saver.save(state, asynchronous=label.endswith("async"))
+                stalls[label].append(time.perf_counter() - started)
+                saver.wait()
+            del saver
+        without_memory_tier()
+    return {label: statistics.median(times[1:]) for label, times in stalls.items()}
+
+
+WORKER = """
+import os, sys, time, torch
+from pathlib import Path
+from cycler import AtomicDirectory
+every, root = int(sys.argv[1]), sys.argv[2]
+saver = AtomicDirectory(root, keep_last=2)
+latest = saver.latest_checkpoint()
+step = 0 if latest is None else torch.load(Path(latest) / "state.pt")["step"]
+state = {"w": torch.randn(1 << 18)}
+print("ready", flush=True)
+while True:
+    time.sleep(0.02)
+    step += 1
+    print(step, flush=True)
+    if step % every == 0:
+        directory = Path(saver.prepare_checkpoint_directory())
+        torch.save({"step": step, **state}, directory / "state.pt")
+        saver.symlink_latest(directory, metadata={"step": step})
+"""
+
+RESUME_STEP = """
+import sys, torch
+from pathlib import Path
+from cycler import AtomicDirectory
+latest = AtomicDirectory(sys.argv[1]).latest_checkpoint()
+print(0 if latest is None else torch.load(Path(latest) / "state.pt")["step"])
+"""
+
+
+def lost_work(every: int, crashes: int, tier: Path | None, persist_every: int,
+              rng: random.Random) -> float:
+    """Median steps lost per SIGKILL at a random moment (one fresh root per crash)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CYCLER_")}
+    if tier is not None:
+        env.update({ENV_MEMORY_TIER: str(tier), ENV_PERSIST_EVERY: str(persist_every)})
+    lost = []
+    for crash in range(crashes):
+        with tempfile.TemporaryDirectory() as disk:
+            root = Path(disk) / "root"
+            worker = subprocess.Popen([sys.executable, "-c", WORKER, str(every), str(root)],
+                                      stdout=subprocess.PIPE, text=True, env=env)
+            assert worker.stdout is not None and worker.stdout.readline() == "ready\n"
+            time.sleep(rng.uniform(3.0, 6.0))
+            worker.send_signal(signal.SIGKILL)
+            worker.wait()
+            done = max(int(line) for line in worker.stdout.read().split() or ["0"])
+            resumed = int(subprocess.run([sys.executable, "-c", RESUME_STEP, str(root)],
+                                         capture_output=True, text=True, env=env,
+                                         check=True).stdout)
+            lost.append(done - resumed)
+            if tier is not None:
+                shutil.rmtree(memory_root(tier, root), ignore_errors=True)
+        print(f"    crash {crash + 1}: lost {lost[-1]} steps", flush=True)
+    return statistics.median(lost)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes-mb", default="100,1000")
+    parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--crashes", type=int, default=12)
+    parser.add_argument("--every", type=int, default=10, help="N: steps between memory saves")
+    parser.add_argument("--persist-every", type=int, default=5, help="K")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    for size in (int(s) for s in args.sizes_mb.split(",")):
+        plain, tiered = commit_figures(size, args.repeats)
+        print(f"{size} MB commit: plain torch.save into tmpfs {plain * 1000:.0f} ms, memory "
+              f"tier {tiered * 1000:.0f} ms: {tiered / plain:.2f}x (goal <= 1.2)", flush=True)
+        stalls = stall_figures(size, args.repeats)
+        base = stalls["disk async"]
+        print(f"{size} MB stall: " + ", ".join(
+            f"{label} {value * 1000:.0f} ms ({value / base:.2f}x)"
+            for label, value in stalls.items()) + " (goal: memory <= 1.0x disk async)",
+            flush=True)
+    rng = random.Random(18)
+    n, k = args.every, args.persist_every
+    print(f"lost work, disk only, a save every {n * k} steps:")
+    disk = lost_work(n * k, args.crashes, None, k, rng)
+    print(f"lost work, memory tier, a save every {n} steps, persisted every {k}th:")
+    with tempfile.TemporaryDirectory(dir=SHM) as shm:
+        memory = lost_work(n, args.crashes, Path(shm), k, rng)
+    print(f"median steps lost per crash: disk only {disk:.0f}, memory tier {memory:.0f}: "
+          f"{disk / max(memory, 0.5):.1f}x less (goal >= 5x); the same durable bytes written")
+
+
+if __name__ == "__main__":
+    main()

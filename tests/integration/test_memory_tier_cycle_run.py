@@ -1,0 +1,117 @@
+"""The memory tier under real `cycle run`, real torchrun and two gloo workers (examples/train.py,
+unchanged): a kill -9 of a worker restarts from a memory checkpoint newer than every durable
+one and the job ends bit-identical to an uninterrupted run; a SIGTERM stop persists its
+checkpoint before exit 75, and the rerun ends bit-identical too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from cycler import EXIT_REQUEUE, EXIT_SUCCESS, list_checkpoints
+from cycler.checkpoint.tiers import memory_root
+
+pytestmark = pytest.mark.e2e
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train.py"
+TRAIN_ARGS = ["--epochs", "2", "--samples", "2048", "--batch-size", "16", "--hidden", "64",
+              "--checkpoint-every", "6", "--step-delay", "0.03", "--workers", "0"]
+
+
+def start(root: Path, final: Path, *tier: str) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", "2",
+               "--checkpoint-dir", str(root), "--grace", "60", "--no-requeue", *tier,
+               str(EXAMPLE), *TRAIN_ARGS, "--final-weights", str(final)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=root.parent)
+
+
+def valid(root: Path) -> list[int]:
+    return [c.index for c in list_checkpoints(root) if c.valid] if root.is_dir() else []
+
+
+def finish(process: subprocess.Popen[str], code: int = EXIT_SUCCESS) -> str:
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == code, output
+    return output
+
+
+def assert_same_weights(expected_path: Path, actual_path: Path) -> None:
+    expected, actual = torch.load(expected_path), torch.load(actual_path)
+    assert expected.keys() == actual.keys()
+    assert all(torch.equal(expected[name], actual[name]) for name in expected)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("uninterrupted")
+    final = base / "weights.pt"
+    finish(start(base / "checkpoints", final))
+    return final
+
+
+def wait_for_memory_only_checkpoint(root: Path, memory: Path,
+                                    process: subprocess.Popen[str]) -> tuple[int, int]:
+    """Wait until memory holds a checkpoint newer than every durable one (index >= 4)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()[0]
+        in_memory, durable = valid(memory), valid(root)
+        if in_memory and in_memory[-1] >= 4 and in_memory[-1] > max(durable, default=-1):
+            return in_memory[-1], max(durable, default=-1)
+        time.sleep(0.02)
+    raise AssertionError("no memory-only checkpoint within 120 s")
+
+
+def training_workers(process: subprocess.Popen[str]) -> list[psutil.Process]:
+    return [p for p in psutil.Process(process.pid).children(recursive=True)
+            if str(EXAMPLE) in " ".join(p.cmdline()) and "torch.distributed.run" not in
+            " ".join(p.cmdline()) and "cycler_cli" not in " ".join(p.cmdline())]
+
+
+def test_a_crash_restarts_from_memory_and_ends_bit_identical(tmp_path: Path,
+                                                             reference: Path) -> None:
+    root, shm, final = tmp_path / "checkpoints", tmp_path / "shm", tmp_path / "weights.pt"
+    memory = memory_root(shm, root)
+    process = start(root, final, "--memory-dir", str(shm), "--persist-every", "4")
+    newest_in_memory, newest_durable = wait_for_memory_only_checkpoint(root, memory, process)
+    workers = training_workers(process)
+    assert len(workers) == 2, workers
+    workers[1].send_signal(signal.SIGKILL)
+    output = finish(process)
+    resumed = [int(line.rsplit("_", 1)[1].split()[0]) for line in output.splitlines()
+               if "[train] resumed from AtomicDirectory_checkpoint_" in line]
+    assert resumed and resumed[0] >= newest_in_memory > newest_durable, output
+    assert_same_weights(reference, final)
+    assert not memory.exists(), "the memory tier is removed when the job ends"
+    assert valid(root)[-1] >= resumed[0], "the job's end persisted the newest checkpoint"
+
+
+def test_a_stop_persists_its_checkpoint_before_exit_75(tmp_path: Path, reference: Path) -> None:
+    root, shm, final = tmp_path / "checkpoints", tmp_path / "shm", tmp_path / "weights.pt"
+    memory = memory_root(shm, root)
+    process = start(root, final, "--memory-dir", str(shm), "--persist-every", "100")
+    wait_for_memory_only_checkpoint(root, memory, process)
+    process.send_signal(signal.SIGTERM)
+    finish(process, EXIT_REQUEUE)
+    assert valid(root)[-1] == valid(memory)[-1], "the stop's checkpoint is on disk"
+    assert memory.is_dir(), "exit 75 keeps the memory tier for a rerun on this node"
+    shown = json.loads(subprocess.run([sys.executable, "-m", "cycler_cli", "status", "--json",
+                                       str(root)], capture_output=True, text=True,
+                                      check=True).stdout)
+    assert shown["memory"]["root"] == str(memory)
+    assert shown["memory"]["newest"] == shown["memory"]["newest_persisted"] == valid(root)[-1]
+    assert shown["memory"]["lag"] == 0
+    finish(start(root, final, "--memory-dir", str(shm), "--persist-every", "100"))
+    assert_same_weights(reference, final)
+    assert not memory.exists()
