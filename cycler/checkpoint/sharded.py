@@ -44,7 +44,7 @@ _stopping = threading.Event()
 
 
 class _Waitable(Protocol):
-    def wait(self) -> None: ...
+    def wait(self, reported_too: bool = True) -> None: ...
 
 
 class SaveHandle:
@@ -74,7 +74,7 @@ class SaveHandle:
             raise
         except BaseException:
             if self._reported is not None:
-                self._reported.set()  # the saver's next wait, or the exit, need not raise it
+                self._reported.set()  # a stop, destroy_process_group or the exit need not
             raise
 
 
@@ -86,12 +86,13 @@ class InFlight:
         self.finished: Future[None] = Future()
         self.reported = threading.Event()
 
-    def wait(self) -> None:
-        """Wait for the work; raise its failure unless the handle's ``wait()`` raised it."""
+    def wait(self, reported_too: bool = True) -> None:
+        """Wait for the work; raise its failure (with ``reported_too=False`` only if the
+        handle's ``wait()`` has not raised it to the script already)."""
         try:
             self.finished.result()
         except BaseException:
-            if not self.reported.is_set():
+            if reported_too or not self.reported.is_set():
                 raise
 
 
@@ -118,7 +119,7 @@ def wait_for_saves() -> None:
     with _IN_FLIGHT_LOCK:
         savers = list(_IN_FLIGHT)
     for saver in savers:
-        saver.wait()
+        saver.wait(reported_too=False)  # what the script was told of, it has handled
 
 
 def _wait_at_exit() -> None:
@@ -348,12 +349,13 @@ class ShardedSaves:
                 remove_logged(discard_directory, Path(directory), "failed save")
             raise disk_full_or(error, directory) from error
 
-    def wait(self) -> None:
+    def wait(self, reported_too: bool = True) -> None:
         """Wait until this saver's asynchronous save in flight, if any, is committed and its
-        retention done; raises what made it fail."""
+        retention done; raises what made it fail (once; ``reported_too=False``: only if the
+        handle's ``wait()`` did not raise it already)."""
         in_flight, self._in_flight = self._in_flight, None
         if in_flight is not None:
-            in_flight.wait()
+            in_flight.wait(reported_too)
 
     def load(self, state_dict: dict[str, Any], checkpoint: str | int | None = None,
              strict: bool = False) -> dict[str, Any] | None:

@@ -118,6 +118,13 @@ def record_resume_from(layout: CheckpointLayout, node_rank: int, resume_from: st
 def check_resume_from(options: RunOptions) -> None:
     if options.resume_from is None:
         return
+    memory = options.memory_layout
+    if memory is not None and memory.root.is_dir():
+        try:  # in memory (the memory tier of an earlier run of this job on this node)...
+            find_checkpoint(memory.root, options.resume_from, options.checkpoint_name)
+            return
+        except CyclerError:
+            pass  # ...or else on disk, which says what is wrong
     try:
         find_checkpoint(options.checkpoint_dir, options.resume_from, options.checkpoint_name)
     except CyclerError as error:

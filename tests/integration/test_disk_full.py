@@ -126,8 +126,8 @@ def test_prune_of_a_read_only_root_is_one_line_with_exit_two(read_only_root: Pat
 
 
 def test_a_failed_async_save_the_script_was_told_of_is_not_raised_again(small_disk: Path) -> None:
-    """The handle's wait() raised it: the saver's next wait, destroy_process_group's wait and
-    the exit's must not raise it again (the script already handled it)."""
+    """The handle's wait() raised it: destroy_process_group's wait, a stop's and the exit's
+    must not raise it again (the script handled it), and the saver goes on."""
     from cycler.checkpoint.sharded import wait_for_saves
 
     saver = AtomicDirectory(small_disk)

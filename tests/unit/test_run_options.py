@@ -272,3 +272,49 @@ def test_standalone_ignores_the_schedulers_node_count_but_not_a_given_one():
     assert options.nnodes == 1 and "--standalone" in torchrun_command(options)
     with pytest.raises(ConfigError, match="standalone runs one node"):
         resolve_run_options(script="t.py", flags={"standalone": True, "nnodes": "2"})
+
+
+# --- the memory tier --------------------------------------------------------------------------
+
+
+def test_the_memory_tier_reaches_one_nodes_workers_with_its_persist_interval(
+        tmp_path: Path) -> None:
+    from cycler.checkpoint.tiers import DEFAULT_MEMORY_DIR, memory_root
+    from cycler.protocol.environment import ENV_MEMORY_TIER, ENV_PERSIST_EVERY
+
+    options = resolve_run_options(script="train.py", environ={},
+                                  flags={"memory_tier": True, "persist_every": 7,
+                                         "checkpoint_dir": tmp_path / "ck"})
+    assert options.memory_tier == DEFAULT_MEMORY_DIR
+    assert options.memory_layout is not None
+    assert options.memory_layout.root == memory_root(DEFAULT_MEMORY_DIR, tmp_path / "ck")
+    env = worker_environment(options, start_number=0, resume_from=None, environ={})
+    assert env[ENV_MEMORY_TIER] == str(DEFAULT_MEMORY_DIR) and env[ENV_PERSIST_EVERY] == "7"
+    off = resolve_run_options(script="train.py", environ={}, flags={})
+    assert ENV_MEMORY_TIER not in worker_environment(off, start_number=0, resume_from=None,
+                                                     environ={})
+
+
+def test_the_memory_tier_is_off_for_several_nodes() -> None:
+    from cycler.protocol.environment import ENV_MEMORY_TIER
+
+    options = resolve_run_options(script="train.py", environ=ISC, flags={"memory_tier": True})
+    assert options.memory_layout is None
+    env = worker_environment(options, start_number=0, resume_from=None, environ={})
+    assert ENV_MEMORY_TIER not in env
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("memory_tier: true", "/dev/shm/cycler"), ("memory-tier: /mnt/ram", "/mnt/ram"),
+    ("memory_tier: false", None)])
+def test_the_config_file_turns_the_memory_tier_on_or_points_it(
+        tmp_path: Path, text: str, expected: str | None) -> None:
+    options = resolve_run_options(script="train.py", environ={},
+                                  config_file=write_config(tmp_path, text))
+    assert options.memory_tier == (None if expected is None else Path(expected))
+
+
+@pytest.mark.parametrize("every", [0, -3, True])
+def test_persist_every_must_be_a_positive_whole_number(every: object) -> None:
+    with pytest.raises(ConfigError, match="persist-every must be a whole number"):
+        resolve_run_options(script="train.py", environ={}, flags={"persist_every": every})
