@@ -23,27 +23,27 @@ from pathlib import Path
 from cycler._fs import TEMP_MARKER, atomic_write_bytes, is_temporary
 from cycler.errors import CheckpointDirectoryError
 from cycler.protocol.environment import DEFAULT_CHECKPOINT_NAME
+from cycler.protocol.names import (
+    CONTROL_FILENAME,
+    EVENTS_FILENAME,
+    FIRST_INDEX_SUFFIX,
+    HANG_RECORD_FILENAME,
+    HEARTBEAT_FILENAME,
+    INDEX_RECORD_SUFFIX,
+    LOCK_FILENAME,
+    MEMORY_TIER_RECORD_FILENAME,
+    PROGRESS_DIRNAME,
+    RESUME_RECORD_FILENAME,
+    SUPERVISOR_DIRNAME,
+    VERIFICATION_RECORD_PREFIX,
+    every_node,
+)
 
 DEFAULT_PREFIX = DEFAULT_CHECKPOINT_NAME
 CHECKPOINT_INFIX = "_checkpoint_"
 PINNED_SUFFIX = "_force"
 LINK_SUFFIX = ".latest_checkpoint"
-MEMORY_TIER_RECORD_FILENAME = "memory-tier.json"
 MANIFEST_NAME = "cycler_manifest.json"
-
-SUPERVISOR_DIRNAME = ".cycler"
-# One control file, events log and lock per node: each node's supervisor writes its own, so
-# supervisors on a shared filesystem never race on one file (O_APPEND is not atomic over NFS).
-CONTROL_FILENAME = "control-node{node}.json"
-EVENTS_FILENAME = "events-node{node}.jsonl"
-LOCK_FILENAME = "supervisor-node{node}.lock"
-RESUME_RECORD_FILENAME = "resumed-from-node{node}.json"
-HEARTBEAT_FILENAME = "alive-node{node}.json"
-PROGRESS_DIRNAME = "progress-node{node}"
-HANG_RECORD_FILENAME = "hang-node{node}.json"
-INDEX_RECORD_SUFFIX = ".last_index"
-FIRST_INDEX_SUFFIX = ".first_index"
-VERIFICATION_RECORD_PREFIX = "verify-failed-"
 
 
 _ANY_CHECKPOINT = re.compile(
@@ -154,13 +154,13 @@ class CheckpointLayout:
 
     def control_paths(self) -> list[Path]:
         """Every node's control file."""
-        return sorted(self.supervisor_dir.glob(CONTROL_FILENAME.format(node="*")))
+        return sorted(self.supervisor_dir.glob(every_node(CONTROL_FILENAME)))
 
     def events_paths(self) -> dict[int, Path]:
         """Every node's events log, by node rank."""
         prefix, suffix = EVENTS_FILENAME.split("{node}")
         found = {}
-        for path in self.supervisor_dir.glob(EVENTS_FILENAME.format(node="*")):
+        for path in self.supervisor_dir.glob(every_node(EVENTS_FILENAME)):
             rank = path.name[len(prefix):len(path.name) - len(suffix)]
             if rank.isdigit():
                 found[int(rank)] = path
@@ -184,7 +184,7 @@ class CheckpointLayout:
 
     def lock_paths(self) -> list[Path]:
         """Every node's supervisor lock file."""
-        return sorted(self.supervisor_dir.glob(LOCK_FILENAME.format(node="*")))
+        return sorted(self.supervisor_dir.glob(every_node(LOCK_FILENAME)))
 
     @property
     def memory_tier_record_path(self) -> Path:

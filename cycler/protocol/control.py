@@ -21,6 +21,7 @@ from pathlib import Path
 
 from cycler._fs import atomic_write_bytes
 from cycler.protocol.environment import ENV_CONTROL_FILE
+from cycler.protocol.names import CONTROL_FILENAME, every_node
 
 CONTROL_VERSION = 1
 
@@ -113,7 +114,7 @@ def stop_requested_of_this_job(since: float = WORKER_STARTED_AT) -> bool:
     control = os.environ.get(ENV_CONTROL_FILE)
     if not control:
         return False
-    paths = sorted(Path(control).parent.glob("control-node*.json"))
+    paths = sorted(Path(control).parent.glob(every_node(CONTROL_FILENAME)))
     return stop_requested_since(paths, since)
 
 

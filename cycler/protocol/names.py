@@ -1,0 +1,29 @@
+"""The names of the supervisor's record inside a checkpoint root (DESIGN.md): ``.cycler/`` and
+the files supervisor and workers share there. The layout builds paths from them; the protocol's
+readers (a worker looking for its job's control files) use them without a layout.
+"""
+
+from __future__ import annotations
+
+SUPERVISOR_DIRNAME = ".cycler"
+
+# One control file, events log and lock per node: each node's supervisor writes its own, so
+# supervisors on a shared filesystem never race on one file (O_APPEND is not atomic over NFS).
+CONTROL_FILENAME = "control-node{node}.json"
+EVENTS_FILENAME = "events-node{node}.jsonl"
+LOCK_FILENAME = "supervisor-node{node}.lock"
+RESUME_RECORD_FILENAME = "resumed-from-node{node}.json"
+HEARTBEAT_FILENAME = "alive-node{node}.json"
+PROGRESS_DIRNAME = "progress-node{node}"
+HANG_RECORD_FILENAME = "hang-node{node}.json"
+MEMORY_TIER_RECORD_FILENAME = "memory-tier.json"
+
+# Per saver (``<prefix><suffix>``, or ``<prefix>`` after the prefix for verification records).
+INDEX_RECORD_SUFFIX = ".last_index"
+FIRST_INDEX_SUFFIX = ".first_index"
+VERIFICATION_RECORD_PREFIX = "verify-failed-"
+
+
+def every_node(filename: str) -> str:
+    """A glob that matches ``filename`` (one of the ``...node{node}...`` names) for any node."""
+    return filename.format(node="*")
