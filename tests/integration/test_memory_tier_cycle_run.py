@@ -74,9 +74,15 @@ def wait_for_memory_only_checkpoint(root: Path, memory: Path,
 
 
 def training_workers(process: subprocess.Popen[str]) -> list[psutil.Process]:
-    return [p for p in psutil.Process(process.pid).children(recursive=True)
-            if str(EXAMPLE) in " ".join(p.cmdline()) and "torch.distributed.run" not in
-            " ".join(p.cmdline()) and "cycler_cli" not in " ".join(p.cmdline())]
+    """torchrun's workers (they have a LOCAL_RANK; the agent and the launcher do not)."""
+    found = []
+    for child in psutil.Process(process.pid).children(recursive=True):
+        try:
+            if "LOCAL_RANK" in child.environ():
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
 
 
 def test_a_crash_restarts_from_memory_and_ends_bit_identical(tmp_path: Path,
@@ -91,6 +97,8 @@ def test_a_crash_restarts_from_memory_and_ends_bit_identical(tmp_path: Path,
     output = finish(process)
     resumed = [int(line.rsplit("_", 1)[1].split()[0]) for line in output.splitlines()
                if "[train] resumed from AtomicDirectory_checkpoint_" in line]
+    print(f"rank 1 killed with checkpoint {newest_in_memory} in memory and {newest_durable} "
+          f"on disk; resumed from {resumed[0] if resumed else None}")
     assert resumed and resumed[0] >= newest_in_memory > newest_durable, output
     assert_same_weights(reference, final)
     assert not memory.exists(), "the memory tier is removed when the job ends"
