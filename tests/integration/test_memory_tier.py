@@ -124,7 +124,7 @@ def test_a_stop_checkpoint_is_persisted_before_the_commit_returns(
     save_files(saver, 1)
     monkeypatch.setattr(sharded, "_stopping", _Set())  # what StepControl sets at a stop
     save_files(saver, 2)
-    assert saver._persisting is None  # waited for
+    assert saver._persisting is None and not saver._busy  # waited for
     assert indices(durable) == [0, 2]
 
 
