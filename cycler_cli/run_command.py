@@ -153,6 +153,13 @@ def run(
                                     "checkpoint (name or index) instead of the latest."),
     signals: str = typer.Option(None, "--signals", help="Signals that ask for checkpoint and "
                                 "exit (default: TERM,INT,HUP,USR2)."),
+    preemption_notices: str = typer.Option(None, "--preemption-notices", help="Poll the "
+                                           "cloud's metadata service for preemption notices "
+                                           "and stop on one: auto (the cloud this machine's "
+                                           "identity names, nothing elsewhere), aws, gcp, "
+                                           "azure or off (default: auto)."),
+    metadata_endpoint: str = typer.Option(None, "--metadata-endpoint", help="Base URL of "
+                                          "the metadata service (default: the cloud's)."),
     config: Path = typer.Option(None, "--config", help="YAML file with any of these options; "
                                 "flags win."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the torchrun "
@@ -199,6 +206,7 @@ def run(
         "hang_timeout_min": hang_timeout_min, "hang_factor": hang_factor,
         "hang_first_step": hang_first_step, "hang_pause_timeout": hang_pause_timeout,
         "max_requeues": max_requeues, "resume_from": resume_from, "signals": signals,
+        "preemption_notices": preemption_notices, "metadata_endpoint": metadata_endpoint,
         "launch_mode": _launch_mode(module, no_python, run_path),
         "torchrun_args": _torchrun_arguments(passed),
     }

@@ -62,6 +62,8 @@ MESSAGES = {
     "persisted": "persisted checkpoint {index} from the memory tier to the checkpoint root "
                  "({why})",
     "memory_tier_removed": "removed the memory tier {root} (the job ended)",
+    "preemption_notices": "polling {cloud}'s metadata service at {endpoint} for preemption "
+                          "notices",
     "memory_tier_off": "the memory tier works on one node: off for this {nnodes}-node job",
 }
 """One readable sentence per event (``event.path`` first where a stop's path picks it), for

@@ -234,7 +234,10 @@ class SupervisorCore:
                   "resume_from": self.latest_checkpoint}
         actions: list[SupervisorAction] = [Log("stop_requested", fields)]
         if path is StopPath.SIGNAL:
-            actions.append(SignalWorkers(signal.Signals[self._stop_signals[0]]))
+            # A cloud's preemption notice is no signal: a script that handles none gets TERM.
+            first = self._stop_signals[0]
+            actions.append(SignalWorkers(signal.Signals[first] if first.startswith("SIG")
+                                         else signal.SIGTERM))
         if path is StopPath.UNDECIDED:
             self.wake_at = min(self._stop_deadline, now + self.config.undecided_wait)
         return actions

@@ -22,6 +22,7 @@ from cycler.checkpoint.layout import DEFAULT_PREFIX, CheckpointLayout
 from cycler.checkpoint.tiers import DEFAULT_MEMORY_DIR, DEFAULT_PERSIST_EVERY, memory_root
 from cycler.errors import ConfigError
 from cycler.protocol.environment import default_checkpoint_root
+from cycler.supervisor.notices import NOTICE_MODES
 
 DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR2")
 # These cannot be caught (KILL, STOP) or already mean something else to the supervisor.
@@ -104,6 +105,11 @@ class RunOptions:
     """Checkpoint (name or index) the first start resumes from, instead of the latest."""
     signals: tuple[str, ...] = DEFAULT_SIGNALS
     """Signals that ask the workers to checkpoint and exit."""
+    preemption_notices: str = "auto"
+    """Which cloud's metadata service to poll for preemption notices: ``auto`` (the cloud
+    this machine's DMI identity names, none elsewhere), ``aws``, ``gcp``, ``azure`` or ``off``."""
+    metadata_endpoint: str | None = None
+    """The metadata service's base URL (``None``: the cloud's own)."""
     slurm_job_id: str | None = None
     """``SLURM_JOB_ID`` when running under Slurm."""
     requeue_count: int = 0
@@ -165,6 +171,11 @@ class RunOptions:
         _require(self.nnodes == 1 or bool(self.master_addr or self.rdzv_endpoint), "master_addr",
                  "is needed when nnodes > 1: give --master-addr (node 0's host) or "
                  "--rdzv-endpoint")
+        _require(self.preemption_notices in NOTICE_MODES, "preemption_notices",
+                 f"must be one of {', '.join(NOTICE_MODES)}")
+        _require(self.metadata_endpoint is None
+                 or self.metadata_endpoint.startswith(("http://", "https://")),
+                 "metadata_endpoint", "must be an http:// or https:// URL")
         name = self.checkpoint_name
         _require(bool(name) and "/" not in name and not name.startswith("."), "checkpoint_name",
                  "must be a plain file name such as AtomicDirectory")
@@ -232,7 +243,8 @@ _CONFIG_TYPES: dict[str, tuple[type, ...]] = {
     "hang_detection": (bool,), "hang_timeout_min": (int, float), "hang_factor": (int, float),
     "hang_first_step": (int, float), "hang_pause_timeout": (int, float),
     "max_requeues": (int,),
-    "resume_from": (str, int), "signals": (str, list),
+    "resume_from": (str, int), "signals": (str, list), "preemption_notices": (str,),
+    "metadata_endpoint": (str,),
 }
 CONFIG_KEYS = tuple(sorted(_CONFIG_TYPES))
 """Keys a ``--config`` file may set (dashes and underscores are both accepted)."""

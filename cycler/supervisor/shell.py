@@ -40,7 +40,7 @@ from cycler.protocol.control import (
 )
 from cycler.protocol.events import EventLog, describe
 from cycler.protocol.exit_codes import EXIT_REQUEUE
-from cycler.supervisor import core
+from cycler.supervisor import core, notices
 from cycler.supervisor.checks import (
     check_artifact_path,
     check_resume_from,
@@ -55,7 +55,14 @@ from cycler.supervisor.hangs import HangPolicy, WorkerProgress
 from cycler.supervisor.options import RunOptions
 from cycler.supervisor.peers import Heartbeat, PeerWatch
 from cycler.supervisor.processes import Watchdog, WorkerTree, become_subreaper, start_torchrun
-from cycler.supervisor.slurm import RequeueResult, SlurmJob, hard_deadline, read_job, requeue_job
+from cycler.supervisor.slurm import (
+    DEADLINE_MARGIN_SECONDS,
+    RequeueResult,
+    SlurmJob,
+    hard_deadline,
+    read_job,
+    requeue_job,
+)
 from cycler.supervisor.torchrun import (
     LaunchPlan,
     full_environment,
@@ -184,6 +191,7 @@ class Supervisor:
                 log.debug("not a subreaper: orphans of crashed workers may escape the tree")
             self._watchdog = Watchdog()
             stack.callback(self._watchdog.close)
+            stack.callback(self._watch_for_preemption_notices())
             stack.callback(self._reap)
             outcome = self._loop(core.SupervisorCore(self._core_config()))
             self._reap()
@@ -238,6 +246,26 @@ class Supervisor:
         if hang is not None:
             self._execute(decisions.handle(hang))
 
+    def _watch_for_preemption_notices(self) -> Callable[[], None]:
+        """Poll the cloud's metadata service in a thread (``--preemption-notices``); a notice
+        arrives as a stop request and the deadline it sets. Returns what stops the polling."""
+        stop = threading.Event()
+        cloud = notices.cloud_to_watch(self.options.preemption_notices)
+        if cloud is None:
+            return stop.set
+        self._record("preemption_notices", cloud=cloud,
+                     endpoint=self.options.metadata_endpoint or notices.DEFAULT_ENDPOINTS[cloud])
+
+        def on_notice(notice: notices.Notice) -> None:
+            now = self._clock()
+            keep = core.CoreConfig.kill_after + DEADLINE_MARGIN_SECONDS
+            self._queue.put(core.SignalReceived(notices.NOTICE, now))
+            self._queue.put(core.HardDeadline(notice.at - keep, f"{notice.why}; minus {keep:g} "
+                                              "s to stop and requeue", now))
+
+        notices.watch(cloud, self.options.metadata_endpoint, on_notice, stop)
+        return stop.set
+
     def _learn_hard_deadline(self, signalled_at: float, kill_after: float) -> None:
         """Ask Slurm, in a thread, when it will end the job; the answer comes as an event."""
         job_id = self.options.slurm_job_id
@@ -282,7 +310,7 @@ class Supervisor:
             log.warning("--requeue has no effect: SLURM_JOB_ID is not set")
         previous = read_control(self.layout.control_path(options.node_rank))
         return core.CoreConfig(
-            grace=options.grace, stop_signals=frozenset(options.signals),
+            grace=options.grace, stop_signals=frozenset((*options.signals, notices.NOTICE)),
             max_restarts=options.max_restarts, restart_delay=options.restart_delay,
             requeue=requeue, requeue_count=options.requeue_count,
             max_requeues=options.max_requeues, resume_from=options.resume_from,
