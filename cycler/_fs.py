@@ -258,3 +258,18 @@ def remove_leftover(path: Path) -> None:
             os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def tree_size(path: Path) -> int:
+    """Bytes of the files under ``path`` (0 for a symlink or a non-directory); a file that
+    vanishes or cannot be read counts 0."""
+    if path.is_symlink() or not path.is_dir():
+        return 0
+    total = 0
+    for parent, _, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(parent, name)).st_size
+            except OSError:
+                continue
+    return total

@@ -355,7 +355,7 @@ class AtomicDirectory(ShardedSaves):
         if name is None:
             return
         self._uncommitted = [p for p in self._uncommitted if p.name != committed]
-        self._last_size = max(self._last_size, _tree_size_of(self.layout.path_of(name)))
+        self._last_size = max(self._last_size, _fs.tree_size(self.layout.path_of(name)))
         stop = stopping() or stop_requested_of_this_job()
         wanted = stop or self._tier.wants_persisted(name)
         if wanted:
@@ -471,10 +471,6 @@ class AtomicDirectory(ShardedSaves):
                                                           strict=strict)
                                         for tier in self._tiers()])
         return None if path is None else str(path)
-
-
-def _tree_size_of(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def _error_share(rank: int, error: BaseException) -> str:

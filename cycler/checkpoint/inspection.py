@@ -176,14 +176,14 @@ def total_size(root: str | os.PathLike[str], *, verify: bool = False) -> int:
     path = checked_root(root)
     if path is None:
         return 0
-    return sum(_tree_size(c.path) for prefix in saver_prefixes(path)
+    return sum(_fs.tree_size(c.path) for prefix in saver_prefixes(path)
                for c in list_checkpoints(path, prefix) if c.is_directory)
 
 
 def _facts(prefix: str, checkpoint: Checkpoint, now: float) -> CheckpointFacts:
     """One row of ``cycle status``."""
     manifest = checkpoint.manifest
-    size = manifest.total_size if manifest is not None else _tree_size(checkpoint.path)
+    size = manifest.total_size if manifest is not None else _fs.tree_size(checkpoint.path)
     created = manifest.created_at if manifest is not None else _mtime(checkpoint.path)
     return CheckpointFacts(
         saver=prefix, name=checkpoint.path.name, index=checkpoint.index,
@@ -191,19 +191,6 @@ def _facts(prefix: str, checkpoint: Checkpoint, now: float) -> CheckpointFacts:
         step=manifest.step if manifest else None, epoch=manifest.epoch if manifest else None,
         size=size, age_seconds=max(0.0, now - created), problem=checkpoint.problem,
     )
-
-
-def _tree_size(path: Path) -> int:
-    if path.is_symlink() or not path.is_dir():
-        return 0
-    total = 0
-    for parent, _, names in os.walk(path):
-        for name in names:
-            try:
-                total += os.lstat(os.path.join(parent, name)).st_size
-            except OSError:
-                continue
-    return total
 
 
 def _mtime(path: Path) -> float:

@@ -76,7 +76,7 @@ class MemoryTier:
         except OSError:
             return False
         total, free = stats.f_blocks * stats.f_frsize, stats.f_bavail * stats.f_frsize
-        return needed < free and _tree_size(self.root) + needed <= TMPFS_SHARE * total
+        return needed < free and _fs.tree_size(self.root) + needed <= TMPFS_SHARE * total
 
 
 def memory_tier(durable_root: str | os.PathLike[str],
@@ -208,14 +208,3 @@ def retain_memory(memory: CheckpointLayout, busy: Collection[int], keep: int = M
 def remove_memory_root(root: Path) -> None:
     """Remove a job's memory root (the job ended for good); logged, never raised."""
     _fs.remove_logged(_fs.discard_directory, root, "memory tier")
-
-
-def _tree_size(root: Path) -> int:
-    total = 0
-    for directory, _, files in os.walk(root):
-        for file in files:
-            try:
-                total += os.lstat(os.path.join(directory, file)).st_size
-            except OSError:
-                continue
-    return total

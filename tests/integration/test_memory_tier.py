@@ -17,7 +17,6 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,6 +44,15 @@ def save_files(saver: AtomicDirectory, step: int, size: int = 1000) -> Path:
     return directory
 
 
+def saved(durable: Path, count: int) -> AtomicDirectory:
+    """A saver that committed checkpoints 0 .. count - 1, its copies to disk done."""
+    saver = AtomicDirectory(durable)
+    for step in range(count):
+        save_files(saver, step)
+    saver._finish_persisting()
+    return saver
+
+
 def indices(root: Path) -> list[int]:
     return [c.index for c in list_checkpoints(root) if c.valid]
 
@@ -70,11 +78,7 @@ def test_every_checkpoint_lands_in_memory_and_every_kth_is_persisted(
 def test_indices_go_on_above_the_durable_ones_when_memory_was_wiped(
         tier: tuple[Path, Path]) -> None:
     durable, memory = tier
-    saver = AtomicDirectory(durable)
-    for step in range(4):
-        save_files(saver, step)
-    saver._finish_persisting()
-    del saver
+    saved(durable, 4)
     subprocess.run(["rm", "-rf", str(memory)], check=True)  # the node's memory is gone
     saver = AtomicDirectory(durable)
     assert saver.latest_checkpoint() == str(durable / "AtomicDirectory_checkpoint_3")
@@ -84,10 +88,7 @@ def test_indices_go_on_above_the_durable_ones_when_memory_was_wiped(
 def test_a_corrupt_memory_copy_falls_back_to_the_durable_one_with_a_warning(
         tier: tuple[Path, Path]) -> None:
     durable, memory = tier
-    saver = AtomicDirectory(durable)
-    for step in range(5):
-        save_files(saver, step)
-    saver._finish_persisting()
+    saved(durable, 5)
     for index in (3, 4):  # both memory copies flipped: 3 is on disk too, 4 only in memory
         path = memory / f"AtomicDirectory_checkpoint_{index}" / "model.pt"
         data = bytearray(path.read_bytes())
@@ -134,27 +135,19 @@ class _Set:
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    mount = tmp_path / "shm"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.strip()}): needs root")
-    monkeypatch.setenv(ENV_MEMORY_TIER, str(mount))
+def memory_on_small_tmpfs(small_tmpfs: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(ENV_MEMORY_TIER, str(small_tmpfs))
     monkeypatch.setenv(ENV_PERSIST_EVERY, "100")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+    return small_tmpfs
 
 
 def test_a_full_tmpfs_share_sends_checkpoints_to_disk_with_one_warning(
-        tmp_path: Path, small_tmpfs: Path, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, memory_on_small_tmpfs: Path, caplog: pytest.LogCaptureFixture) -> None:
     durable = tmp_path / "durable"
     saver = AtomicDirectory(durable)
     paths = [save_files(saver, step, size=300_000) for step in range(4)]  # 1.2 MB each
-    assert [p.parent for p in paths] == [memory_root(small_tmpfs, durable)] + [durable] * 3
+    in_memory = memory_root(memory_on_small_tmpfs, durable)
+    assert [p.parent for p in paths] == [in_memory] + [durable] * 3
     assert sum("memory tier" in r.message and "full" in r.message for r in caplog.records) == 1
     assert AtomicDirectory(durable).latest_checkpoint() == str(paths[-1])
     assert [p.name for p in paths] == [f"AtomicDirectory_checkpoint_{i}" for i in range(4)]
@@ -162,11 +155,7 @@ def test_a_full_tmpfs_share_sends_checkpoints_to_disk_with_one_warning(
 
 def test_persist_newest_copies_what_the_durable_root_lacks(tier: tuple[Path, Path]) -> None:
     durable, memory = tier
-    saver = AtomicDirectory(durable)
-    for step in range(3):
-        save_files(saver, step)
-    saver._finish_persisting()
-    del saver
+    saved(durable, 3)
     layouts = CheckpointLayout(memory), CheckpointLayout(durable)
     assert persist_newest(*layouts) == CheckpointName("AtomicDirectory", 2, False)
     assert persist_newest(*layouts) is None

@@ -318,3 +318,12 @@ def test_the_config_file_turns_the_memory_tier_on_or_points_it(
 def test_persist_every_must_be_a_positive_whole_number(every: object) -> None:
     with pytest.raises(ConfigError, match="persist-every must be a whole number"):
         resolve_run_options(script="train.py", environ={}, flags={"persist_every": every})
+
+
+@pytest.mark.parametrize(("flags", "fix"), [
+    ({"preemption_notices": "oracle"}, "preemption-notices must be one of auto, off, aws"),
+    ({"metadata_endpoint": "169.254.169.254"}, "metadata-endpoint must be an http"),
+])
+def test_bad_preemption_notice_options_are_one_line(flags: dict[str, str], fix: str) -> None:
+    with pytest.raises(ConfigError, match=fix):
+        resolve_run_options(script="train.py", environ={}, flags=flags)
