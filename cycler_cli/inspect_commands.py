@@ -24,9 +24,16 @@ def status(
                                 "all data)."),
     as_json: bool = typer.Option(False, "--json", help="Print the same facts as JSON."),
     events: int = typer.Option(10, "--events", min=0, help="How many recent events to show."),
+    watch: bool = typer.Option(False, "--watch", help="Show it again every --interval "
+                               "seconds until Ctrl-C (while a job runs)."),
+    interval: float = typer.Option(2.0, "--interval", min=0.1, help="Seconds between "
+                                   "refreshes with --watch."),
 ) -> None:
     """Show the checkpoints, their state, and what the job has been through."""
     root = directory or default_checkpoint_root()
+    if watch:
+        _watch(root, events, interval)
+        return
     with exit_on_cycler_error():
         result = _collect(root, verify, events, show_progress=not as_json)
     if as_json:
@@ -35,6 +42,22 @@ def status(
         render.render_status(result)
     if not result.exists:
         raise typer.Exit(EXIT_FAILURE)  # a script can tell "no such root" from "no checkpoint"
+
+
+def _watch(root: Path, events: int, interval: float) -> None:
+    """Redraw the status every ``interval`` seconds until Ctrl-C (exit 0)."""
+    import time
+
+    try:
+        while True:
+            with exit_on_cycler_error():
+                result = collect_status(root, events=events)
+            render.console.clear()
+            render.render_status(result)
+            render.console.print(f"(every {interval:g} s; Ctrl-C to stop)", style="dim")
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return
 
 
 def _collect(root: Path, verify: bool, events: int, show_progress: bool) -> RootStatus:

@@ -15,6 +15,7 @@ from rich.table import Table
 from cycler.checkpoint.inspection import CheckpointFacts, MemoryTierStatus, PruneResult, RootStatus
 from cycler.protocol.events import describe
 from cycler.protocol.goodput import Goodput
+from cycler.protocol.timeline import LEGEND
 
 console = Console(highlight=False)
 
@@ -57,6 +58,7 @@ def render_status(status: RootStatus) -> None:
         console.print(f"[yellow]warning:[/] {escape(note)}")
     _render_supervisors(status.supervisors)
     _render_goodput(status.goodput)
+    _render_timeline(status.timeline)
     _render_events(status.events, status.counts)
 
 
@@ -128,6 +130,15 @@ def _render_goodput(figures: Goodput | None) -> None:
                   f"{'s' if figures.runs != 1 else ''}, {_duration(figures.useful)} of useful "
                   f"training; lost: {causes or 'nothing'}. Goodput {figures.goodput:.1%}.",
                   soft_wrap=True)
+
+
+def _render_timeline(lines: dict[int, str]) -> None:
+    if not lines:
+        return
+    console.print("Timeline, oldest left:")
+    for node, line in lines.items():
+        console.print(f"  node {node} |{escape(line)}|", highlight=False)
+    console.print(f"  {LEGEND}", style="dim")
 
 
 def _render_events(events: list[dict[str, Any]], counts: dict[str, int]) -> None:

@@ -28,6 +28,7 @@ from cycler.checkpoint.retention import Decision, retention_decisions
 from cycler.errors import CheckpointDirectoryError, DirectoryInUse
 from cycler.protocol.events import history_counts, job_history, read_events
 from cycler.protocol.goodput import Goodput, goodput
+from cycler.protocol.timeline import timeline
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,8 @@ class RootStatus:
     """What preemption cost the job, from node 0's events (``None``: no events)."""
     memory: MemoryTierStatus | None = None
     """The job's memory tier where ``cycle run --memory-tier`` recorded one on this host."""
+    timeline: dict[int, str] = field(default_factory=dict)
+    """One line per node: the job's life cell by cell (:mod:`cycler.protocol.timeline`)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"root": str(self.root), "exists": self.exists,
@@ -92,7 +95,8 @@ class RootStatus:
                 "checkpoints": [c.as_dict() for c in self.checkpoints],
                 "supervisors": self.supervisors, "events": self.events,
                 "counts": self.counts, "notes": self.notes,
-                "goodput": None if self.goodput is None else self.goodput.as_dict()}
+                "goodput": None if self.goodput is None else self.goodput.as_dict(),
+                "timeline": {str(node): line for node, line in self.timeline.items()}}
 
 
 def checked_root(root: str | os.PathLike[str]) -> Path | None:
@@ -142,7 +146,7 @@ def collect_status(root: str | os.PathLike[str], *, verify: bool = False, events
     return RootStatus(path, True, facts, live_supervisors(layout),
                       history[-events:] if events > 0 else [], history_counts(merged), notes,
                       goodput(first) if first else None,
-                      _memory_tier(layout, facts, verify, clock()))
+                      _memory_tier(layout, facts, verify, clock()), timeline(by_node))
 
 
 def memory_tier_here(layout: CheckpointLayout) -> Path | None:

@@ -78,3 +78,29 @@ def test_the_checkpoint_name_reaches_the_workers_savers(tmp_path: Path) -> None:
                    "Mine", str(script), env=env)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "root" / "Mine.latest_checkpoint").is_symlink()
+
+
+def test_status_watch_redraws_until_ctrl_c_then_exits_0(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    saver = AtomicDirectory(tmp_path)
+    directory = Path(saver.prepare_checkpoint_directory())
+    (directory / "weights.bin").write_bytes(b"x")
+    saver.symlink_latest(directory, metadata={"step": 1})
+    watching = subprocess.Popen([sys.executable, "-m", "cycler_cli", "status", "--watch",
+                                 "--interval", "0.2", str(tmp_path)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "COLUMNS": "100"})
+    time.sleep(4)  # the import, then several redraws
+    directory = Path(saver.prepare_checkpoint_directory())
+    (directory / "weights.bin").write_bytes(b"y")
+    saver.symlink_latest(directory, metadata={"step": 2})
+    time.sleep(1.5)
+    watching.send_signal(signal.SIGINT)
+    output, errors = watching.communicate(timeout=30)
+    assert watching.returncode == 0, errors
+    assert output.count("AtomicDirectory checkpoints in") >= 3, output
+    assert "Traceback" not in errors
+    last = output.rsplit("AtomicDirectory checkpoints in", 1)[1]
+    assert " 1 " in last and "latest" in last, "the newest checkpoint shows up while watching"
