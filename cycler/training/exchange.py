@@ -13,6 +13,7 @@ all-reduce.
 
 from __future__ import annotations
 
+import collections
 import datetime
 import time
 from collections.abc import Callable
@@ -94,14 +95,29 @@ def _start_on_cuda(values: list[int], group: Any) -> Result:
     return result
 
 
+_RECENT: collections.deque[Exchange] = collections.deque(maxlen=64)
+"""The exchanges waited for last, each kept alive long after it is done: its tensor is a Python
+object, and gloo's worker thread drops its own reference to a finished work a moment after
+``wait()`` returns. Were that the last reference while the process ends (a script that ends
+right after ``StepControl.close()``: rank 1's last act), the thread would need the GIL during
+interpreter finalization and libstdc++ would abort the process ("terminate called without an
+active exception", exit -6, after all work was done: 10 of 30 two-rank runs; on two hosts the
+restart it caused could never complete). Kept here, the last 64 are released by the main
+thread; keeping only the very last one still aborted 1 run in 48 (the one before it, dropped a
+step earlier, had not been released by gloo yet)."""
+
+
 def wait_or_name_the_missing(exchange: Exchange, step: int, timeout: float,
                              group: Any) -> list[int]:
     """The exchange's values; :class:`CoordinationTimeout` naming the ranks that never reached
     it when ``timeout`` seconds pass first."""
     try:
-        return exchange.result(timeout)
+        values = exchange.result(timeout)
     except TimeoutError:
         pass
+    else:
+        _RECENT.append(exchange)
+        return values
     missing, closed = _missing_ranks(exchange.number, step, group)
     raise CoordinationTimeout(_missing_message(missing, closed, exchange, step, timeout))
 
