@@ -116,6 +116,10 @@ def persist(memory: CheckpointLayout, durable: CheckpointLayout, name: Checkpoin
     """
     source = memory.path_of(name)
     manifest = read_manifest(source)
+    # Names outside the checkpoint, symlinks, missing files: refused before anything is copied.
+    problem = check_files(source, manifest)
+    if problem is not None:
+        raise CorruptCheckpoint(f"{source} cannot be persisted: {problem}")
     target = durable.path_of(name)
     if os.path.lexists(target):
         if inspect_checkpoint(durable, name).valid:

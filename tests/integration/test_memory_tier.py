@@ -25,6 +25,7 @@ import torch
 from cycler import AtomicDirectory, CheckpointWarning, list_checkpoints, read_manifest
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.tiers import memory_root, persist, persist_newest
+from cycler.errors import CorruptCheckpoint
 from cycler.protocol.environment import ENV_MEMORY_TIER, ENV_PERSIST_EVERY
 
 
@@ -216,3 +217,19 @@ def test_kill_9_during_a_persist_leaves_the_durable_root_at_its_previous_checkpo
     manifest = json.loads((durable / "AtomicDirectory_checkpoint_2" / "cycler_manifest.json")
                           .read_text())
     assert manifest["step"] == 2
+
+
+def test_a_memory_manifest_naming_a_file_outside_is_never_copied(
+        tier: tuple[Path, Path], tmp_path: Path) -> None:
+    durable, memory = tier
+    saved(durable, 2)
+    source = memory / "AtomicDirectory_checkpoint_1"
+    manifest = json.loads((source / "cycler_manifest.json").read_text())
+    record = manifest["files"].pop("model.pt")
+    manifest["files"]["../../escaped.pt"] = record
+    (source / "cycler_manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CorruptCheckpoint, match="outside the checkpoint"):
+        persist(CheckpointLayout(memory), CheckpointLayout(durable),
+                CheckpointName("AtomicDirectory", 1, False))
+    assert not list(tmp_path.rglob("escaped.pt"))
+    assert not (durable / "AtomicDirectory_checkpoint_1").exists()
