@@ -113,9 +113,11 @@ class AtomicDirectory(ShardedSaves):
         self.durable = CheckpointLayout(output_directory, self.name)
         """The checkpoint root's layout: where checkpoints are kept for good."""
         self._tier: MemoryTier | None = memory_tier(self.durable.root)
-        self.layout = self.durable if self._tier is None else CheckpointLayout(self._tier.root,
-                                                                              self.name)
-        """Where checkpoints are committed first: the memory root under the memory tier."""
+        self._memory = None if self._tier is None else CheckpointLayout(self._tier.root,
+                                                                         self.name)
+        self.layout = self._memory or self.durable
+        """Where checkpoints are committed first: the memory root under the memory tier, until
+        its share of the tmpfs is full."""
         self.output_directory = str(self.durable.root)
         self.symlink_name = self.layout.link_name
         self._index_floor = -1
@@ -214,8 +216,7 @@ class AtomicDirectory(ShardedSaves):
 
     def _tiers(self) -> list[CheckpointLayout]:
         """Where this saver's checkpoints may be: memory first, then the checkpoint root."""
-        return [self.layout] if self._tier is None else [
-            CheckpointLayout(self._tier.root, self.name), self.durable]
+        return [self.durable] if self._memory is None else [self._memory, self.durable]
 
     def _layout_with_room(self) -> CheckpointLayout:
         """The memory root while the next checkpoint fits in its share of the tmpfs; once it
@@ -228,7 +229,7 @@ class AtomicDirectory(ShardedSaves):
                     "checkpoints go to %s from now on", self._tier.root,
                     self._last_size >> 20, self.durable.root)
         self._finish_persisting()
-        self.layout, self._kept, self._index_floor = self.durable, None, -1
+        self.layout, self._kept = self.durable, None
         self._index_floor = max(t.next_index() for t in self._tiers())
         return self.layout
 
@@ -277,10 +278,13 @@ class AtomicDirectory(ShardedSaves):
         rank 0's retention."""
         coordinator = self._coordinator
         directory = Path(checkpoint_directory)
-        if self._shielded and not uses_here(USES_CONTROL) and stop_requested_of_this_job():
-            # A script that only saves: this commit is the stop's checkpoint, and the stray
-            # TERM came with the request already. cycle run's own TERM after it must end the
-            # process as it would without cycler.
+        # A script that only saves, under cycle run: whether this commit is the stop's (read
+        # from the control files; StepControl scripts learn it from StepControl).
+        saver_only_stop = (self._shielded and not uses_here(USES_CONTROL)
+                           and stop_requested_of_this_job())
+        if saver_only_stop:
+            # The stray TERM came with the request already: cycle run's own TERM after this
+            # commit must end the process as it would without cycler.
             lower_shield()
         round_key = coordinator.new_round("commit")
         coordinator.arrive(round_key, "done")
@@ -298,7 +302,8 @@ class AtomicDirectory(ShardedSaves):
             return
         try:
             shares = coordinator.gather(f"{round_key}/records", mine)
-            self._seal_and_link(directory, dict(metadata or {}), _merged_records(shares))
+            records = _merged_records(shares)
+            self._seal_and_link(directory, dict(metadata or {}), records)
         except BaseException as error:
             coordinator.publish_error(round_key, error)
             raise
@@ -307,10 +312,12 @@ class AtomicDirectory(ShardedSaves):
         committed()
         # The writer lock stays held for the saver's life (released when it is dropped or the
         # process ends): between two commits another writer would interleave its own.
+        self._uncommitted = [p for p in self._uncommitted if p.name != directory.name]
         if self.layout is self.durable:
             self._apply_retention(directory.name)
         else:
-            self._persist_and_retain(directory.name)
+            self._last_size = max(self._last_size, sum(r.size for r in records.values()))
+            self._persist_and_retain(directory.name, stopping() or saver_only_stop)
 
     def _record_share(self, directory: Path) -> str:
         """This rank's share of the commit's fsyncs and checksums, as JSON (or the error)."""
@@ -345,7 +352,7 @@ class AtomicDirectory(ShardedSaves):
             self._recording = None
         _fs.atomic_symlink(self.layout.path_of(name), self.layout.link_path)
 
-    def _persist_and_retain(self, committed: str) -> None:
+    def _persist_and_retain(self, committed: str, stop: bool) -> None:
         """Memory tier, after a commit: queue its persisting if it is an every-K-th, pinned or
         a stop's checkpoint (a stop's is waited for: the node may be taken away next), and the
         memory tier's retention, on the saver's background thread: a commit waits for
@@ -354,9 +361,6 @@ class AtomicDirectory(ShardedSaves):
         name = self.layout.parse(committed)
         if name is None:
             return
-        self._uncommitted = [p for p in self._uncommitted if p.name != committed]
-        self._last_size = max(self._last_size, _fs.tree_size(self.layout.path_of(name)))
-        stop = stopping() or stop_requested_of_this_job()
         wanted = stop or self._tier.wants_persisted(name)
         if wanted:
             with self._busy_lock:
@@ -418,7 +422,6 @@ class AtomicDirectory(ShardedSaves):
         checkpoints kept as with one. Any failure makes the next commit scan again.
         """
         name = self.layout.parse(committed)
-        self._uncommitted = [p for p in self._uncommitted if p.name != committed]
         if self._kept is None or name is None:
             self._kept = self._scan_and_retain()
             return

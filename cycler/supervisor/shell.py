@@ -166,7 +166,7 @@ class Supervisor:
         self._watchdog: Watchdog | None = None
         self._outcome: RunOutcome | None = None
         self._failure: str | None = None
-        self._linked: CheckpointName | None = self._newest_linked()
+        self._linked = self._links()
         self._started_at = clock()
         self._cut_short = False
         run = run_token(options)
@@ -334,19 +334,19 @@ class Supervisor:
             return core.Tick(self._clock())
 
     def _new_checkpoints(self) -> Iterator[core.CheckpointCommitted]:
-        """The newest checkpoint committed since the last look, in either tier."""
-        linked = self._newest_linked()
+        """The newest checkpoint committed since the last look, in either tier: a readlink
+        per tier each tick, the manifest read only when a link moved."""
+        linked = self._links()
         if linked == self._linked:
             return
         self._linked = linked
-        if linked is not None:
-            yield core.CheckpointCommitted(linked.index, self._clock())
+        valid = [name for tier, name in zip(self._tiers(), linked, strict=True)
+                 if name is not None and inspect_checkpoint(tier, name).valid]
+        if valid:
+            yield core.CheckpointCommitted(max(n.index for n in valid), self._clock())
 
-    def _newest_linked(self) -> CheckpointName | None:
-        found = [(name, tier) for tier in self._tiers()
-                 if (name := tier.link_target_name()) is not None]
-        valid = [name for name, tier in found if inspect_checkpoint(tier, name).valid]
-        return max(valid, key=lambda name: name.index, default=None)
+    def _links(self) -> tuple[CheckpointName | None, ...]:
+        return tuple(tier.link_target_name() for tier in self._tiers())
 
     def _tiers(self) -> list[CheckpointLayout]:
         memory = self.options.memory_layout

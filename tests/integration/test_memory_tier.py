@@ -32,6 +32,13 @@ from cycler.protocol.environment import ENV_MEMORY_TIER, ENV_PERSIST_EVERY
 @pytest.fixture
 def tier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
     """(durable root, this job's memory root), the memory tier on with K = 3."""
+    import threading
+
+    from cycler.checkpoint import sharded
+
+    # A stop decided by an earlier test of this process (StepControl sets it for good) would
+    # make every commit here a stop's, persisted.
+    monkeypatch.setattr(sharded, "_stopping", threading.Event())
     durable, base = tmp_path / "durable", tmp_path / "shm"
     monkeypatch.setenv(ENV_MEMORY_TIER, str(base))
     monkeypatch.setenv(ENV_PERSIST_EVERY, "3")
