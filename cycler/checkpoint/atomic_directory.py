@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cycler import _fs
+from cycler._distributed import settle_gloo_threads_at_exit
 from cycler.checkpoint.coordination import COORDINATED, STRATEGIES, Coordinator, global_rank
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import (
@@ -150,6 +151,7 @@ class AtomicDirectory(ShardedSaves):
             # Under cycle run a TERM that reaches the worker directly (clusters that signal
             # every process) must not kill it before the stop's commit (see _commit).
             shield_from_stray_signals()
+        settle_gloo_threads_at_exit()
         _ensure_root(self.durable.root)  # on every rank: the process group may not exist yet
         self.durable.check_supervisor_dir()
         if self._tier is not None:

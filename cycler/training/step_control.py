@@ -50,7 +50,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from cycler._distributed import in_process_group
+from cycler._distributed import in_process_group, settle_gloo_threads_at_exit
 from cycler.checkpoint.sharded import stop_decided, wait_for_saves
 from cycler.errors import ConfigError, CyclerError, StateMismatch
 from cycler.protocol.control import Action, ControlFileWatcher, ControlRequest
@@ -139,7 +139,10 @@ def _distributed_group(process_group: Any) -> Any | None:
         if not in_process_group():
             return None
         process_group = dist.group.WORLD
-    return process_group if dist.get_world_size(process_group) > 1 else None
+    if dist.get_world_size(process_group) <= 1:
+        return None
+    settle_gloo_threads_at_exit()
+    return process_group
 
 
 def _resolve_control_file(
