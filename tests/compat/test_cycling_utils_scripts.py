@@ -4,7 +4,8 @@ Each script in scripts/ uses the cycling_utils idioms of the ISC demos and knows
 cycle run's stop protocol: no StepControl, no signal handler. Under `cycle run --nproc-per-node
 2` it is stopped by SIGTERM three times at random moments and resumed to the end; its final
 weights must be bit-identical to an uninterrupted run's, and every stop must end within a
-second of the script's first commit after the request (cycle ends it right after that commit).
+few seconds of the script's first commit after the request, ended by cycle for that commit (the
+grace is a minute: a stop that waited for it fails).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 import torch
 
 from cycler import EXIT_REQUEUE, EXIT_SUCCESS, list_checkpoints
+from cycler.protocol.events import read_events
 
 pytestmark = pytest.mark.e2e  # heavy: .ci/run runs them after README's command
 
@@ -32,8 +34,10 @@ ARGUMENTS = {
     "fsdp_finetune.py": ["--epochs", "2", "--sequences", "512", "--save-every", "8",
                          "--batch-delay", "0.08"],
 }
-STOP_AFTER_COMMIT = 1.0
-"""The longest a stop may take after the script's first commit that follows the request."""
+STOP_AFTER_COMMIT = 5.0
+"""The longest a stop may take after the script's first commit that follows the request: far
+below the grace (60 s), far above what it takes (0.1-0.35 s here; a busy CI disk's fsyncs after
+the manifest's time stamp once made it 2.2 s). The cause is asserted from the events."""
 
 
 def start(script: str, root: Path, final: Path) -> subprocess.Popen[str]:
@@ -66,10 +70,18 @@ def run_to_the_end(script: str, root: Path, final: Path) -> str:
     return output
 
 
-def first_commit_after(root: Path, moment: float) -> float | None:
-    times = [c.manifest.created_at for c in list_checkpoints(root)
-             if c.valid and c.manifest is not None and c.manifest.created_at > moment]
-    return min(times, default=None)
+def first_commit_after(root: Path, moment: float) -> tuple[int, float] | None:
+    """The index and time stamp of the first checkpoint committed after `moment`."""
+    commits = [(c.manifest.created_at, c.index) for c in list_checkpoints(root)
+               if c.valid and c.manifest is not None and c.manifest.created_at > moment]
+    if not commits:
+        return None
+    created_at, index = min(commits)
+    return index, created_at
+
+
+def events_since(root: Path, moment: float) -> list[dict]:
+    return [e for e in read_events(root / ".cycler" / "events-node0.jsonl") if e["time"] >= moment]
 
 
 def stop_once(script: str, root: Path, final: Path, rng: random.Random) -> tuple[int, str]:
@@ -87,8 +99,13 @@ def stop_once(script: str, root: Path, final: Path, rng: random.Random) -> tuple
     assert "Traceback" not in output, output
     committed = first_commit_after(root, sent)
     if committed is not None:
-        assert ended - committed < STOP_AFTER_COMMIT, (
-            f"ended {ended - committed:.2f} s after the commit that followed the request")
+        index, created_at = committed
+        timeline = [(round(e["time"] - sent, 3), e["event"], e.get("index"))
+                    for e in events_since(root, sent)]
+        assert ("stop_after_commit", index) in [(e[1], e[2]) for e in timeline], timeline
+        assert ended - created_at < STOP_AFTER_COMMIT, (
+            f"ended {ended - created_at:.2f} s after the commit that followed the request; "
+            f"events (seconds after the request): {timeline}")
     elif process.returncode == EXIT_REQUEUE:
         # The request came after the script's last commit: it finished meanwhile, and the
         # rerun finds the training done.

@@ -132,12 +132,17 @@ def test_a_saver_only_script_is_ended_right_after_its_next_commit(
     assert job.wait(60) == EXIT_REQUEUE
     ended = time.time()
     # Read from the manifest: the script's own record after the commit races with the TERM.
-    after = [c.manifest.created_at for c in list_checkpoints(job.root)
-             if c.manifest is not None and c.manifest.created_at > sent]
+    after = sorted((c.manifest.created_at, c.index) for c in list_checkpoints(job.root)
+                   if c.manifest is not None and c.manifest.created_at > sent)
     assert after, "the stop came before any commit that completed after the request"
-    assert ended - after[0] < 1.0, f"ended {ended - after[0]:.2f} s after the next commit"
-    names = job.event_names()
-    assert "stop_after_commit" in names and "stop_without_new_checkpoint" not in names
+    (created_at, index), timeline = after[0], [
+        (round(e["time"] - sent, 3), e["event"], e.get("index")) for e in job.events()
+        if e["time"] >= sent]
+    # Ended by cycle for that very commit, not by the grace (a minute): the time is a sanity
+    # bound with room for a busy disk's fsyncs after the manifest's time stamp.
+    assert ("stop_after_commit", index) in [(e[1], e[2]) for e in timeline], timeline
+    assert ended - created_at < 5.0, f"ended {ended - created_at:.2f} s after: {timeline}"
+    assert "stop_without_new_checkpoint" not in job.event_names()
     stop = next(e for e in job.events() if e["event"] == "stop_requested")
     assert stop["path"] == "next_commit"
     no_traceback(job)
