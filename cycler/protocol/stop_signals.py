@@ -79,6 +79,36 @@ def shield_from_stray_signals() -> None:
         return
     ignore_stray(numbers)
     _shield_dataloader_workers(numbers)
+    _end_shielded_children_at_exit()
+
+
+_ending_children = threading.Lock()
+_registered_end = False
+
+
+def _end_shielded_children_at_exit() -> None:
+    """At exit, multiprocessing ends this process's daemonic children (DataLoader workers of an
+    iterator still alive) with SIGTERM and joins them, and their shield ignores the TERM: the
+    process would never end. An exit hook of ours, run before multiprocessing's, kills them
+    first, as the TERM would have without the shield."""
+    global _registered_end
+    with _ending_children:
+        if _registered_end:
+            return
+        _registered_end = True
+    import atexit
+    import multiprocessing.util  # noqa: F401  its exit hook first: ours then runs before it
+
+    atexit.register(_end_daemonic_children)
+
+
+def _end_daemonic_children() -> None:
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
+            child.join(5)
 
 
 def _shield_dataloader_workers(numbers: list[int]) -> None:

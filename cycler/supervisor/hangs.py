@@ -21,11 +21,15 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sysconfig
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from cycler._fs import atomic_write_bytes, pid_alive, read_json_object
 from cycler.checkpoint.layout import CheckpointLayout
@@ -148,7 +152,9 @@ def save_longest(path: Path, longest: float) -> None:
 def dump_stacks(readings: list[Reading], progress_dir: Path, into: Path,
                 wait: float = 1.0) -> dict[int, str]:
     """Ask every worker for its Python stacks, copy them to ``into/rank-<R>.txt``; return each
-    rank's top frame of its main thread (``"?"`` where no dump came)."""
+    rank's top frame of its main thread (``"?"`` where no dump came). The processes a worker
+    started (its DataLoader workers) are dumped by py-spy where it is installed, into
+    ``rank-<R>.child-<pid>.txt``; where it is not, the worker's file lists them."""
     into.mkdir(parents=True, exist_ok=True)
     for reading in readings:
         try:
@@ -169,21 +175,90 @@ def dump_stacks(readings: list[Reading], progress_dir: Path, into: Path,
             shutil.copyfile(source, into / f"rank-{reading.rank}.txt")
         except OSError:
             pass
+    _dump_children(readings, into)
     return {r.rank: tops.get(r.rank, "?") for r in readings}
 
 
+PY_SPY_SECONDS = 10.0
+"""The longest the py-spy dumps of the workers' own processes may take, all together."""
+
+
+def _dump_children(readings: list[Reading], into: Path) -> None:
+    children = {reading.rank: _children(reading.pid) for reading in readings}
+    py_spy = shutil.which("py-spy")
+    if py_spy is None:
+        for rank, processes in children.items():
+            if processes:
+                listed = "".join(f"#   pid {pid}: {command}\n" for pid, command in processes)
+                with open(into / f"rank-{rank}.txt", "a") as handle:
+                    handle.write(f"\n# processes rank {rank} started, not dumped (install "
+                                 f"py-spy to see their stacks):\n{listed}")
+        return
+    dumps = []
+    for rank, processes in children.items():
+        for pid, _ in processes:
+            target = open(into / f"rank-{rank}.child-{pid}.txt", "w")
+            dumps.append((subprocess.Popen([py_spy, "dump", "--pid", str(pid)], stdout=target,
+                                           stderr=subprocess.STDOUT), target))
+    deadline = time.monotonic() + PY_SPY_SECONDS
+    for process, target in dumps:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        target.close()
+
+
+def _children(pid: int) -> list[tuple[int, str]]:
+    try:
+        processes = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    found = []
+    for process in processes:
+        try:
+            found.append((process.pid, " ".join(process.cmdline())[:200]))
+        except psutil.Error:
+            continue
+    return found
+
+
 def top_frame(dump: str) -> str:
-    """The innermost frame of the dumped main thread (faulthandler's format), as
-    ``file:line in function``."""
+    """Where the dumped main thread is (faulthandler's format): its innermost frame as
+    ``file:line in function``, followed by ``<- file:line in function`` of the innermost frame
+    of the script's own code where that is another (a rank waiting inside torch or a data
+    loader is named with the line of the script that waits)."""
     lines = dump.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith("Current thread")), 0)
+    frames = []
     for line in lines[start + 1:]:
         stripped = line.strip()
-        if stripped.startswith("File "):
-            name, _, rest = stripped[len("File "):].partition(", line ")
-            number, _, function = rest.partition(" in ")
-            return f"{Path(name.strip(chr(34))).name}:{number} in {function}"
-    return "?"
+        if not stripped.startswith("File "):
+            break
+        name, _, rest = stripped[len("File "):].partition(", line ")
+        number, _, function = rest.partition(" in ")
+        frames.append((name.strip(chr(34)), number, function))
+    if not frames:
+        return "?"
+    innermost = _frame(*frames[0])
+    script = next((_frame(*frame) for frame in frames if not _library(frame[0])), None)
+    return innermost if script in (None, innermost) else f"{innermost} <- {script}"
+
+
+def _frame(path: str, line: str, function: str) -> str:
+    return f"{Path(path).name}:{line} in {function}"
+
+
+_LIBRARY_ROOTS = tuple(sorted({str(Path(sysconfig.get_paths()[key]))
+                               for key in ("stdlib", "platstdlib")}
+                              | {str(Path(__file__).resolve().parents[1])}))
+
+
+def _library(path: str) -> bool:
+    """Whether a frame's file is Python's, an installed package's or cycler's own."""
+    return ("/site-packages/" in path or "/dist-packages/" in path or path.startswith("<")
+            or path.startswith(_LIBRARY_ROOTS))
 
 
 def _read(path: Path) -> str:

@@ -5,7 +5,10 @@ gradients with ``all_reduce``; every 10 steps all ranks save (each its ``rank-R.
 a stop or a restart resumes from the newest checkpoint. At the end rank 0 writes the weights.
 
 Faults, for the first start only (``CYCLER_RESTART_COUNT=0``): ``--hang-rank R --hang-step S``
-makes rank R sleep forever before its all_reduce at step S (the others then wait in it).
+makes rank R hang at step S, the others then wait for it in their next collective. How, by
+``--hang-kind``: ``sleep`` forever before its all_reduce; ``deadlock``: take a lock it already
+holds, after its optimizer step and before ``StepControl.step()``; ``loader``: the batches come
+through a DataLoader with one worker process, and rank R's worker sleeps forever on step S's.
 Slow but healthy phases: ``--slow-first-step``, ``--slow-save`` and ``--eval-pause`` seconds.
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -30,6 +34,7 @@ parser.add_argument("--slow-first-step", type=float, default=0.0)
 parser.add_argument("--slow-save", type=float, default=0.0)
 parser.add_argument("--eval-pause", type=float, default=0.0)
 parser.add_argument("--step-seconds", type=float, default=0.02)
+parser.add_argument("--hang-kind", choices=("sleep", "deadlock", "loader"), default="sleep")
 parser.add_argument("--crash", action="store_true", help="exit 1 instead of hanging")
 args = parser.parse_args()
 
@@ -53,12 +58,35 @@ if latest is not None:
 control = StepControl(every_steps=10, start_step=step)
 if first_start and args.slow_first_step:
     time.sleep(args.slow_first_step)
+hangs_here = first_start and rank == args.hang_rank
+
+
+class Batches(torch.utils.data.Dataset):
+    """Step s's batch of this rank, the same with or without a loader."""
+
+    def __len__(self) -> int:
+        return args.steps
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if hangs_here and args.hang_kind == "loader" and index == args.hang_step:
+            time.sleep(3600)  # the DataLoader worker process hangs on this batch
+        start = (index * world + rank) * 32 % 4096
+        return inputs[start:start + 32], targets[start:start + 32]
+
+
+if args.hang_kind == "loader":
+    sampler = range(step, args.steps)
+    batches = iter(torch.utils.data.DataLoader(Batches(), batch_size=None, sampler=sampler,
+                                               num_workers=1))
+else:
+    batches = (Batches()[index] for index in range(step, args.steps))
+lock = threading.Lock()
 while step < args.steps:
-    batch = slice((step * world + rank) * 32 % 4096, (step * world + rank) * 32 % 4096 + 32)
-    loss = torch.nn.functional.mse_loss(model(inputs[batch]), targets[batch])
+    features, labels = next(batches)
+    loss = torch.nn.functional.mse_loss(model(features), labels)
     optimizer.zero_grad()
     loss.backward()
-    if first_start and rank == args.hang_rank and step == args.hang_step:
+    if hangs_here and step == args.hang_step and args.hang_kind == "sleep":
         if args.crash:
             os._exit(1)  # a crash, for comparison
         time.sleep(3600)  # hung: never reaches the collective the others wait in
@@ -66,6 +94,9 @@ while step < args.steps:
         dist.all_reduce(parameter.grad)
         parameter.grad /= world
     optimizer.step()
+    if hangs_here and step == args.hang_step and args.hang_kind == "deadlock":
+        with lock:
+            lock.acquire()  # already held by this thread: a deadlock before step()
     step += 1
     time.sleep(args.step_seconds)
     decision = control.step()

@@ -6,6 +6,7 @@ no alarm. Real ``cycle run``, torchrun and 2 gloo ranks."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -49,12 +50,45 @@ def test_a_rank_asleep_before_its_all_reduce_is_found_dumped_and_the_job_ends_ex
     # Both ranks stopped at step 25; their stacks tell the sleeper from the one waiting for it.
     assert hangs[0]["ranks"] == [0, 1] and hangs[0]["steps"] == [25, 25]
     waiting, sleeping = hangs[0]["frames"]
-    assert "hang_worker.py" in sleeping and "<module>" in sleeping, hangs[0]
-    assert "hang_worker.py" not in waiting, hangs[0]  # inside torch's all_reduce
+    assert sleeping.startswith("hang_worker.py:") and sleeping.endswith("in <module>"), hangs[0]
+    # Inside torch's all_reduce, called from the script's line.
+    assert waiting.startswith("distributed_c10d.py:"), hangs[0]
+    assert waiting.endswith("<- hang_worker.py:" + waiting.rsplit(":", 1)[-1]), hangs[0]
     dump = Path(hangs[0]["dump"])
     assert "time.sleep(3600)" not in (dump / "rank-1.txt").read_text()  # a stack, not source
     assert "hang_worker.py" in (dump / "rank-1.txt").read_text()
     assert "rank 1 (step 25, hang_worker.py" in hung.stderr
+    final, reference_weights = torch.load(got), torch.load(expected)
+    assert all(torch.equal(final[k], reference_weights[k]) for k in reference_weights)
+
+
+@pytest.mark.parametrize("kind", ["deadlock", "loader"])
+def test_a_deadlock_before_step_or_a_hung_dataloader_worker_is_found_and_the_job_ends_exactly(
+        tmp_path: Path, kind: str) -> None:
+    reference, expected = cycle_run(tmp_path, "reference", "--hang-kind", kind)
+    assert reference.returncode == 0, reference.stderr
+    hung, got = cycle_run(tmp_path, "hung", "--hang-rank", "1", "--hang-step", "25",
+                          "--hang-kind", kind, flags=("--hang-timeout-min", "3"))
+    assert hung.returncode == 0, hung.stderr
+    (hang,) = [e for e in events_of(tmp_path / "hung") if e["event"] == "hang"]
+    frames = dict(zip(hang["ranks"], hang["frames"], strict=True))
+    dump = Path(hang["dump"])
+    if kind == "deadlock":
+        # Rank 0 went on to step 26's all_reduce: rank 1, behind, is the one named.
+        assert hang["ranks"] == [1] and hang["steps"] == [25], hang
+        assert frames[1].startswith("hang_worker.py:") and "in <module>" in frames[1], hang
+        assert "rank 1 (step 25, hang_worker.py:" in hung.stderr
+    else:
+        # Rank 1 waits for its batch from the loader's worker, inside torch's DataLoader,
+        # called from the script's line; the worker's own stack is where it sleeps.
+        assert hang["ranks"] == [0, 1] and hang["steps"] == [25, 25], hang
+        assert "<- hang_worker.py:" in frames[1] and "in <module>" in frames[1], hang
+        assert "dataloader.py" in (dump / "rank-1.txt").read_text()
+        if shutil.which("py-spy"):
+            (child,) = dump.glob("rank-1.child-*.txt")
+            assert "__getitem__" in child.read_text() and "hang_worker.py" in child.read_text()
+        else:
+            assert "not dumped (install py-spy" in (dump / "rank-1.txt").read_text()
     final, reference_weights = torch.load(got), torch.load(expected)
     assert all(torch.equal(final[k], reference_weights[k]) for k in reference_weights)
 

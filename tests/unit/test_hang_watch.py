@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sysconfig
+
 import pytest
 
 from cycler.protocol.progress import PAUSED, SAVING, TRAINING, Reading
@@ -96,10 +98,24 @@ def test_the_top_frame_is_the_innermost_frame_of_the_dumped_main_thread() -> Non
     dump = ('Thread 0x1 (most recent call first):\n'
             '  File "/usr/lib/python3.11/threading.py", line 320 in wait\n\n'
             'Current thread 0x2 (most recent call first):\n'
-            '  File "/x/torch/distributed/distributed_c10d.py", line 3252 in all_reduce\n'
-            '  File "/x/train.py", line 58 in <module>\n')
-    assert top_frame(dump) == "distributed_c10d.py:3252 in all_reduce"
+            '  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", '
+            'line 3252 in all_reduce\n'
+            '  File "/home/me/train.py", line 58 in <module>\n')
+    assert top_frame(dump) == "distributed_c10d.py:3252 in all_reduce <- train.py:58 in <module>"
     assert top_frame("garbage") == "?"
+
+
+def test_the_top_frame_names_the_scripts_line_under_the_standard_library_once() -> None:
+    stdlib = sysconfig.get_paths()["stdlib"]
+    waiting = ('Current thread 0x2 (most recent call first):\n'
+               f'  File "{stdlib}/selectors.py", line 415 in select\n'
+               f'  File "{stdlib}/multiprocessing/connection.py", line 947 in wait\n'
+               '  File "/home/me/model/data.py", line 12 in batches\n'
+               '  File "/home/me/train.py", line 80 in <module>\n')
+    assert top_frame(waiting) == "selectors.py:415 in select <- data.py:12 in batches"
+    asleep = ('Current thread 0x2 (most recent call first):\n'
+              '  File "/home/me/train.py", line 60 in <module>\n')
+    assert top_frame(asleep) == "train.py:60 in <module>"
 
 
 def test_a_process_the_worker_spawns_never_takes_over_its_beacon(tmp_path) -> None:
