@@ -132,6 +132,9 @@ def run(
     node_timeout: float = typer.Option(None, "--node-timeout", help="Seconds another node "
                                        "may go silent before this one gives the job up "
                                        "(default: 30)."),
+    start_timeout: float = typer.Option(None, "--start-timeout", help="Seconds another node "
+                                        "may stay unheard from the start before the job ends "
+                                        "naming it (default: 600)."),
     hang_detection: bool = typer.Option(None, "--hang-detection/--no-hang-detection",
                                         help="Kill and restart workers that stop making "
                                         "progress (default: on)."),
@@ -202,7 +205,8 @@ def run(
         "checkpoint_dir": checkpoint_dir, "checkpoint_name": checkpoint_name, "grace": grace,
         "memory_tier": _memory_tier(memory_tier, memory_dir), "persist_every": persist_every,
         "max_restarts": max_restarts, "restart_delay": restart_delay, "requeue": requeue,
-        "node_timeout": node_timeout, "hang_detection": hang_detection,
+        "node_timeout": node_timeout, "start_timeout": start_timeout,
+        "hang_detection": hang_detection,
         "hang_timeout_min": hang_timeout_min, "hang_factor": hang_factor,
         "hang_first_step": hang_first_step, "hang_pause_timeout": hang_pause_timeout,
         "max_requeues": max_requeues, "resume_from": resume_from, "signals": signals,

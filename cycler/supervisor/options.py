@@ -23,6 +23,7 @@ from cycler.checkpoint.tiers import DEFAULT_MEMORY_DIR, DEFAULT_PERSIST_EVERY, m
 from cycler.errors import ConfigError
 from cycler.protocol.environment import default_checkpoint_root
 from cycler.supervisor.notices import NOTICE_MODES
+from cycler.supervisor.peers import START_TIMEOUT
 
 DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR2")
 # These cannot be caught (KILL, STOP) or already mean something else to the supervisor.
@@ -86,6 +87,10 @@ class RunOptions:
     node_timeout: float = 30.0
     """Seconds another node's supervisor may stay silent before this node gives the job up
     (multi-node jobs; its workers could never finish a collective without that node)."""
+    start_timeout: float = START_TIMEOUT
+    """Seconds another node may stay unheard from the start before the job ends naming it
+    (multi-node jobs; torchrun's rendezvous waits a little longer, so this verdict comes
+    first)."""
     hang_detection: bool = True
     """Kill and restart the workers when none of this node's makes progress for too long
     (workers that import cycler only: they publish progress)."""
@@ -155,6 +160,9 @@ class RunOptions:
                  "must be a finite number of seconds above 0 (such as 60)")
         _require(math.isfinite(self.node_timeout) and self.node_timeout >= 2, "node_timeout",
                  "must be a finite number of seconds, 2 or more (heartbeats come every second)")
+        _require(math.isfinite(self.start_timeout) and self.start_timeout >= self.node_timeout,
+                 "start_timeout", "must be a finite number of seconds, at least the node timeout "
+                 f"({self.node_timeout:g})")
         _require(math.isfinite(self.restart_delay) and self.restart_delay >= 0,
                  "restart_delay", "must be a finite number of seconds, 0 or more")
         for name in ("hang_timeout_min", "hang_first_step", "hang_pause_timeout"):
@@ -239,7 +247,8 @@ _CONFIG_TYPES: dict[str, tuple[type, ...]] = {
     "rdzv_backend": (str,), "rdzv_id": (str, int), "standalone": (bool,), "checkpoint_dir": (str,),
     "checkpoint_name": (str,), "memory_tier": (str, bool), "persist_every": (int,),
     "grace": (int, float), "max_restarts": (int,),
-    "restart_delay": (int, float), "node_timeout": (int, float), "requeue": (bool,),
+    "restart_delay": (int, float), "node_timeout": (int, float), "start_timeout": (int, float),
+    "requeue": (bool,),
     "hang_detection": (bool,), "hang_timeout_min": (int, float), "hang_factor": (int, float),
     "hang_first_step": (int, float), "hang_pause_timeout": (int, float),
     "max_requeues": (int,),

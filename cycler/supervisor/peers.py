@@ -16,7 +16,8 @@ explicit ``--rdzv-id``), a record of this run counts at once: a node that failed
 one looked is found at once, and an earlier run's record never counts.
 
 A node never heard is said after ``timeout`` ("waiting for node 1: no heartbeat yet"); after
-:data:`START_TIMEOUT` (torchrun's own rendezvous join timeout) it is lost as never started, and
+``start_timeout`` (``--start-timeout``, :data:`START_TIMEOUT` by default; torchrun's rendezvous is
+given a little longer) it is lost as never started, and
 so is one still unheard ``timeout`` after this node's workers made their first step (the
 rendezvous completed, so it runs: it writes its records under another root, which the nodes
 must share).
@@ -39,8 +40,8 @@ BEAT_SECONDS = 1.0
 CHECK_SECONDS = 1.0
 """How often a supervisor reads the other nodes' records."""
 START_TIMEOUT = 600.0
-"""Seconds a node may stay unheard from the start before the job gives it up (torchrun's
-rendezvous waits as long for it)."""
+"""Seconds a node may stay unheard from the start before the job gives it up (torchrun's own
+default rendezvous join timeout)."""
 
 
 class Heartbeat:

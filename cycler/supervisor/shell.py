@@ -172,7 +172,8 @@ class Supervisor:
         run = run_token(options)
         self._heartbeat = Heartbeat(self.layout, options.node_rank, run)
         self._peers = PeerWatch(self.layout, options.node_rank, options.nnodes,
-                                timeout=options.node_timeout, run=run)
+                                timeout=options.node_timeout, run=run,
+                                start_timeout=options.start_timeout)
         policy = None if not options.hang_detection else HangPolicy(
             floor=options.hang_timeout_min, factor=options.hang_factor,
             first_step=options.hang_first_step, pause=options.hang_pause_timeout)

@@ -107,6 +107,10 @@ def _launcher_arguments(options: RunOptions) -> list[str]:
     return arguments
 
 
+JOIN_MARGIN = 30.0
+"""Seconds torchrun's rendezvous waits for the nodes beyond ``--start-timeout``."""
+
+
 def _rendezvous_arguments(options: RunOptions) -> list[str]:
     run_id = options.rdzv_id or options.slurm_job_id or "cycler"
     if options.rdzv_endpoint is not None:
@@ -127,7 +131,10 @@ def _rendezvous_arguments(options: RunOptions) -> list[str]:
     endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     arguments = ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id]
     if not _has_option(options.torchrun_args, "--rdzv-conf", "--rdzv_conf"):
-        arguments += ["--rdzv-conf", f"is_host={int(options.node_rank == 0)}"]
+        # The rendezvous outwaits the supervisor's start timeout: a node that never comes is
+        # named by the supervisor, not reported as the workers' failure.
+        join = options.start_timeout + JOIN_MARGIN
+        arguments += ["--rdzv-conf", f"is_host={int(options.node_rank == 0)},join_timeout={join:g}"]
     return arguments
 
 

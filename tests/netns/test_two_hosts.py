@@ -11,6 +11,10 @@ to an uninterrupted job:
   rendezvous or collective timeout, with exit 75 and the reason;
 - node 0's supervisor is killed with SIGKILL: node 1's torchrun fails on the lost rendezvous
   store, and node 1 waits for the heartbeats' verdict and exits 75, not 1 (issue 17).
+
+Apart: ten worker kills in one job; a hang on node 1; a node that never starts is named within
+``--start-timeout``, and a node that comes after the other failed in the same run finds that at
+once.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import pytest
 import torch
 from hosts import Host
 
-from cycler import EXIT_REQUEUE, EXIT_SUCCESS, latest_checkpoint
+from cycler import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS, latest_checkpoint
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.protocol.events import read_events
 
@@ -207,3 +211,30 @@ def test_a_rank_that_hangs_on_node_1_restarts_both_nodes_and_the_job_ends_exactl
     expected, actual = torch.load(reference), torch.load(final)
     for name in expected:
         assert torch.equal(expected[name], actual[name]), name
+
+
+def test_a_node_that_never_starts_is_named_and_one_that_failed_before_the_other_looked_at_once(
+        hosts: tuple[Host, Host], tmp_path: Path) -> None:
+    root, final = tmp_path / "ck", tmp_path / "final.pt"
+    port = 29500 + os.getpid() % 1000
+    flags = ("--start-timeout", "15", "--rdzv-id", "missing-node")  # one run: a shared token
+    started = time.monotonic()
+    alone = Node(hosts[1], 1, hosts[0], root, final, port, flags=flags)
+    assert alone.wait(timeout=60) == EXIT_FAILURE, alone.text()
+    took = time.monotonic() - started
+    assert 15 <= took < 15 + 10, f"node 1 took {took:.1f} s to give node 0 up"
+    assert "waiting for node 0: no heartbeat yet" in alone.text(), alone.text()
+    assert "node 0 never started" in alone.text() and "workers failed" not in alone.text()
+
+    # Node 0 comes late in the same run: node 1's record already says it failed.
+    started = time.monotonic()
+    late = Node(hosts[0], 0, hosts[0], root, final, port, flags=flags)
+    try:
+        assert late.wait(timeout=60) == EXIT_FAILURE, late.text()
+    finally:
+        if late.process.poll() is None:
+            late.process.kill()
+    took = time.monotonic() - started
+    assert took < NODE_TIMEOUT, f"node 0 took {took:.1f} s to find node 1 failed"
+    assert "node 1 failed (its supervisor exited 1)" in late.text(), late.text()
+    assert not list(psutil.Process().children(recursive=True)), "every process of both ended"

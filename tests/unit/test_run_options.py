@@ -209,14 +209,15 @@ def test_the_torchrun_command_never_restarts_and_passes_script_arguments_untouch
 
 
 def test_multi_node_commands_meet_in_a_c10d_rendezvous_hosted_by_node_0_at_the_master():
-    def command(node_rank: int, *extra: str) -> str:
+    def command(node_rank: int, *extra: str, start_timeout: float = 600.0) -> str:
         return " ".join(torchrun_command(RunOptions(
             script=Path("t.py"), nnodes=2, node_rank=node_rank, master_addr="head",
-            master_port=1234, torchrun_args=extra), python="py"))
+            master_port=1234, torchrun_args=extra, start_timeout=start_timeout), python="py"))
 
     expected = " --rdzv-backend c10d --rdzv-endpoint head:1234 --rdzv-id cycler --rdzv-conf "
-    assert expected + "is_host=0 t.py" in command(1)
-    assert expected + "is_host=1 t.py" in command(0)
+    assert expected + "is_host=0,join_timeout=630 t.py" in command(1)
+    assert expected + "is_host=1,join_timeout=630 t.py" in command(0)
+    assert "is_host=1,join_timeout=70 " in command(0, start_timeout=40.0), "30 s beyond ours"
     assert "is_host" not in command(0, "--rdzv-conf=join_timeout=30"), "the user's conf wins"
     ipv6 = torchrun_command(RunOptions(script=Path("t.py"), nnodes=2, master_addr="fd00::1"))
     assert ipv6[ipv6.index("--rdzv-endpoint") + 1] == "[fd00::1]:29500"
