@@ -22,7 +22,15 @@ import pytest
 import torch
 from local_slurm import LocalSlurm, SlurmUnavailable, cgroup_v1_freezer_problem, missing_binaries
 from scenarios import Scenarios
-from slurm_jobs import EXAMPLE, REPO, TRAIN_ARGS, Outcome, write_environment
+from slurm_jobs import (
+    EXAMPLE,
+    REPO,
+    SAVER_ONLY,
+    SAVER_ONLY_ARGS,
+    TRAIN_ARGS,
+    Outcome,
+    write_environment,
+)
 
 KEEP = os.environ.get("CYCLER_SLURM_KEEP") == "1"  # keep the session's directory to debug
 SUMMARY: list[str] = []
@@ -50,7 +58,7 @@ def session_directory() -> Iterator[Path]:
 class ReferenceRun:
     """The same training run uninterrupted, outside Slurm, started in the background."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, script: list[str]) -> None:
         directory.mkdir()
         self.final = directory / "final.pt"
         env = {key: value for key, value in os.environ.items()
@@ -58,7 +66,7 @@ class ReferenceRun:
         env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
         command = [sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", "1",
                    "--checkpoint-dir", str(directory / "checkpoints"), "--no-requeue",
-                   str(EXAMPLE), *TRAIN_ARGS, "--final-weights", str(self.final)]
+                   *script, "--final-weights", str(self.final)]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True, env=env,
                                         cwd=directory)
@@ -68,20 +76,34 @@ class ReferenceRun:
         assert self.process.returncode == 0, output
         return torch.load(self.final, weights_only=True)
 
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
 
 @pytest.fixture(scope="session")
 def reference_run(session_directory: Path) -> Iterator[ReferenceRun]:
-    run = ReferenceRun(session_directory / "uninterrupted")
+    run = ReferenceRun(session_directory / "uninterrupted", [str(EXAMPLE), *TRAIN_ARGS])
     yield run
-    if run.process.poll() is None:
-        run.process.kill()
-        run.process.wait()
+    run.stop()
 
 
 @pytest.fixture(scope="session")
 def reference(reference_run: ReferenceRun) -> dict[str, torch.Tensor]:
     """Final weights of the same training run uninterrupted, outside Slurm."""
     return reference_run.weights()
+
+
+@pytest.fixture(scope="session")
+def saver_only_reference(session_directory: Path) -> dict[str, torch.Tensor]:
+    """Final weights of the saver-only script's training uninterrupted, outside Slurm."""
+    run = ReferenceRun(session_directory / "uninterrupted-saver-only",
+                       [str(SAVER_ONLY), *SAVER_ONLY_ARGS])
+    try:
+        return run.weights()
+    finally:
+        run.stop()
 
 
 MODES = ("cgroup", "pgid", "linuxproc")

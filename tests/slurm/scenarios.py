@@ -20,7 +20,7 @@ FIRST_CHECKPOINT = "cycle: checkpoint 0 committed"
 SHORT_RUN_DELAY = 0.05  # 256 steps: ~13 s of training
 LONG_RUN_DELAY = 0.2  # ~51 s: still training when the time-limit notice comes
 NOTICE = 15  # --signal=B:TERM@15 with --time=1: Slurm sends it 15..45 s before the limit
-CONCURRENT = ("time_limit", "requeue", "scancel", "multi_node")
+CONCURRENT = ("time_limit", "requeue", "scancel", "multi_node", "saver_only")
 SUBMIT_STAGGER = 0.5
 STAYS_CANCELLED_FOR = 20.0  # longer than cred_expire + sched_interval: a requeue would show
 
@@ -50,13 +50,17 @@ class Scenarios:
         return results
 
     def _submit(self, name: str, *sbatch_args: str, delay: float = SHORT_RUN_DELAY,
-                template: Path = SINGLE_NODE) -> SubmittedJob:
+                template: Path = SINGLE_NODE, saver_only: bool = False) -> SubmittedJob:
         return submit(self.cluster, self.base / name, self.environment, "--job-name", name,
-                      *sbatch_args, step_delay=delay, template=template)
+                      *sbatch_args, step_delay=delay, template=template, saver_only=saver_only)
 
     def requeue(self) -> Outcome:
         """``scontrol requeue`` from outside while the job trains."""
         return self._requeued(self._submit("requeue"))
+
+    def saver_only(self) -> Outcome:
+        """The same with a script that commits through the savers only (no StepControl)."""
+        return self._requeued(self._submit("saver_only", delay=0.04, saver_only=True))
 
     def multi_node(self) -> Outcome:
         """The same with ``multi_node.sbatch`` on one node: ``cycle run`` in an srun step."""

@@ -32,6 +32,10 @@ EXAMPLE = REPO / "examples" / "train.py"
 # a run lasts without changing the weights: one uninterrupted run is the reference for all.
 TRAIN_ARGS = ["--epochs", "2", "--samples", "2048", "--batch-size", "16", "--hidden", "64",
               "--checkpoint-every", "40", "--workers", "1"]
+# A script that commits through the savers only (cycling_utils idioms, no StepControl): its stop
+# checkpoint is its next commit after the request. --batch-delay only sleeps, as above.
+SAVER_ONLY = REPO / "tests" / "compat" / "scripts" / "ddp_classifier.py"
+SAVER_ONLY_ARGS = ["--epochs", "3", "--samples", "1536", "--save-every", "10"]
 FINISHED = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
                       "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"})
 WAIT_TIMEOUT = 240.0  # a job may wait for a CPU behind the others, and starts slowly on 2 cores
@@ -167,15 +171,18 @@ class SubmittedJob:
 
 
 def submit(cluster: LocalSlurm, directory: Path, environment: Path, *sbatch_args: str,
-           step_delay: float, template: Path = SINGLE_NODE) -> SubmittedJob:
-    """``sbatch [ARGS] TEMPLATE examples/train.py ...`` from ``directory``."""
+           step_delay: float, template: Path = SINGLE_NODE,
+           saver_only: bool = False) -> SubmittedJob:
+    """``sbatch [ARGS] TEMPLATE examples/train.py ...`` from ``directory`` (with
+    ``saver_only``, the compat suite's saver-only script instead)."""
     directory.mkdir(parents=True, exist_ok=True)
     env = {key: value for key, value in cluster.env.items()
            if not key.startswith(("SLURM_", "CYCLER_")) or key == "SLURM_CONF"}
     env.update(CYCLER_VENV=str(environment), OMP_NUM_THREADS="1")
+    script = [str(SAVER_ONLY), *SAVER_ONLY_ARGS, "--batch-delay", str(step_delay)] \
+        if saver_only else [str(EXAMPLE), *TRAIN_ARGS, "--step-delay", str(step_delay)]
     command = ["sbatch", "--parsable", "--cpus-per-task=1", *sbatch_args, str(template),
-               str(EXAMPLE), *TRAIN_ARGS, "--step-delay", str(step_delay),
-               "--final-weights", str(directory / "final.pt")]
+               *script, "--final-weights", str(directory / "final.pt")]
     job_id = cluster.run(command, check=True, env=env, cwd=directory).strip().split(";")[0]
     return SubmittedJob(cluster, directory, job_id)
 

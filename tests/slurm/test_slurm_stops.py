@@ -6,7 +6,8 @@ job ends with weights bit-identical to an uninterrupted run, and no process of i
 behind. Run with proctrack/cgroup (only the batch shell gets Slurm's TERM) and proctrack/pgid
 (its whole process group does, and torchrun is in a session of its own), and, for the outside
 requeue, with proctrack/linuxproc, which sends the TERM to every process of the job, DataLoader
-workers included.
+workers included, both for examples/train.py (StepControl) and for a script that only commits
+through the savers.
 
 Not part of the default run: ``python -m pytest -m slurm tests/slurm`` (as root, with Debian's
 slurmctld, slurmd, slurm-client and munge installed)."""
@@ -116,4 +117,24 @@ def test_a_term_that_slurm_sends_to_every_process_of_the_job_kills_nothing_befor
     assert_stopped_at_a_checkpoint_then_finished(outcome)
     assert (outcome.fields["JobState"], outcome.fields["Restarts"]) == ("COMPLETED", "1")
     assert_bit_identical(outcome, reference)
+    assert not outcome.survivors
+
+
+@pytest.mark.proctrack("linuxproc")
+@pytest.mark.scenario("saver_only")
+def test_a_saver_only_script_under_linuxproc_makes_its_stop_checkpoint_at_its_next_commit(
+        outcome: Outcome, saver_only_reference: dict[str, torch.Tensor]) -> None:
+    # Issue 17: the script has no StepControl; the TERM reached every process of the job, and
+    # the worker lived on to its next commit, which cycle then ended it after.
+    strays = [line for line in outcome.log.splitlines() if "directly; ignored" in line]
+    assert len(strays) >= 2, outcome.log  # torchrun and the worker at least
+    codes = [run.code for run in outcome.runs()]
+    assert codes == [EXIT_REQUEUE, EXIT_SUCCESS], f"{codes}\n{outcome.log}"
+    stop = outcome.runs()[0]
+    assert stop.commit_after_signal is not None, f"no checkpoint after the signal\n{outcome.log}"
+    names = [event["event"] for event in outcome.events]
+    assert "stop_after_commit" in names and "stop_without_new_checkpoint" not in names, names
+    assert "Traceback" not in outcome.log, outcome.log
+    assert (outcome.fields["JobState"], outcome.fields["Restarts"]) == ("COMPLETED", "1")
+    assert_bit_identical(outcome, saver_only_reference)
     assert not outcome.survivors
