@@ -2,7 +2,9 @@
 
 This is the one reader of the layout. ``latest_checkpoint`` (resume), ``cycle status``,
 ``cycle prune`` and retention all see checkpoints through :func:`list_checkpoints`, so they can
-never disagree about which checkpoint is valid or latest.
+never disagree about which checkpoint is valid or latest. What a verifying read found wrong is
+kept by :mod:`cycler.checkpoint.verification` (the one thing a read leaves behind, so that the
+others agree with it).
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from cycler._fs import atomic_write_bytes
 from cycler.checkpoint.layout import DEFAULT_PREFIX, MANIFEST_NAME, CheckpointLayout, CheckpointName
 from cycler.checkpoint.manifest import CHECKSUM_MISMATCH, Manifest, check_files, read_manifest
+from cycler.checkpoint.verification import failed_verifications, record_failed_verification
 from cycler.errors import (
     CheckpointNotFound,
     CorruptCheckpoint,
@@ -215,7 +217,7 @@ def _verified(layout: CheckpointLayout, checkpoint: Checkpoint, failed: dict[str
         return checkpoint
     checked = inspect_checkpoint(layout, checkpoint.name, verify=True)
     if checked.problem and CHECKSUM_MISMATCH in checked.problem:
-        record_failed_verification(layout, checked)
+        record_failed_verification(layout, checked.name, checked.problem)
     return checked
 
 
@@ -321,7 +323,7 @@ def latest_checkpoint(root: str | os.PathLike[str] | None = None, name: str | No
     def look(entry: CheckpointName) -> Checkpoint:
         checked = with_record(inspect_checkpoint(layout, entry, verify), failed)
         if verify and checked.problem and CHECKSUM_MISMATCH in checked.problem:
-            record_failed_verification(layout, checked)
+            record_failed_verification(layout, checked.name, checked.problem)
         return checked
 
     names = layout.checkpoint_names()
@@ -359,28 +361,6 @@ def no_valid_checkpoint(root: str | os.PathLike[str], name: str = DEFAULT_PREFIX
     if any(c.valid for c in checked) or not any(c.committed for c in checked):
         return None
     return "; ".join(f"{c.path.name}: {c.problem}" for c in checked if c.committed)
-
-
-def record_failed_verification(layout: CheckpointLayout, checkpoint: Checkpoint) -> None:
-    """Remember that ``checkpoint`` failed its checksums, for ``cycle status``, ``cycle prune``
-    and retention; best effort."""
-    try:
-        layout.supervisor_dir.mkdir(exist_ok=True)
-        atomic_write_bytes(layout.verification_record_path(checkpoint.name),
-                           (checkpoint.problem or "").encode(), durable=False)
-    except OSError:
-        pass
-
-
-def failed_verifications(layout: CheckpointLayout) -> dict[str, str]:
-    """Checkpoint name -> what a verification found wrong, for every one that failed."""
-    found = {}
-    for name, record in layout.verification_records().items():
-        try:
-            found[name] = record.read_text() or "checksum mismatch"
-        except OSError:
-            continue
-    return found
 
 
 def find_checkpoint(root: str | os.PathLike[str], checkpoint: str,

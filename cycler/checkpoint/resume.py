@@ -30,16 +30,15 @@ from cycler.checkpoint.listing import (
     Checkpoint,
     CheckpointWarning,
     by_index,
-    failed_verifications,
     find_checkpoint,
     inspect_checkpoint,
     latest_checkpoint,
-    record_failed_verification,
     say_none_is_valid,
     with_record,
 )
 from cycler.checkpoint.manifest import CHECKSUM_MISMATCH, check_files, files_of_rank, read_manifest
 from cycler.checkpoint.tiers import newest_of
+from cycler.checkpoint.verification import failed_verifications, record_failed_verification
 from cycler.errors import CheckpointNotFound, CorruptCheckpoint, CyclerError
 from cycler.protocol.environment import ENV_RESUME_FROM
 
@@ -164,7 +163,7 @@ def _verified_together(layout: CheckpointLayout, coordinator: Coordinator, name:
         if CHECKSUM_MISMATCH in outcome:
             parsed = layout.parse(name)
             if parsed is not None:
-                record_failed_verification(layout, _named(layout, parsed, outcome))
+                record_failed_verification(layout, parsed, outcome)
         coordinator.publish(key, outcome)
     return None if outcome == "ok" else outcome
 
@@ -179,10 +178,6 @@ def _share_problem(layout: CheckpointLayout, name: str, coordinator: Coordinator
     except (OSError, CyclerError) as error:
         return f"rank {coordinator.rank}: {error}"
     return None if problem is None else f"rank {coordinator.rank}: {problem}"
-
-
-def _named(layout: CheckpointLayout, name: CheckpointName, problem: str) -> Checkpoint:
-    return replace(inspect_checkpoint(layout, name), problem=problem)
 
 
 def _say_fell_back(layout: CheckpointLayout, chosen: str, problems: dict[str, str]) -> None:

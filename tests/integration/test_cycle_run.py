@@ -318,7 +318,8 @@ def test_dry_run_under_slurm_uses_the_first_host_and_the_node_id(tmp_path: Path)
     assert result.exit_code == 0, result.output
     assert "--cycle-node-rank=1 " in result.stdout, "node 1 keeps group rank 1"
     assert ("--nnodes 2 --max-restarts 1000000 --monitor-interval 0.02 --rdzv-backend c10d "
-            "--rdzv-endpoint node07:20055 --rdzv-id 55 --rdzv-conf is_host=0,join_timeout=630 ") in result.stdout
+            "--rdzv-endpoint node07:20055 --rdzv-id 55 --rdzv-conf is_host=0,join_timeout=630 "
+            ) in result.stdout
     assert "CYCLER_RESTART_COUNT=2" in result.stdout
     assert "CYCLER_CONTROL_FILE=" in result.stdout and "control-node1.json" in result.stdout
 
