@@ -23,7 +23,7 @@ if os.environ.get("CYCLER_CONTROL_FILE") and os.environ.get("LOCAL_RANK"):
     # A worker of cycle run (torchrun sets LOCAL_RANK for workers only, not for itself): say so
     # at once, so that a stop arriving before the script builds its StepControl or saver waits
     # for them instead of treating it as a plain script.
-    from cycler.protocol.control import USES_CYCLER, announce
+    from cycler.protocol.features import USES_CYCLER, announce
     from cycler.protocol.progress import beacon, register_stack_dump
 
     announce(USES_CYCLER)

@@ -49,14 +49,9 @@ from cycler.checkpoint.tiers import (
     retain_memory,
 )
 from cycler.errors import CheckpointDirectoryError, CyclerError, RankFailed
-from cycler.protocol.control import (
-    USES_CONTROL,
-    USES_SAVER,
-    announce,
-    stop_requested_of_this_job,
-    uses_here,
-)
+from cycler.protocol.control import stop_requested_of_this_job
 from cycler.protocol.environment import ENV_CONTROL_FILE, default_checkpoint_name
+from cycler.protocol.features import USES_CONTROL, USES_SAVER, announce, uses_here
 from cycler.protocol.progress import SAVING, beacon
 from cycler.protocol.stop_signals import lower_shield, shield_from_stray_signals
 

@@ -4,10 +4,8 @@ The supervisor is the only writer and always replaces the file atomically, so a 
 whole request or the previous one. Workers poll it cheaply: a ``stat`` per check, and a read only
 when the file was replaced (atomic replacement always changes the inode).
 
-Workers also announce what of the protocol they speak, so that on a stop the supervisor picks
-the path that suits the script: an empty file beside the control file per feature
-(``control-node0.uses-control``), created by the first worker that uses it. The supervisor
-removes them before each start of the workers.
+What workers speak of the protocol (and so how a stop reaches them) is told apart, in
+:mod:`cycler.protocol.features`.
 """
 
 from __future__ import annotations
@@ -21,20 +19,13 @@ from pathlib import Path
 
 from cycler._fs import atomic_write_bytes
 from cycler.protocol.environment import ENV_CONTROL_FILE
+from cycler.protocol.features import USES_CONTROL, announce
 from cycler.protocol.names import CONTROL_FILENAME, every_node
 
 CONTROL_VERSION = 1
 
-USES_CYCLER = "cycler"
-"""The script imported cycler (what else it uses may follow within seconds)."""
-USES_CONTROL = "control"
-"""The script reads the control file (``StepControl``): it stops at an agreed step."""
-USES_SAVER = "saver"
-"""The script commits through cycler's savers: its commits are visible to the supervisor."""
-FEATURES = (USES_CYCLER, USES_CONTROL, USES_SAVER)
 WORKER_STARTED_AT = time.time()
 """About when this process started (cycler's import): a stop asked for before it was not."""
-_USED_HERE: set[str] = set()
 
 
 class Action(str, enum.Enum):
@@ -116,48 +107,6 @@ def stop_requested_of_this_job(since: float = WORKER_STARTED_AT) -> bool:
         return False
     paths = sorted(Path(control).parent.glob(every_node(CONTROL_FILENAME)))
     return stop_requested_since(paths, since)
-
-
-def announcement_path(control_path: Path, feature: str) -> Path:
-    """Where workers reading ``control_path`` announce ``feature`` (one of :data:`FEATURES`)."""
-    return control_path.with_name(f"{control_path.stem}.uses-{feature}")
-
-
-
-
-def uses_here(feature: str) -> bool:
-    """Whether this process announced ``feature`` (a StepControl stops at its agreed step)."""
-    return feature in _USED_HERE
-
-
-def announce(feature: str, control_path: Path | str | None = None) -> None:
-    """Tell the supervisor this worker uses ``feature`` (no-op outside ``cycle run``).
-
-    ``control_path`` defaults to ``$CYCLER_CONTROL_FILE``. Costs a ``stat`` once the file exists;
-    never raises: an announcement only speeds a stop up.
-    """
-    _USED_HERE.add(feature)
-    control = control_path or os.environ.get(ENV_CONTROL_FILE)
-    if not control:
-        return
-    path = announcement_path(Path(control), feature)
-    if not os.path.exists(path):
-        try:
-            path.touch()
-        except OSError:
-            pass
-
-
-def announced(control_path: Path) -> frozenset[str]:
-    """The features the workers of this node announced since the last :func:`clear`."""
-    return frozenset(feature for feature in FEATURES
-                     if announcement_path(control_path, feature).exists())
-
-
-def clear_announcements(control_path: Path) -> None:
-    """Forget the announcements of workers that are gone (before starting new ones)."""
-    for feature in FEATURES:
-        announcement_path(control_path, feature).unlink(missing_ok=True)
 
 
 class ControlFileWatcher:

@@ -31,15 +31,10 @@ from cycler.checkpoint.listing import inspect_checkpoint, list_checkpoints
 from cycler.checkpoint.lock import SupervisorLock
 from cycler.checkpoint.tiers import persist_newest, remove_memory_root
 from cycler.errors import CyclerError
-from cycler.protocol.control import (
-    announced,
-    clear_announcements,
-    read_control,
-    stop_requested_since,
-    write_control,
-)
+from cycler.protocol.control import read_control, stop_requested_since, write_control
 from cycler.protocol.events import EventLog, describe
 from cycler.protocol.exit_codes import EXIT_REQUEUE
+from cycler.protocol.features import announced, clear_announcements
 from cycler.supervisor import core, notices
 from cycler.supervisor.checks import (
     check_artifact_path,

@@ -11,7 +11,8 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from cycler.protocol.control import USES_CONTROL, USES_CYCLER, USES_SAVER, ControlRequest
+from cycler.protocol.control import ControlRequest
+from cycler.protocol.features import USES_CONTROL, USES_CYCLER, USES_SAVER
 
 
 class StopPath(str, enum.Enum):

@@ -6,7 +6,7 @@ import datetime
 import signal
 from pathlib import Path
 
-from cycler.protocol.control import USES_CONTROL
+from cycler.protocol.features import USES_CONTROL
 from cycler.supervisor.core import (
     CoreConfig,
     HardDeadline,

@@ -9,8 +9,8 @@ import signal
 
 import pytest
 
-from cycler.protocol.control import USES_CONTROL, USES_CYCLER, USES_SAVER
 from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE
+from cycler.protocol.features import USES_CONTROL, USES_CYCLER, USES_SAVER
 from cycler.supervisor.core import (
     Announced,
     CheckpointCommitted,
