@@ -63,6 +63,10 @@ class DirectoryInUse(CyclerError, RuntimeError):
     exit_code = EXIT_USAGE
 
 
+class UnsupportedTorch(CyclerError, RuntimeError):
+    """A feature needs a newer torch than the one installed (the message says which)."""
+
+
 class RankFailed(CyclerError, RuntimeError):
     """Another rank (usually rank 0) failed in a step that every rank takes together."""
 

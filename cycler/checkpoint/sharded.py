@@ -226,8 +226,16 @@ def default_stager() -> Any:
     killed during its first save leaked full-size ``/dev/shm/torch_<pid>_*`` segments that
     nothing removes (issue 16). Measured on this machine, staging 100 MB / 1 GB from the
     second save on: 7.1 / 55-57 ms in plain memory against 6.9-7.4 / 54-72 ms shared."""
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    try:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    except ImportError as error:
+        import torch
 
+        from cycler.errors import UnsupportedTorch
+
+        raise UnsupportedTorch(
+            f"asynchronous saves need torch 2.9 or newer (DCP's DefaultStager); this is torch "
+            f"{torch.__version__}: upgrade torch, or save with asynchronous=False") from error
     return DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
                                         use_async_staging=False, use_non_blocking_copy=False))
 

@@ -40,7 +40,9 @@ def lower_shield() -> None:
     _lowered.set()
 
 
-def _stray(number: int, frame: FrameType | None) -> None:
+def on_stray_signal(number: int, frame: FrameType | None) -> None:
+    """The shield's handler: says once that the signal came and was ignored (after
+    :func:`lower_shield`, does what the signal would have done)."""
     if _lowered.is_set():
         signal.signal(number, signal.SIG_DFL)
         os.kill(os.getpid(), number)
@@ -68,7 +70,7 @@ def ignore_stray(numbers: list[int], *, over_any_handler: bool = False) -> None:
     for number in numbers:
         current = signal.getsignal(number)
         if over_any_handler or current in (signal.SIG_DFL, signal.default_int_handler, None):
-            signal.signal(number, _stray)
+            signal.signal(number, on_stray_signal)
 
 
 def shield_from_stray_signals() -> None:

@@ -39,7 +39,7 @@ from cycler.checkpoint.layout import CheckpointLayout
 from cycler.protocol.control import stop_requested_since
 from cycler.protocol.environment import ENV_CHECKPOINT_DIR
 from cycler.protocol.events import EventLog
-from cycler.protocol.stop_signals import ignore_stray, stop_signals
+from cycler.protocol.stop_signals import ignore_stray, on_stray_signal, stop_signals
 from cycler.supervisor.budget import RestartBudget
 
 
@@ -215,12 +215,33 @@ def main(argv: list[str] | None = None) -> None:
     if "fixed-nodes" in own:
         keep_node_ranks(int(own["node-rank"]), int(own["fixed-nodes"]))
     try:
-        torchrun.main(["--signals-to-handle", "SIGQUIT", *arguments])
+        torchrun.main(_handling_only_sigquit(arguments))
     except (ChildFailedError, SignalException) as error:
         if not stopping():
             raise
         sys.stderr.write(f"torchrun: {_summary(error)} during the stop cycle run asked for\n")
         sys.exit(1)
+
+
+def _handling_only_sigquit(arguments: list[str]) -> list[str]:
+    """torchrun's arguments, told to handle SIGQUIT only: ``--signals-to-handle`` where torchrun
+    has it (torch 2.10 and newer). An older torchrun gives SIGTERM, SIGINT, SIGHUP and SIGQUIT
+    its own handler when it starts the workers, looked up by name then: the stop signals get
+    the shield's instead."""
+    from torch.distributed import run as torchrun
+
+    parser = torchrun.get_args_parser()
+    if any("--signals-to-handle" in action.option_strings for action in parser._actions):
+        return ["--signals-to-handle", "SIGQUIT", *arguments]
+    from torch.distributed.elastic.multiprocessing import api
+
+    stops, terminate = set(stop_signals()), api._terminate_process_handler
+
+    def handler(number: int, frame: Any) -> None:
+        (on_stray_signal if number in stops else terminate)(number, frame)
+
+    api._terminate_process_handler = handler  # type: ignore[assignment]
+    return arguments
 
 
 def _summary(error: Exception) -> str:

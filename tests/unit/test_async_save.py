@@ -11,7 +11,12 @@ import torch
 
 from cycler import AtomicDirectory, latest_checkpoint, list_checkpoints, read_manifest
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning")]
+try:
+    from torch.distributed.checkpoint.staging import DefaultStager  # noqa: F401
+except ImportError:  # tests/unit/test_torch_versions.py checks the error instead
+    pytestmark.append(pytest.mark.skip(reason=f"torch {torch.__version__} has no DCP "
+                                       "DefaultStager: asynchronous saves need torch 2.9"))
 
 
 def test_back_to_back_async_saves_each_commit_in_order_and_name_their_directory(
