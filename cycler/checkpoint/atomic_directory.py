@@ -218,17 +218,25 @@ class AtomicDirectory(ShardedSaves):
     def _layout_with_room(self) -> CheckpointLayout:
         """The memory root while the next checkpoint fits in its share of the tmpfs; once it
         does not, the checkpoint root for the rest of this saver's life (said once)."""
-        if self._tier is None or self.layout is self.durable:
+        if self._tier is None or self.layout is self.durable \
+                or self._tier.has_room(self._last_size):
             return self.layout
-        if self._tier.has_room(self._last_size):
-            return self.layout
-        log.warning("the memory tier %s is full (%d MB more would pass its share): "
-                    "checkpoints go to %s from now on", self._tier.root,
-                    self._last_size >> 20, self.durable.root)
+        self._leave_memory_tier(f"{self._last_size >> 20} MB more would pass its share")
+        return self.layout
+
+    def _in_memory_tier(self) -> bool:
+        """Whether checkpoints are committed in the memory tier now."""
+        return self._tier is not None and self.layout is not self.durable
+
+    def _leave_memory_tier(self, why: str) -> None:
+        """The memory tier is full: checkpoints go to the checkpoint root for the rest of this
+        saver's life (said once)."""
+        assert self._tier is not None
+        log.warning("the memory tier %s is full (%s): checkpoints go to %s from now on",
+                    self._tier.root, why, self.durable.root)
         self._finish_persisting()
         self.layout, self._kept = self.durable, None
         self._index_floor = max(t.next_index() for t in self._tiers())
-        return self.layout
 
     def _reclaim_torn_directories(self) -> None:
         """At this saver's first prepare, under the writer lock: every directory without a
@@ -242,6 +250,13 @@ class AtomicDirectory(ShardedSaves):
                 self.layout.record_index(max(c.index for c in torn))
         except OSError:
             return
+        if self._in_memory_tier():
+            # A checkpoint that did not fit in memory (a plain script's own write failed on the
+            # full tmpfs, and it crashed) left what fitted, about the free space then. Twice
+            # that is predicted for the next one, so it is not tried in memory again, crash
+            # after crash; a directory torn by a kill is a part of one, and twice a part may
+            # only send a large checkpoint to disk early.
+            self._last_size = max([self._last_size, *(2 * _fs.tree_size(c.path) for c in torn)])
         for checkpoint in torn:
             _fs.remove_logged(_fs.discard_directory, checkpoint.path, "torn directory")
 

@@ -35,7 +35,7 @@ from cycler.checkpoint.coordination import COORDINATED, Coordinator
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.checkpoint.manifest import read_manifest
 from cycler.checkpoint.resume import agreed_checkpoint
-from cycler.errors import StateMismatch
+from cycler.errors import DiskFull, StateMismatch
 from cycler.protocol.progress import SAVING, beacon
 
 _IN_FLIGHT: weakref.WeakSet[_Waitable] = weakref.WeakSet()
@@ -198,7 +198,6 @@ def disk_full_or(error: BaseException, directory: str) -> BaseException:
     """:class:`DiskFull` if ``error`` (DCP's ``CheckpointException`` of any rank included) comes
     from a full disk, else ``error`` itself."""
     from cycler._fs import caused_by_full_disk, disk_full_message
-    from cycler.errors import DiskFull
 
     failures = getattr(error, "failures", None)
     causes = [pair[0] for pair in failures.values()] if isinstance(failures, dict) else [error]
@@ -286,6 +285,12 @@ class ShardedSaves:
     def _tiers(self) -> list[CheckpointLayout]:
         raise NotImplementedError
 
+    def _in_memory_tier(self) -> bool:
+        raise NotImplementedError
+
+    def _leave_memory_tier(self, why: str) -> None:
+        raise NotImplementedError
+
     def _commit(self, checkpoint_directory: str | os.PathLike[str],
                 metadata: Mapping[str, Any] | None,
                 committed: Callable[[], None] = lambda: None) -> None:
@@ -310,9 +315,8 @@ class ShardedSaves:
         no_dist = self._saves_alone()
         if not asynchronous:
             with beacon().phase(SAVING):
-                directory = self._prepare(force_save=False)
-                self._write(lambda: dcp.save(state_dict, checkpoint_id=directory,
-                                             no_dist=no_dist), directory)
+                directory = self._prepare_and_write(
+                    lambda into: dcp.save(state_dict, checkpoint_id=into, no_dist=no_dist))
                 self._commit(directory, metadata)
             return SaveHandle(directory)
         if self._worker is None:
@@ -326,10 +330,9 @@ class ShardedSaves:
         # (a store round, a mkdir: 3-16 ms measured, which DCP's own async_save does not pay).
         def prepare_write_commit(prepared: Callable[[str], None],
                                  committed: Callable[[], None]) -> None:
-            directory = self._prepare(force_save=False)
-            prepared(directory)
-            self._write(lambda: dcp.save(staged, checkpoint_id=directory, no_dist=no_dist,
-                                         process_group=group), directory)
+            directory = self._prepare_and_write(
+                lambda into: dcp.save(staged, checkpoint_id=into, no_dist=no_dist,
+                                      process_group=group), prepared)
             self._commit(directory, metadata, committed)
 
         remember_in_flight(self)
@@ -344,6 +347,28 @@ class ShardedSaves:
         to the group of this moment."""
         self._coordinator.rank  # noqa: B018 (resolves the binding now)
         return alone() or self.strategy not in COORDINATED
+
+    def _prepare_and_write(self, write: Callable[[str], object],
+                           prepared: Callable[[str], None] | None = None) -> str:
+        """A new checkpoint directory with DCP's ``write`` into it done; its name goes to
+        ``prepared`` once final. A memory tier too full for it (DCP's write found no room:
+        the first checkpoint's size is not known before it is written) sends this save and
+        every later one to the checkpoint root, with one warning, instead of failing."""
+        directory = self._prepare(force_save=False)
+        in_memory = self._in_memory_tier()
+        if prepared is not None and not in_memory:
+            prepared(directory)
+        try:
+            self._write(lambda: write(directory), directory)
+        except DiskFull:
+            if not in_memory:
+                raise
+            self._leave_memory_tier("a save did not fit")
+            directory = self._prepare(force_save=False)
+            self._write(lambda: write(directory), directory)
+        if prepared is not None and in_memory:
+            prepared(directory)
+        return directory
 
     def _write(self, write: Callable[[], object], directory: str) -> None:
         """DCP's write into ``directory``; a failure removes what it wrote at once (a partial

@@ -123,12 +123,22 @@ def stop_failed_workers_quickly() -> None:
     :data:`RESTART_STOP_SECONDS` after SIGTERM instead of torchrun's 30 s: their state is
     thrown away (the restart resumes from the checkpoint), and a worker that reads the control
     file ignores a SIGTERM that does not come from ``cycle run``'s decision."""
+    import inspect
     import signal
 
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-    def stop_workers(agent: Any, worker_group: Any, *args: Any, **kwargs: Any) -> None:
-        agent._shutdown(signal.SIGTERM, timeout=RESTART_STOP_SECONDS)
+    def stop_workers(agent: Any, worker_group: Any, is_restart: bool = False) -> None:
+        parameters = inspect.signature(agent._shutdown).parameters
+        if "timeout" in parameters:
+            agent._shutdown(signal.SIGTERM, timeout=RESTART_STOP_SECONDS)
+            return
+        # An older torch (2.7-2.9) closes the workers inside _shutdown with the 30 s default
+        # (2.7 also shuts its rendezvous down unless it restarts): close them first.
+        if agent._pcontext is not None:
+            agent._pcontext.close(signal.SIGTERM, timeout=RESTART_STOP_SECONDS)
+        restart = {"is_restart": is_restart} if "is_restart" in parameters else {}
+        agent._shutdown(signal.SIGTERM, **restart)
 
     LocalElasticAgent._stop_workers = stop_workers  # type: ignore[method-assign]
 

@@ -161,6 +161,60 @@ def test_a_full_tmpfs_share_sends_checkpoints_to_disk_with_one_warning(
     assert [p.name for p in paths] == [f"AtomicDirectory_checkpoint_{i}" for i in range(4)]
 
 
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_first_dcp_save_larger_than_the_tmpfs_goes_to_disk_with_one_warning(
+        tmp_path: Path, memory_on_small_tmpfs: Path, caplog: pytest.LogCaptureFixture,
+        asynchronous: bool) -> None:
+    durable = tmp_path / "durable"
+    saver = AtomicDirectory(durable)
+    big = {"w": torch.arange(1_500_000, dtype=torch.float32)}  # 6 MB: the tmpfs has 4
+    first = saver.save(big, metadata={"step": 1}, asynchronous=asynchronous)
+    first.wait()
+    second = saver.save({"w": torch.ones(10)}, metadata={"step": 2}, asynchronous=asynchronous)
+    second.wait()
+    saver.wait()
+    assert [Path(first.directory).parent, Path(second.directory).parent] == [durable] * 2
+    full = [r.message for r in caplog.records if "memory tier" in r.message and "full" in r.message]
+    assert len(full) == 1 and "a save did not fit" in full[0], full
+    loaded = {"w": torch.zeros(1_500_000)}
+    assert AtomicDirectory(durable).load(loaded, checkpoint=first.directory.rsplit("_", 1)[1])
+    assert torch.equal(loaded["w"], big["w"])
+    in_memory = memory_root(memory_on_small_tmpfs, durable)
+    assert not list(in_memory.glob("AtomicDirectory_checkpoint_*")), "the failed save is gone"
+
+
+FILLS_THE_TMPFS = """
+import os, sys
+from pathlib import Path
+import torch
+from cycler import AtomicDirectory
+saver = AtomicDirectory(sys.argv[1])
+directory = Path(saver.prepare_checkpoint_directory())
+torch.save({"w": torch.zeros(1_500_000)}, directory / "model.pt")  # 6 MB into 4: ENOSPC
+"""
+
+
+def test_a_plain_script_whose_first_checkpoint_filled_the_tmpfs_saves_to_disk_after_its_crash(
+        tmp_path: Path, memory_on_small_tmpfs: Path, caplog: pytest.LogCaptureFixture) -> None:
+    durable = tmp_path / "durable"
+    environment = {**os.environ, ENV_MEMORY_TIER: str(memory_on_small_tmpfs)}
+    crashed = subprocess.run([sys.executable, "-c", FILLS_THE_TMPFS, str(durable)],
+                             capture_output=True, text=True, env=environment)
+    # torch.save says "unexpected pos" where the disk is full (DiskFull knows it too).
+    assert crashed.returncode != 0 and "unexpected pos" in crashed.stderr, crashed.stderr
+    in_memory = memory_root(memory_on_small_tmpfs, durable)
+    assert list(in_memory.glob("AtomicDirectory_checkpoint_*")), "the crash left a torn one"
+    # The rerun (cycle run's restart) saves the same checkpoint: on disk this time, committed.
+    saver = AtomicDirectory(durable)
+    directory = Path(saver.prepare_checkpoint_directory())
+    assert directory.parent == durable
+    torch.save({"w": torch.zeros(1_500_000)}, directory / "model.pt")
+    saver.symlink_latest(directory, metadata={"step": 1})
+    assert saver.latest_checkpoint() == str(directory)
+    assert sum("memory tier" in r.message and "full" in r.message for r in caplog.records) == 1
+    assert not list(in_memory.glob("AtomicDirectory_checkpoint_*")), "the torn one is gone"
+
+
 def test_persist_newest_copies_what_the_durable_root_lacks(tier: tuple[Path, Path]) -> None:
     durable, memory = tier
     saved(durable, 3)
