@@ -160,9 +160,8 @@ class RunOptions:
                  "must be a finite number of seconds above 0 (such as 60)")
         _require(math.isfinite(self.node_timeout) and self.node_timeout >= 2, "node_timeout",
                  "must be a finite number of seconds, 2 or more (heartbeats come every second)")
-        _require(math.isfinite(self.start_timeout) and self.start_timeout >= self.node_timeout,
-                 "start_timeout", "must be a finite number of seconds, at least the node timeout "
-                 f"({self.node_timeout:g})")
+        _require(math.isfinite(self.start_timeout) and self.start_timeout > 0, "start_timeout",
+                 "must be a finite number of seconds above 0 (such as 600)")
         _require(math.isfinite(self.restart_delay) and self.restart_delay >= 0,
                  "restart_delay", "must be a finite number of seconds, 0 or more")
         for name in ("hang_timeout_min", "hang_first_step", "hang_pause_timeout"):

@@ -167,6 +167,8 @@ def test_a_value_from_the_file_is_validated_like_a_flag(tmp_path: Path):
     ("max_restarts", -1, "max-restarts must be 0 or more"),
     ("max_requeues", -1, "max-requeues must be 0 or more"),
     ("restart_delay", -1.0, "restart-delay must be a finite number of seconds, 0 or more"),
+    ("start_timeout", 0.0, "start-timeout must be a finite number of seconds above 0"),
+    ("start_timeout", float("inf"), "start-timeout must be a finite number of seconds above 0"),
     ("master_port", 70000, "master-port must be between 1 and 65535"),
     ("checkpoint_name", "a/b", "checkpoint-name must be a plain file name"),
     ("signals", ("KILL",), "not a signal the supervisor can use"),
