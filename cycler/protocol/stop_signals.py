@@ -107,10 +107,15 @@ def _end_shielded_children_at_exit() -> None:
 def _end_daemonic_children() -> None:
     import multiprocessing
 
-    for child in multiprocessing.active_children():
-        if child.daemon:
-            child.kill()
-            child.join(5)
+    children = [child for child in multiprocessing.active_children() if child.daemon]
+    if not children:
+        return
+    # torch's SIGCHLD handler would take these deaths for a DataLoader failure and raise.
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for child in children:
+        child.kill()
+    for child in children:
+        child.join(5)
 
 
 def _shield_dataloader_workers(numbers: list[int]) -> None:

@@ -39,6 +39,8 @@ def test_a_shielded_loader_worker_ignores_a_stray_term_and_its_process_still_exi
                           env=environment, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "SIGTERM reached process" in done.stderr and "ignored" in done.stderr
+    # Ended quietly: torch's loader does not take the workers' end at exit for a failure.
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
     pid = int(done.stdout.split()[1])
     try:
         os.kill(pid, 0)
