@@ -36,6 +36,7 @@ from cycler.protocol.names import (
     RESUME_RECORD_FILENAME,
     SUPERVISOR_DIRNAME,
     VERIFICATION_RECORD_PREFIX,
+    WORKERS_FINISHED_FILENAME,
     every_node,
 )
 
@@ -173,6 +174,11 @@ class CheckpointLayout:
     def progress_dir(self, node_rank: int = 0) -> Path:
         """Where node ``node_rank``'s workers keep their progress beacons and stack dumps."""
         return self.supervisor_dir / PROGRESS_DIRNAME.format(node=node_rank)
+
+    def workers_finished_path(self, node_rank: int = 0) -> Path:
+        """Present once node ``node_rank``'s workers all ended with success in this run (its
+        launcher writes it; a multi-node job's other nodes read it)."""
+        return self.supervisor_dir / WORKERS_FINISHED_FILENAME.format(node=node_rank)
 
     def hang_record_path(self, node_rank: int = 0) -> Path:
         """The step interval node ``node_rank``'s hang detection learned (kept across starts)."""

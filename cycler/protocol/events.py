@@ -49,6 +49,9 @@ MESSAGES = {
     "restart_together": "workers failed (code {code}): torchrun restarts them with every "
                         "node's (restart {restart} of {of} since the last checkpoint)",
     "peer_lost": "node {node} {why}: ending this node's workers",
+    "failed_after_training": "a worker failed (code {code}) after its training loop ended, and "
+                             "node {node}'s workers finished: the training is done, not "
+                             "restarted",
     "grace_expired": "the {grace:g} s grace is over: SIGTERM to every process of the job",
     "kill": "still running {after:g} s after SIGTERM: SIGKILL",
     "signal_sent": "sent {signal} to the job",
@@ -72,7 +75,8 @@ MESSAGES = {
 HISTORY = frozenset({
     "start", "signal", "stop_requested", "deadline", "stop_after_commit", "stop_handled_by_script",
     "stop_without_new_checkpoint", "stopped_by_another_node", "grace_expired", "kill",
-    "restart_scheduled", "restart_together", "peer_lost", "requeue", "requeue_skipped", "exit",
+    "restart_scheduled", "restart_together", "peer_lost", "failed_after_training", "requeue",
+    "requeue_skipped", "exit",
     "hang", "start_failed", "waiting_for_node", "persisted", "memory_tier_removed",
     "memory_tier_off",
     "checkpoint_committed",

@@ -16,6 +16,7 @@ RESUME_RECORD_FILENAME = "resumed-from-node{node}.json"
 HEARTBEAT_FILENAME = "alive-node{node}.json"
 PROGRESS_DIRNAME = "progress-node{node}"
 HANG_RECORD_FILENAME = "hang-node{node}.json"
+WORKERS_FINISHED_FILENAME = "finished-node{node}"
 MEMORY_TIER_RECORD_FILENAME = "memory-tier.json"
 
 # Per saver (``<prefix><suffix>``, or ``<prefix>`` after the prefix for verification records).

@@ -32,6 +32,8 @@ from cycler.protocol.environment import ENV_PROGRESS_DIR
 TRAINING, SAVING, PAUSED = 0, 1, 2
 """What a worker is doing, as its beacon says."""
 PHASE_NAMES = {TRAINING: "training", SAVING: "saving", PAUSED: "paused"}
+AFTER_THE_LOOP = "after the loop"
+"""The name of the phase a worker is in for good once ``StepControl.close()`` ended its loop."""
 _FORMAT = struct.Struct("<qqqdi20s")
 """pid, counter, step, monotonic time of the last progress, phase, the marked phase's name."""
 DUMP_SIGNAL = signal.SIGRTMIN + 4

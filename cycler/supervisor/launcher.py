@@ -28,6 +28,7 @@ with the same arguments) with two differences:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -38,7 +39,9 @@ from typing import Any
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.protocol.control import stop_requested_since
 from cycler.protocol.environment import ENV_CHECKPOINT_DIR
-from cycler.protocol.events import EventLog
+from cycler.protocol.events import EventLog, describe
+from cycler.protocol.names import WORKERS_FINISHED_FILENAME, every_node
+from cycler.protocol.progress import AFTER_THE_LOOP, read_beacons
 from cycler.protocol.stop_signals import ignore_stray, on_stray_signal, stop_signals
 from cycler.supervisor.budget import RestartBudget
 
@@ -73,10 +76,42 @@ class BudgetedRestarts:
                  ) -> None:
         self._budget = budget
         self._layout = layout
+        self._node_rank = node_rank
         self._events = EventLog(layout.events_path(node_rank))
         self._linked = layout.link_target_name()
         self._restart_delay = restart_delay
         self._sleep = sleep
+        # An earlier run's record: gone before this node's workers can meet the others' (the
+        # rendezvous needs this launcher), so any record found after a failure is this run's.
+        layout.workers_finished_path(node_rank).unlink(missing_ok=True)
+
+    def finished(self) -> None:
+        """This node's workers all ended with success: say so to the other nodes."""
+        with contextlib.suppress(OSError):
+            self._layout.workers_finished_path(self._node_rank).touch()
+
+    def finished_elsewhere(self, failed_pids: set[int], code: int | None) -> bool:
+        """Whether the failed workers had ended their training loop (``StepControl.close()``)
+        and another node's workers then finished (within :data:`FINISHED_PEER_WAIT`): the
+        training is done, and a restart would wait in a rendezvous the finished nodes never
+        join (their agents wait in torchrun's exit barrier)."""
+        readings = [r for r in read_beacons(self._layout.progress_dir(self._node_rank))
+                    if r.pid in failed_pids]
+        if not readings or any(r.name != AFTER_THE_LOOP for r in readings):
+            return False
+        for look in range(round(FINISHED_PEER_WAIT / FINISHED_PEER_LOOK) + 1):
+            if look:
+                self._sleep(FINISHED_PEER_LOOK)
+            finished = sorted(
+                int(path.name.rsplit("node", 1)[1]) for path in self._layout.supervisor_dir.glob(
+                    every_node(WORKERS_FINISHED_FILENAME))
+                if path.name != self._layout.workers_finished_path(self._node_rank).name)
+            if finished:
+                fields = {"code": code, "node": finished[0]}
+                self._events.append("failed_after_training", **fields)
+                sys.stderr.write(f"cycle: {describe('failed_after_training', fields)}\n")
+                return True
+        return False
 
     def allows_restart(self, exit_code: int | None) -> bool:
         """Count a failure of this node's workers; whether torchrun may restart them."""
@@ -97,7 +132,7 @@ class BudgetedRestarts:
 
     def install(self) -> None:
         """Wrap the agent's check of its workers so each failure goes through the budget."""
-        from torch.distributed.elastic.agent.server.api import WorkerState
+        from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
         from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
         monitor = LocalElasticAgent._monitor_workers
@@ -105,14 +140,28 @@ class BudgetedRestarts:
 
         def monitor_within_budget(agent: Any, worker_group: Any) -> Any:
             result = monitor(agent, worker_group)
-            if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+            if result.state is WorkerState.SUCCEEDED:
+                self.finished()
+            elif result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
                 codes = [failure.exitcode for failure in result.failures.values()]
-                if not decide(codes[0] if codes else None):
+                code = codes[0] if codes else None
+                pids = {failure.pid for failure in result.failures.values()}
+                if self.finished_elsewhere(pids, code):
+                    # Into torchrun's exit barrier with the finished nodes, as a success.
+                    return RunResult(state=WorkerState.SUCCEEDED,
+                                     return_values=result.return_values)
+                if not decide(code):
                     agent._remaining_restarts = 0
             return result
 
         LocalElasticAgent._monitor_workers = monitor_within_budget  # type: ignore[method-assign]
 
+
+FINISHED_PEER_WAIT = 10.0
+"""After a failure of workers past their training loop, how long another node's workers get
+to show they finished (they end at about the same time: past the last collective)."""
+FINISHED_PEER_LOOK = 0.2
+"""How often the other nodes' records are read meanwhile."""
 
 RESTART_STOP_SECONDS = 2
 """How long the surviving workers of a failed group get after SIGTERM before SIGKILL."""

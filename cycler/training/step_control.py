@@ -55,7 +55,7 @@ from cycler.checkpoint.sharded import stop_decided, wait_for_saves
 from cycler.errors import ConfigError, CyclerError, StateMismatch
 from cycler.protocol.control import Action, ControlFileWatcher, ControlRequest
 from cycler.protocol.environment import ENV_CONTROL_FILE
-from cycler.protocol.progress import PAUSED, beacon
+from cycler.protocol.progress import AFTER_THE_LOOP, PAUSED, beacon
 from cycler.protocol.stop_signals import shield_from_stray_signals
 from cycler.training.exchange import Exchange, record_close, starter, wait_or_name_the_missing
 
@@ -278,7 +278,7 @@ class StepControl:
     def close(self) -> None:
         """Wait for the exchange and the asynchronous saves in flight, if any. Call it on every
         rank, or on none."""
-        self._beacon.mark(PAUSED, "after the loop")
+        self._beacon.mark(PAUSED, AFTER_THE_LOOP)
         wait_for_saves()
         if self._pending is not None:
             self._wait(self._pending)

@@ -36,6 +36,8 @@ parser.add_argument("--eval-pause", type=float, default=0.0)
 parser.add_argument("--step-seconds", type=float, default=0.02)
 parser.add_argument("--hang-kind", choices=("sleep", "deadlock", "loader"), default="sleep")
 parser.add_argument("--crash", action="store_true", help="exit 1 instead of hanging")
+parser.add_argument("--crash-at-exit-rank", type=int, default=-1,
+                    help="this rank exits 3 right after its training loop ended")
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -113,6 +115,8 @@ while step < args.steps:
     if decision.stop:
         break
 control.close()
+if rank == args.crash_at_exit_rank:
+    os._exit(3)  # a crash after the last collective: the others finish the training
 if rank == 0 and step >= args.steps:
     torch.save(model.state_dict(), args.out)
 dist.destroy_process_group()

@@ -14,7 +14,8 @@ to an uninterrupted job:
 
 Apart: ten worker kills in one job; a hang on node 1; a node that never starts is named within
 ``--start-timeout``, and a node that comes after the other failed in the same run finds that at
-once.
+once; a worker that crashes after its training loop on node 1, while node 0 finishes, ends the
+job as finished instead of restarting into a rendezvous node 0 never joins.
 """
 
 from __future__ import annotations
@@ -238,3 +239,24 @@ def test_a_node_that_never_starts_is_named_and_one_that_failed_before_the_other_
     assert took < NODE_TIMEOUT, f"node 0 took {took:.1f} s to find node 1 failed"
     assert "node 1 failed (its supervisor exited 1)" in late.text(), late.text()
     assert not list(psutil.Process().children(recursive=True)), "every process of both ended"
+
+
+def test_a_worker_that_crashes_after_the_training_on_one_node_ends_the_job_as_finished(
+        hosts: tuple[Host, Host], tmp_path: Path) -> None:
+    reference, final = tmp_path / "reference.pt", tmp_path / "final.pt"
+    with job(hosts, tmp_path / "uninterrupted", reference, [], HANG_WORKER) as nodes:
+        assert [node.wait() for node in nodes] == [EXIT_SUCCESS, EXIT_SUCCESS]
+    root = tmp_path / "ck"
+    started = time.monotonic()
+    with job(hosts, root, final, ["--crash-at-exit-rank", "1"], HANG_WORKER) as nodes:
+        # Not a restart into a rendezvous that node 0 (in torchrun's exit barrier) never joins.
+        codes = [node.wait(timeout=120) for node in nodes]
+        assert codes == [EXIT_SUCCESS, EXIT_SUCCESS], nodes[1].text()[-3000:]
+        assert "after its training loop ended" in nodes[1].text(), nodes[1].text()[-3000:]
+    took = time.monotonic() - started
+    assert "failed_after_training" in history(root, 1)
+    assert "restart_together" not in history(root, 1)
+    expected, actual = torch.load(reference), torch.load(final)
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name
+    assert took < 90, f"the job took {took:.0f} s"

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from cycler.checkpoint.layout import CheckpointLayout
+from cycler.protocol.events import read_events
 from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE
 from cycler.supervisor.budget import RestartBudget
 from cycler.supervisor.core import (
@@ -216,6 +217,32 @@ def test_agent_restarts_follow_the_restart_delay_backoff(tmp_path: Path) -> None
                                 restart_delay=1.0, sleep=slept.append)
     assert all(restarts.allows_restart(1) for _ in range(4))
     assert slept == [1.0, 2.0, 4.0, 8.0]
+
+
+def test_a_failure_after_the_training_loop_counts_as_finished_once_another_node_finished(
+        tmp_path: Path) -> None:
+    import os
+
+    from cycler.protocol.progress import AFTER_THE_LOOP, PAUSED, Beacon
+    from cycler.supervisor.launcher import FINISHED_PEER_WAIT, BudgetedRestarts
+
+    layout = CheckpointLayout(tmp_path)
+    layout.supervisor_dir.mkdir()
+    layout.workers_finished_path(1).touch()  # node 1's record of an earlier run
+    slept: list[float] = []
+    node1 = BudgetedRestarts(RestartBudget(max_restarts=5), layout, 1, sleep=slept.append)
+    assert not layout.workers_finished_path(1).exists(), "an earlier run's record goes first"
+    layout.progress_dir(1).mkdir()
+    beacon = Beacon(layout.progress_dir(1) / "rank-1.beacon")
+    me = {os.getpid()}
+    assert not node1.finished_elsewhere(me, 3), "still training: a crash like any other"
+    beacon.mark(PAUSED, AFTER_THE_LOOP)
+    assert not node1.finished_elsewhere(me, 3), "nobody finished: restart"
+    assert sum(slept) == pytest.approx(FINISHED_PEER_WAIT), "after waiting for them"
+    BudgetedRestarts(RestartBudget(max_restarts=5), layout, 0).finished()
+    assert not node1.finished_elsewhere({me.pop() + 1}, 3), "another worker failed"
+    assert node1.finished_elsewhere({os.getpid()}, 3)
+    assert [e["event"] for e in read_events(layout.events_path(1))] == ["failed_after_training"]
 
 
 def test_a_stop_while_torchrun_waits_in_the_rendezvous_ends_at_once():
