@@ -102,16 +102,20 @@ class BudgetedRestarts:
         for look in range(round(FINISHED_PEER_WAIT / FINISHED_PEER_LOOK) + 1):
             if look:
                 self._sleep(FINISHED_PEER_LOOK)
-            finished = sorted(
-                int(path.name.rsplit("node", 1)[1]) for path in self._layout.supervisor_dir.glob(
-                    every_node(WORKERS_FINISHED_FILENAME))
-                if path.name != self._layout.workers_finished_path(self._node_rank).name)
+            finished = self._other_nodes_finished()
             if finished:
                 fields = {"code": code, "node": finished[0]}
                 self._events.append("failed_after_training", **fields)
                 sys.stderr.write(f"cycle: {describe('failed_after_training', fields)}\n")
                 return True
         return False
+
+    def _other_nodes_finished(self) -> list[int]:
+        prefix = WORKERS_FINISHED_FILENAME.format(node="")
+        found = (path.name[len(prefix):] for path in
+                 self._layout.supervisor_dir.glob(every_node(WORKERS_FINISHED_FILENAME)))
+        return sorted(int(node) for node in found
+                      if node.isdigit() and int(node) != self._node_rank)
 
     def allows_restart(self, exit_code: int | None) -> bool:
         """Count a failure of this node's workers; whether torchrun may restart them."""
