@@ -152,8 +152,9 @@ class BudgetedRestarts:
                 pids = {failure.pid for failure in result.failures.values()}
                 if self.finished_elsewhere(pids, code):
                     # Into torchrun's exit barrier with the finished nodes, as a success.
+                    returned = {worker.global_rank: None for worker in worker_group.workers}
                     return RunResult(state=WorkerState.SUCCEEDED,
-                                     return_values=result.return_values)
+                                     return_values={**returned, **result.return_values})
                 if not decide(code):
                     agent._remaining_restarts = 0
             return result
