@@ -42,6 +42,7 @@ pytestmark = pytest.mark.netns
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "train.py"
+HANG_WORKER = REPO / "tests" / "integration" / "hang_worker.py"
 TRAIN_ARGS = ["--epochs", "3", "--samples", "2048", "--hidden", "32", "--checkpoint-every", "8",
               "--step-delay", "0.05"]
 NODE_TIMEOUT = 5.0
@@ -112,6 +113,20 @@ def wait_for_text(node: Node, text: str, count: int = 1, timeout: float = 120.0)
         time.sleep(0.1)
 
 
+def assert_same_weights(reference: Path, final: Path) -> None:
+    expected, actual = torch.load(reference), torch.load(final)
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name
+
+
+def uninterrupted_hang_worker(hosts: tuple[Host, Host], tmp_path: Path) -> Path:
+    """The reference weights of ``hang_worker.py`` on both hosts, with no fault."""
+    reference = tmp_path / "reference.pt"
+    with job(hosts, tmp_path / "uninterrupted", reference, [], HANG_WORKER) as nodes:
+        assert [node.wait() for node in nodes] == [EXIT_SUCCESS, EXIT_SUCCESS]
+    return reference
+
+
 def history(root: Path, node: int) -> list[str]:
     return [record["event"] for record in read_events(CheckpointLayout(root).events_path(node))]
 
@@ -163,9 +178,7 @@ def test_nodes_on_two_hosts_restart_together_stop_together_and_survive_a_lost_no
     assert latest_checkpoint(root) is not None
     with job(hosts, root, final) as nodes:
         assert [node.wait() for node in nodes] == [EXIT_SUCCESS, EXIT_SUCCESS], nodes[0].text()
-    expected, actual = torch.load(reference), torch.load(final)
-    for name in expected:
-        assert torch.equal(expected[name], actual[name]), name
+    assert_same_weights(reference, final)
 
 
 LONG_TRAIN_ARGS = ["--epochs", "12", "--samples", "2048", "--hidden", "32",
@@ -187,19 +200,13 @@ def test_ten_worker_kills_on_node_1_in_one_job_each_restart_both_nodes_and_end_e
         codes = [node.wait(timeout=600) for node in nodes]
         assert codes == [EXIT_SUCCESS, EXIT_SUCCESS], nodes[1].text()[-3000:]
     assert history(root, 1).count("restart_together") >= 10
-    expected, actual = torch.load(reference), torch.load(final)
-    for name in expected:
-        assert torch.equal(expected[name], actual[name]), name
+    assert_same_weights(reference, final)
 
-
-HANG_WORKER = REPO / "tests" / "integration" / "hang_worker.py"
 
 
 def test_a_rank_that_hangs_on_node_1_restarts_both_nodes_and_the_job_ends_exactly(
         hosts: tuple[Host, Host], tmp_path: Path) -> None:
-    reference, final = tmp_path / "reference.pt", tmp_path / "final.pt"
-    with job(hosts, tmp_path / "uninterrupted", reference, [], HANG_WORKER) as nodes:
-        assert [node.wait() for node in nodes] == [EXIT_SUCCESS, EXIT_SUCCESS]
+    reference, final = uninterrupted_hang_worker(hosts, tmp_path), tmp_path / "final.pt"
     root = tmp_path / "ck"
     with job(hosts, root, final, ["--hang-rank", "1", "--hang-step", "25"], HANG_WORKER,
              ("--hang-timeout-min", "3")) as nodes:
@@ -209,9 +216,7 @@ def test_a_rank_that_hangs_on_node_1_restarts_both_nodes_and_the_job_ends_exactl
     hangs = [e for node in (0, 1) for e in read_events(CheckpointLayout(root).events_path(node))
              if e["event"] == "hang"]
     assert any("hang_worker.py" in frame for e in hangs for frame in e["frames"]), hangs
-    expected, actual = torch.load(reference), torch.load(final)
-    for name in expected:
-        assert torch.equal(expected[name], actual[name]), name
+    assert_same_weights(reference, final)
 
 
 def test_a_node_that_never_starts_is_named_and_one_that_failed_before_the_other_looked_at_once(
@@ -243,9 +248,7 @@ def test_a_node_that_never_starts_is_named_and_one_that_failed_before_the_other_
 
 def test_a_worker_that_crashes_after_the_training_on_one_node_ends_the_job_as_finished(
         hosts: tuple[Host, Host], tmp_path: Path) -> None:
-    reference, final = tmp_path / "reference.pt", tmp_path / "final.pt"
-    with job(hosts, tmp_path / "uninterrupted", reference, [], HANG_WORKER) as nodes:
-        assert [node.wait() for node in nodes] == [EXIT_SUCCESS, EXIT_SUCCESS]
+    reference, final = uninterrupted_hang_worker(hosts, tmp_path), tmp_path / "final.pt"
     root = tmp_path / "ck"
     started = time.monotonic()
     with job(hosts, root, final, ["--crash-at-exit-rank", "1"], HANG_WORKER) as nodes:
@@ -256,7 +259,5 @@ def test_a_worker_that_crashes_after_the_training_on_one_node_ends_the_job_as_fi
     took = time.monotonic() - started
     assert "failed_after_training" in history(root, 1)
     assert "restart_together" not in history(root, 1)
-    expected, actual = torch.load(reference), torch.load(final)
-    for name in expected:
-        assert torch.equal(expected[name], actual[name]), name
+    assert_same_weights(reference, final)
     assert took < 90, f"the job took {took:.0f} s"
