@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 
 def in_process_group() -> bool:
     """Whether ``torch.distributed`` is available and its default group initialized."""
@@ -11,9 +13,9 @@ def in_process_group() -> bool:
 
 
 _SETTLE_SECONDS = 0.05
-_settling = False
 
 
+@functools.cache  # once per process
 def settle_gloo_threads_at_exit() -> None:
     """At the interpreter's exit, give gloo's worker threads a moment to let go of the works
     they finished, while they can still take the GIL.
@@ -26,10 +28,6 @@ def settle_gloo_threads_at_exit() -> None:
     there, the GIL released, lets the thread finish. Registered once, by StepControl and the
     savers.
     """
-    global _settling
-    if _settling:
-        return
-    _settling = True
     import atexit
 
     atexit.register(_settle)

@@ -18,6 +18,7 @@ path.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -84,20 +85,12 @@ def shield_from_stray_signals() -> None:
     _end_shielded_children_at_exit()
 
 
-_ending_children = threading.Lock()
-_registered_end = False
-
-
+@functools.cache  # once per process
 def _end_shielded_children_at_exit() -> None:
     """At exit, multiprocessing ends this process's daemonic children (DataLoader workers of an
     iterator still alive) with SIGTERM and joins them, and their shield ignores the TERM: the
     process would never end. An exit hook of ours, run before multiprocessing's, kills them
     first, as the TERM would have without the shield."""
-    global _registered_end
-    with _ending_children:
-        if _registered_end:
-            return
-        _registered_end = True
     import atexit
     import multiprocessing.util  # noqa: F401  its exit hook first: ours then runs before it
 

@@ -43,6 +43,7 @@ from cycler.protocol.progress import (
     read_beacons,
     stack_path,
 )
+from cycler.supervisor.processes import descendants
 from cycler.supervisor.vocabulary import HangDetected
 
 log = logging.getLogger("cycler.supervisor")
@@ -211,12 +212,8 @@ def _dump_children(readings: list[Reading], into: Path) -> None:
 
 
 def _children(pid: int) -> list[tuple[int, str]]:
-    try:
-        processes = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
     found = []
-    for process in processes:
+    for process in descendants(pid):
         try:
             found.append((process.pid, " ".join(process.cmdline())[:200]))
         except psutil.Error:

@@ -177,7 +177,7 @@ class WorkerTree:
         As a subreaper the supervisor inherits orphans of the job, so its descendants (minus
         the watchdog) are the job, even after torchrun itself is gone.
         """
-        job = _descendants(os.getpid())
+        job = descendants(os.getpid())
         return [member for member in job if member.pid != self._watchdog.pid]
 
     def only_torchrun_left(self) -> bool:
@@ -259,7 +259,8 @@ def _running(process: psutil.Process) -> bool:
         return False
 
 
-def _descendants(pid: int) -> list[psutil.Process]:
+def descendants(pid: int) -> list[psutil.Process]:
+    """Every process below ``pid`` (none if it is gone)."""
     try:
         return list(psutil.Process(pid).children(recursive=True))
     except psutil.Error:
