@@ -3,9 +3,13 @@
 Under ``cycle run`` every worker that imports cycler maps a small file of its own,
 ``$CYCLER_PROGRESS_DIR/rank-<RANK>.beacon``, and writes into that memory at every
 ``StepControl.step()`` and every commit: its pid, a counter, the (system-wide monotonic) time of
-its last progress, and what it is doing (training, saving, or a phase the script marked, such as
-an evaluation). The supervisor reads its node's beacons a few times a second to find a rank that
-hangs (:mod:`cycler.supervisor.hangs`). Writing one costs a clock read and a ``pack_into``.
+its last progress, what it is doing (training, saving, or a phase the script marked, such as an
+evaluation) and the longest stretch of training it has timed between two marks. The supervisor
+reads its node's beacons a few times a second to find a rank that hangs
+(:mod:`cycler.supervisor.hangs`). Writing one costs a clock read and a ``pack_into``.
+
+The worker times its own steps: steps often come faster than the supervisor reads, and a job
+that hangs soon after a start may be read only once between its first step and the hang.
 
 A worker also registers :data:`DUMP_SIGNAL` with ``faulthandler`` at import, writing every
 thread's Python stack into ``rank-<RANK>.stack`` beside its beacon: what the supervisor asks for
@@ -34,8 +38,9 @@ TRAINING, SAVING, PAUSED = 0, 1, 2
 PHASE_NAMES = {TRAINING: "training", SAVING: "saving", PAUSED: "paused"}
 AFTER_THE_LOOP = "after the loop"
 """The name of the phase a worker is in for good once ``StepControl.close()`` ended its loop."""
-_FORMAT = struct.Struct("<qqqdi20s")
-"""pid, counter, step, monotonic time of the last progress, phase, the marked phase's name."""
+_FORMAT = struct.Struct("<qqqdi20sd")
+"""pid, counter, step, monotonic time of the last progress, phase, the marked phase's name, the
+longest training stretch timed (seconds; 0: none yet)."""
 DUMP_SIGNAL = signal.SIGRTMIN + 4
 """Asks a worker for its Python stacks (not SIGUSR1, which NCCL may use; not a stop signal)."""
 BEACON_SUFFIX = ".beacon"
@@ -52,40 +57,59 @@ class Beacon:
         self._step = -1
         self._phase = TRAINING
         self._name = b""
+        self._longest = 0.0
+        self._training_since: float | None = None
+        """When the stretch of training now timed began (the last progress or the end of a
+        phase); ``None`` before the first progress (loading is not a step) and inside a phase."""
         with open(path, "w+b") as handle:
             handle.truncate(_FORMAT.size)
             self._memory = mmap.mmap(handle.fileno(), _FORMAT.size)
-        self._write()
+        self._write(time.monotonic())
 
     def progress(self, step: int | None = None) -> None:
         """Progress: a step done (``step``: its number), or a commit. The supervisor sees the
         counter move."""
+        now = time.monotonic()
         self._counter += 1
         if step is not None:
             self._step = step
-        self._write()
+        if self._phase == TRAINING:
+            since = self._training_since
+            if since is not None and now - since > self._longest:
+                self._longest = now - since  # inline: this runs at every step
+            self._training_since = now
+        self._write(now)
 
     @contextlib.contextmanager
     def phase(self, phase: int, name: str = "") -> Iterator[None]:
         """Mark a phase that has its own allowance (a save, an evaluation) while inside."""
         before, before_name = self._phase, self._name
-        self._phase, self._name = phase, name.encode()[:20]
-        self._write()
+        self.mark(phase, name)
         try:
             yield
         finally:
+            now = time.monotonic()
             self._phase, self._name = before, before_name
-            self._write()
+            if before == TRAINING and self._counter > 0:
+                self._training_since = now
+            self._write(now)
 
     def mark(self, phase: int, name: str = "") -> None:
         """Enter ``phase`` for good (the end of the training loop: whatever comes after it,
         a final evaluation or the teardown, has the pause allowance)."""
+        now = time.monotonic()
+        self._time_training(now)
+        self._training_since = None
         self._phase, self._name = phase, name.encode()[:20]
-        self._write()
+        self._write(now)
 
-    def _write(self) -> None:
-        _FORMAT.pack_into(self._memory, 0, self._pid, self._counter, self._step,
-                          time.monotonic(), self._phase, self._name)
+    def _time_training(self, now: float) -> None:
+        if self._training_since is not None:
+            self._longest = max(self._longest, now - self._training_since)
+
+    def _write(self, now: float) -> None:
+        _FORMAT.pack_into(self._memory, 0, self._pid, self._counter, self._step, now,
+                          self._phase, self._name, self._longest)
 
 
 class _NoBeacon(Beacon):
@@ -93,8 +117,9 @@ class _NoBeacon(Beacon):
 
     def __init__(self) -> None:
         self._counter, self._step, self._phase, self._name = 0, -1, TRAINING, b""
+        self._longest, self._training_since = 0.0, None
 
-    def _write(self) -> None:
+    def _write(self, now: float) -> None:
         pass
 
 
@@ -159,6 +184,8 @@ class Reading:
     time: float
     phase: int
     name: str
+    longest: float = 0.0
+    """The longest stretch of training between two marks the worker timed (0: none yet)."""
 
 
 def read_beacons(directory: Path) -> list[Reading]:
@@ -169,11 +196,11 @@ def read_beacons(directory: Path) -> list[Reading]:
             rank = int(path.name[len("rank-"):-len(BEACON_SUFFIX)])
             with open(path, "rb") as handle:
                 data = handle.read(_FORMAT.size)
-            pid, counter, step, when, phase, name = _FORMAT.unpack(data)
+            pid, counter, step, when, phase, name, longest = _FORMAT.unpack(data)
         except (OSError, ValueError, struct.error):
             continue
         readings.append(Reading(rank, pid, counter, step, when, phase,
-                                name.rstrip(b"\0").decode(errors="replace")))
+                                name.rstrip(b"\0").decode(errors="replace"), longest))
     return readings
 
 

@@ -5,8 +5,9 @@ inside it can notice; the other ranks soon wait for it in their next collective.
 reads every worker's beacon (:mod:`cycler.protocol.progress`) a few times a second and declares
 a hang when no worker of its node has made progress for longer than the allowance:
 
-- training: ``max(floor, factor x the longest interval between two steps seen)``; the longest
-  interval is kept under ``.cycler/`` so that a restart does not start blind;
+- training: ``max(floor, factor x the longest interval between two steps seen)``, as the
+  workers timed them (a save or a marked phase left out); the longest interval is kept under
+  ``.cycler/`` so that a restart does not start blind;
 - the first step after a start (loading, compilation): ``first_step``, as long as no worker has
   made its first step (and never less than the training allowance);
 - while any worker saves or is in a phase the script marked (``StepControl.paused``): ``pause``.
@@ -77,26 +78,27 @@ class Hang:
 
 
 class HangWatch:
-    """Learns the step interval from beacons and says when progress stopped for too long."""
+    """Takes in the step intervals the workers timed and says when progress stopped too long."""
 
     def __init__(self, policy: HangPolicy, longest: float | None = None) -> None:
         self.policy = policy
         self.longest = longest
         """The longest interval between two training steps seen (this job, all starts)."""
-        self._seen: dict[int, tuple[int, float, int]] = {}
-        """Per rank: the counter, time and phase of its last reading."""
         self._started = 0.0
 
     def restarted(self, now: float) -> None:
-        """Workers were (re)started at ``now`` (system-wide monotonic): forget their beacons."""
-        self._seen, self._started = {}, now
+        """Workers were (re)started at ``now`` (system-wide monotonic)."""
+        self._started = now
 
     def observe(self, readings: list[Reading], now: float) -> Hang | None:
         """Take in the beacons read at ``now``; a :class:`Hang` if progress stopped too long."""
         if not readings:
             return None  # workers that never imported cycler: nothing to go by
-        for reading in readings:
-            self._learn(reading)
+        # Each worker times its own steps (a save or a marked phase left out): steps come
+        # faster than the beacons are read, and a pair of readings may never fall in training.
+        timed = max(reading.longest for reading in readings)
+        if timed > 0:
+            self.longest = max(timed, self.longest or 0.0)
         last = max([self._started, *(r.time for r in readings if r.counter > 0)])
         allowance, why = self._allowance(readings)
         if now - last <= allowance:
@@ -106,19 +108,6 @@ class HangWatch:
         top = max((r.counter for r in readings), default=0)
         stalled = [r for r in readings if r.counter < top] or list(readings)
         return Hang(now - last, allowance, why, stalled)
-
-    def _learn(self, reading: Reading) -> None:
-        previous = self._seen.get(reading.rank)
-        self._seen[reading.rank] = (reading.counter, reading.time, reading.phase)
-        if previous is None or reading.counter <= previous[0]:
-            return
-        counter, when, phase = previous
-        # Steps come faster than the beacons are read: the mean interval since the last
-        # reading, between two readings in training only (a save or a marked phase in between
-        # has its own allowance and must not inflate the step timeout).
-        if counter > 0 and phase == TRAINING and reading.phase == TRAINING:
-            interval = (reading.time - when) / (reading.counter - counter)
-            self.longest = max(interval, self.longest or 0.0)
 
     def step_timeout(self) -> float:
         if self.longest is None:
