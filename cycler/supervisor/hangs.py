@@ -39,7 +39,6 @@ from cycler.protocol.progress import (
     PAUSED,
     PHASE_NAMES,
     SAVING,
-    TRAINING,
     Reading,
     read_beacons,
     stack_path,
