@@ -95,8 +95,9 @@ class Beacon:
             self._write(now)
 
     def mark(self, phase: int, name: str = "") -> None:
-        """Enter ``phase`` for good (the end of the training loop: whatever comes after it,
-        a final evaluation or the teardown, has the pause allowance)."""
+        """Enter ``phase``; called alone, for good (the end of the training loop: whatever
+        comes after it, a final evaluation or the teardown, has the pause allowance). The
+        stretch of training it ends is timed."""
         now = time.monotonic()
         self._time_training(now)
         self._training_since = None
