@@ -117,10 +117,16 @@ class _NoBeacon(Beacon):
     """Outside ``cycle run``: every call does nothing."""
 
     def __init__(self) -> None:
-        self._counter, self._step, self._phase, self._name = 0, -1, TRAINING, b""
-        self._longest, self._training_since = 0.0, None
+        pass
 
-    def _write(self, now: float) -> None:
+    def progress(self, step: int | None = None) -> None:
+        pass  # the per-step call of a script outside cycle run: not even a clock read
+
+    @contextlib.contextmanager
+    def phase(self, phase: int, name: str = "") -> Iterator[None]:
+        yield
+
+    def mark(self, phase: int, name: str = "") -> None:
         pass
 
 

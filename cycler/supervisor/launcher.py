@@ -182,8 +182,9 @@ def stop_failed_workers_quickly() -> None:
 
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
+    parameters = inspect.signature(LocalElasticAgent._shutdown).parameters
+
     def stop_workers(agent: Any, worker_group: Any, is_restart: bool = False) -> None:
-        parameters = inspect.signature(agent._shutdown).parameters
         if "timeout" in parameters:
             agent._shutdown(signal.SIGTERM, timeout=RESTART_STOP_SECONDS)
             return
