@@ -16,30 +16,52 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping
+import warnings
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from cycler import _fs
-from cycler._distributed import settle_gloo_threads_at_exit
+from cycler._distributed import in_process_group, settle_gloo_threads_at_exit
 from cycler.checkpoint.coordination import COORDINATED, STRATEGIES, Coordinator, global_rank
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import (
     CheckpointState,
+    CheckpointWarning,
     latest_checkpoint,
     list_checkpoints,
 )
 from cycler.checkpoint.lock import drop_shared, hold_shared
 from cycler.checkpoint.manifest import (
     FileRecord,
+    Manifest,
     checkpoint_files,
     files_of_rank,
+    make_manifest,
     record_files,
     seal,
 )
+from cycler.checkpoint.replicas import (
+    Nodes,
+    assembled_checkpoint,
+    contribute,
+    leaders_group,
+    nodes_of,
+    replicate,
+    retain_replicas,
+    seal_node,
+)
+from cycler.checkpoint.resume import agreed_checkpoint, requested_by_environment
 from cycler.checkpoint.retention import retention_decisions
-from cycler.checkpoint.sharded import InFlight, ShardedSaves, stopping
+from cycler.checkpoint.sharded import (
+    InFlight,
+    ShardedSaves,
+    remember_in_flight,
+    stopping,
+    wait_before_destroying_process_groups,
+)
 from cycler.checkpoint.tiers import (
     MemoryTier,
     memory_tier,
@@ -111,6 +133,19 @@ class AtomicDirectory(ShardedSaves):
         self._tier: MemoryTier | None = memory_tier(self.durable.root)
         self._memory = None if self._tier is None else CheckpointLayout(self._tier.root,
                                                                          self.name)
+        self._nodes: Nodes | None = None
+        """With the memory tier on several nodes: this rank's place among them."""
+        if self._tier is not None:
+            self._nodes = nodes_of(os.environ)
+            if self._nodes is not None and strategy not in COORDINATED:
+                warnings.warn(f"the memory tier on several nodes needs a saver whose ranks "
+                              f"commit together (strategy sync_any or sync_all, not "
+                              f"{strategy}); {name}'s checkpoints go to the checkpoint root",
+                              CheckpointWarning, stacklevel=2)
+                self._tier = self._memory = self._nodes = None
+        self._node_group: Any = None
+        """The gloo group of the nodes' leaders (partner copies, the resume's fetches)."""
+        self._persist_waiter = _PersistWaiter(self)
         self.layout = self._memory or self.durable
         """Where checkpoints are committed first: the memory root under the memory tier, until
         its share of the tmpfs is full."""
@@ -160,6 +195,7 @@ class AtomicDirectory(ShardedSaves):
         for this saver's asynchronous save in flight first.
         """
         self.wait()
+        self._ensure_node_group()
         # The files go in next, and may take long: the save's allowance until the commit.
         if self._saving is None:
             self._saving = beacon().phase(SAVING)
@@ -169,12 +205,13 @@ class AtomicDirectory(ShardedSaves):
     def _prepare(self, force_save: bool) -> str:
         coordinator = self._coordinator
         round_key = coordinator.new_round("prepare")
-        coordinator.arrive(round_key, "1" if force_save else "0")
+        vote = ("1" if force_save else "0") + self._node_vote()
+        coordinator.arrive(round_key, vote)
         if not coordinator.is_creator:
-            return coordinator.outcome(round_key)
+            return self._on_this_node(coordinator.outcome(round_key))
         try:
-            votes = coordinator.gather(round_key, "1" if force_save else "0")
-            path = str(self._create(self._pinned(votes)))
+            votes = coordinator.gather(round_key, vote)
+            path = str(self._create(self._pinned(votes), votes))
         except BaseException as error:
             coordinator.publish_error(round_key, error)
             raise
@@ -183,10 +220,39 @@ class AtomicDirectory(ShardedSaves):
 
     def _pinned(self, votes: list[str]) -> bool:
         if self.strategy == "sync_all":
-            return all(vote == "1" for vote in votes)
-        return any(vote == "1" for vote in votes)
+            return all(vote.startswith("1") for vote in votes)
+        return any(vote.startswith("1") for vote in votes)
 
-    def _create(self, pinned: bool) -> Path:
+    def _spans_nodes(self) -> bool:
+        """Whether checkpoints are committed in the memory tier of several nodes now."""
+        return self._nodes is not None and self._in_memory_tier()
+
+    def _node_vote(self) -> str:
+        """A leader's part of the prepare round with the memory tier on several nodes: the
+        next index its memory root allows and whether the next checkpoint fits there."""
+        if not self._spans_nodes() or self._nodes is None or not self._nodes.leader:
+            return ""
+        assert self._tier is not None
+        room = self._tier.has_room(self._last_size)
+        return f":{self.layout.next_index()}:{int(room)}"
+
+    def _on_this_node(self, path: str) -> str:
+        """A follower's directory of the checkpoint rank 0 prepared at ``path``: on several
+        nodes in memory, the same name in this node's memory root, made here."""
+        if not self._spans_nodes():
+            return path
+        chosen = Path(path)
+        if chosen.parent == self.durable.root:  # some node's memory had no room
+            self._leave_memory_tier("a node had no room for the next checkpoint")
+            return path
+        local = self.layout.root / chosen.name
+        local.mkdir(exist_ok=True)
+        name = self.layout.parse(chosen.name)
+        if self._nodes is not None and self._nodes.leader and name is not None:
+            self._recording = _record_in_background(self.layout.record_index, name.index)
+        return str(local)
+
+    def _create(self, pinned: bool, votes: Sequence[str] = ()) -> Path:
         layout = self.layout
         # This process's earlier index records land first: one landing after the reclaim's
         # own record below would take the index record back down.
@@ -199,9 +265,14 @@ class AtomicDirectory(ShardedSaves):
             if not self._reclaimed:
                 layout.adopt()  # before its first directory: what was here stays legacy
                 self._reclaim_torn_directories()
+        node_votes = [vote.split(":") for vote in votes if vote.count(":") == 2]
+        if self._spans_nodes() and any(room == "0" for _, _, room in node_votes):
+            self._leave_memory_tier("a node's memory share is full")
         layout = self._layout_with_room()
         if self._index_floor < 0 and self._tier is not None:
             self._index_floor = max(t.next_index() for t in self._tiers())
+        if layout is not self.durable:  # every node's memory root allows it
+            self._index_floor = max([self._index_floor, *(int(i) for _, i, _ in node_votes)])
         index = max(layout.next_index(), self._index_floor)
         path = layout.path_of(CheckpointName(self.name, index, pinned))
         path.mkdir()
@@ -298,6 +369,10 @@ class AtomicDirectory(ShardedSaves):
             # The stray TERM came with the request already: cycle run's own TERM after this
             # commit must end the process as it would without cycler.
             lower_shield()
+        if self._spans_nodes():
+            self._commit_on_nodes(directory, metadata, committed,
+                                  stopping() or saver_only_stop)
+            return
         round_key = coordinator.new_round("commit")
         coordinator.arrive(round_key, "done")
         coordinator.wait_for_all(round_key)  # every rank has written its files
@@ -332,15 +407,93 @@ class AtomicDirectory(ShardedSaves):
             self._persist_and_retain(directory.name, stopping() or saver_only_stop)
 
     def _record_share(self, directory: Path) -> str:
-        """This rank's share of the commit's fsyncs and checksums, as JSON (or the error)."""
-        coordinator = self._coordinator
+        """This rank's share of the commit's fsyncs and checksums, as JSON (or the error);
+        on several nodes in memory, of its node's files, each record naming the node."""
+        coordinator, nodes = self._coordinator, self._nodes if self._spans_nodes() else None
         try:
             names = checkpoint_files(directory)
-            share = files_of_rank(names, coordinator.rank, coordinator.world_size)
+            if nodes is None:
+                share = files_of_rank(names, coordinator.rank, coordinator.world_size)
+            else:
+                share = files_of_rank(names, nodes.local_rank, nodes.local_size)
             records = record_files(directory, share)
         except Exception as error:  # any kind: the other ranks fail at once with its text
             return _error_share(coordinator.rank, error)
-        return json.dumps({name: [r.size, r.checksum] for name, r in records.items()})
+        node = [] if nodes is None else [nodes.node]
+        return json.dumps({name: [r.size, r.checksum, *node] for name, r in records.items()})
+
+    def _commit_on_nodes(self, directory: Path, metadata: Mapping[str, Any] | None,
+                         committed: Callable[[], None], stop: bool) -> None:
+        """The commit in the memory tier of several nodes: rank 0 makes the job manifest from
+        every rank's records; each node's leader writes it beside its node's files, seals the
+        node manifest and moves its node's link; then the partner copy and persisting run on
+        the leader's background thread (:mod:`cycler.checkpoint.replicas`)."""
+        coordinator, nodes = self._coordinator, self._nodes
+        assert nodes is not None
+        round_key = coordinator.new_round("commit")
+        coordinator.arrive(round_key, "done")
+        coordinator.wait_for_all(round_key)  # every rank has written its files
+        try:
+            mine = self._record_share(directory)
+        except BaseException as error:  # KeyboardInterrupt, MemoryError: nobody may wait
+            coordinator.arrive(f"{round_key}/records", _error_share(coordinator.rank, error))
+            raise
+        coordinator.arrive(f"{round_key}/records", mine)
+        if coordinator.is_creator:
+            try:
+                shares = coordinator.gather(f"{round_key}/records", mine)
+                job, by_node = self._job_manifest(directory, dict(metadata or {}), shares)
+                self._seal_node_and_link(directory, job, by_node.get(nodes.node, []))
+            except BaseException as error:
+                coordinator.publish_error(round_key, error)
+                raise
+            coordinator.publish(round_key, json.dumps({"job": job.to_json(),
+                                                       "nodes": by_node}))
+            self._uncommitted = [p for p in self._uncommitted if p.name != directory.name]
+        else:
+            outcome = json.loads(coordinator.outcome(round_key))
+            job = Manifest.from_json(outcome["job"])
+            if nodes.leader:
+                self._seal_node_and_link(directory, job, outcome["nodes"].get(str(nodes.node),
+                                                                              []))
+        beacon().progress()
+        committed()
+        if nodes.leader:
+            self._last_size = max(self._last_size, sum(
+                job.files[f].size for f in checkpoint_files(directory) if f in job.files))
+            self._persist_and_retain(directory.name, stop)
+
+    def _job_manifest(self, directory: Path, metadata: dict[str, Any], shares: list[str],
+                      ) -> tuple[Manifest, dict[int, list[str]]]:
+        """Rank 0, several nodes in memory: the job's manifest from every rank's records, and
+        each node's files."""
+        from cycler import __version__
+
+        name = self.layout.parse(directory.name)
+        if name is None or Path(os.path.abspath(directory)).parent != self.layout.root:
+            raise ValueError(
+                f"{directory} is not a directory made by prepare_checkpoint_directory() "
+                f"for {self.name} in {self.layout.root}"
+            )
+        records: dict[str, FileRecord] = {}
+        by_node: dict[int, list[str]] = {}
+        for share in shares:
+            got = json.loads(share)
+            if "error" in got and isinstance(got["error"], str):
+                raise RankFailed(f"the commit failed on {got['error']}")
+            for file, (size, digest, node) in got.items():
+                records[file] = FileRecord(size, digest)
+                by_node.setdefault(node, []).append(file)
+        job = make_manifest(records, index=name.index, world_size=self._coordinator.world_size,
+                            metadata=metadata, version=__version__)
+        return job, {node: sorted(files) for node, files in by_node.items()}
+
+    def _seal_node_and_link(self, directory: Path, job: Manifest, files: list[str]) -> None:
+        seal_node(directory, job, files)
+        if self._recording is not None:
+            self._recording.result()
+            self._recording = None
+        _fs.atomic_symlink(directory, self.layout.link_path)
 
     def _seal_and_link(self, directory: Path, metadata: dict[str, Any],
                        records: dict[str, FileRecord]) -> None:
@@ -377,22 +530,30 @@ class AtomicDirectory(ShardedSaves):
         if wanted:
             with self._busy_lock:
                 self._busy.add(name.index)
-        memory, durable = self.layout, self.durable
+        memory, durable, nodes = self.layout, self.durable, self._nodes
 
         def in_background() -> None:
             try:
+                if nodes is not None:
+                    self._copy_to_partner(memory, name, nodes)
                 if wanted:
                     self._persist_unless_superseded(memory, durable, name)
                 with self._busy_lock:
                     busy = set(self._busy)
                 retain_memory(memory, busy)
+                if nodes is not None:
+                    retain_replicas(memory)
             except Exception as error:  # noqa: BLE001 (training goes on from memory)
                 log.warning("checkpoint %d was not persisted to %s: %s", name.index,
                             durable.root, error)
 
         if self._persister is None:
             self._persister = ThreadPoolExecutor(1, thread_name_prefix="cycler-persist")
+            if nodes is not None:  # the partner copies run on a group the script may destroy
+                wait_before_destroying_process_groups()
         self._persisting = self._persister.submit(in_background)
+        if nodes is not None:
+            remember_in_flight(self._persist_waiter)
         if stop:
             self._finish_persisting()
 
@@ -403,12 +564,27 @@ class AtomicDirectory(ShardedSaves):
         try:
             with self._busy_lock:
                 superseded = not name.pinned and max(self._busy) > name.index
-            if not superseded:
+            if superseded:
+                pass
+            elif self._nodes is not None:  # every node gives what it holds; the last seals
+                if contribute(memory, durable, name):
+                    retain_durable(durable, self.keep_last)
+            else:
                 persist(memory, durable, name)
                 retain_durable(durable, self.keep_last)
         finally:
             with self._busy_lock:
                 self._busy.discard(name.index)
+
+    def _copy_to_partner(self, memory: CheckpointLayout, name: CheckpointName,
+                         nodes: Nodes) -> None:
+        """The partner copy of a committed checkpoint (every leader, in step); a failure is
+        logged: the checkpoint stays in this node's memory, and a node lost before the next
+        copy falls back to an older one or to the checkpoint root."""
+        try:
+            replicate(memory, name, nodes, self._node_group)
+        except (OSError, CyclerError) as error:
+            log.warning("the partner copy of checkpoint %d failed: %s", name.index, error)
 
     def _finish_persisting(self) -> None:
         """Wait for what the background thread has queued (copies and removals)."""
@@ -471,6 +647,40 @@ class AtomicDirectory(ShardedSaves):
         self._uncommitted = []
         return sorted(kept) if all(removed) else None
 
+    def _ensure_node_group(self) -> None:
+        """With the memory tier on several nodes, make the leaders' gloo group at the first
+        call every rank makes (``new_group`` is collective), on the script's thread."""
+        if self._nodes is not None and self._node_group is None and in_process_group():
+            self._node_group = leaders_group(self._nodes, self._coordinator.timeout)
+
+    def _agreed(self, requested: str | None, strict: bool) -> Path | None:
+        """On every rank: the checkpoint all ranks resume from (``requested``: a name or an
+        index), ``None`` when there is none. With the memory tier on several nodes the newest
+        checkpoint the nodes hold between them, assembled on each, if it is as new as the
+        checkpoint root's newest; else the checkpoint root's."""
+        if self._nodes is None or not self._in_memory_tier() or not in_process_group():
+            return agreed_checkpoint(self._tiers(), self._coordinator, requested, strict)
+        self._ensure_node_group()
+        self._finish_persisting()  # the group is free, the partner copies are in place
+        requested = requested or requested_by_environment(self._tiers())
+        durable = self.durable
+
+        def durable_newest() -> int:
+            if requested is not None:
+                return -1
+            found = latest_checkpoint(durable.root, durable.prefix, verify=False)
+            name = None if found is None else durable.parse(found.name)
+            return -1 if name is None else name.index
+
+        path, why = assembled_checkpoint(self.layout, durable_newest, self._coordinator,
+                                         self._nodes, self._node_group, requested)
+        if path is not None:
+            return path
+        if " in memory: " in why:
+            warnings.warn(f"{why}; resuming from {durable.root} instead", CheckpointWarning,
+                          stacklevel=3)
+        return agreed_checkpoint([durable], self._coordinator, requested, strict)
+
     def is_checkpoint_directory(self, path: str | os.PathLike[str]) -> str | None:
         """cycling_utils' test: the suffix (``"3"`` or ``"3_force"``) if ``path`` is an existing
         checkpoint directory of this saver, else ``None``. Says nothing of validity."""
@@ -481,11 +691,31 @@ class AtomicDirectory(ShardedSaves):
 
     def latest_checkpoint(self, verify: bool = True, strict: bool = False) -> str | None:
         """The newest valid checkpoint of this saver (see :func:`cycler.latest_checkpoint`),
-        under the memory tier the newest of either tier (memory first on a tie)."""
+        under the memory tier the newest of either tier (memory first on a tie).
+
+        With the memory tier on several nodes every rank must call it, as :meth:`load`: the
+        ranks agree on one checkpoint and each node fetches what it lacks of it from the others
+        (:mod:`cycler.checkpoint.replicas`); it is always verified."""
+        if self._nodes is not None:
+            found = self._agreed(None, strict)
+            return None if found is None else str(found)
         path = newest_of(self.durable, [latest_checkpoint(tier.root, self.name, verify=verify,
                                                           strict=strict)
                                         for tier in self._tiers()])
         return None if path is None else str(path)
+
+
+class _PersistWaiter:
+    """What a stop, ``destroy_process_group()`` and the exit wait for with the memory tier
+    on several nodes: the saver's background copies, which use a process group."""
+
+    def __init__(self, saver: AtomicDirectory) -> None:
+        self._saver = weakref.ref(saver)
+
+    def wait(self, reported_too: bool = True) -> None:
+        saver = self._saver()
+        if saver is not None:
+            saver._finish_persisting()
 
 
 def _error_share(rank: int, error: BaseException) -> str:

@@ -194,13 +194,13 @@ def seal(directory: Path, *, index: int, metadata: Mapping[str, Any] | None = No
     # fewer per commit (5-7 ms on a busy disk, as much as checksumming 10 MB).
     for parent in {(directory / name).parent for name in names} - {directory}:
         fsync_directory(parent)
-    manifest = _make_manifest(records, index=index, world_size=world_size,
+    manifest = make_manifest(records, index=index, world_size=world_size,
                               metadata=dict(metadata or {}), version=version)
     atomic_write_bytes(directory / MANIFEST_NAME, manifest.to_json().encode())
     return manifest
 
 
-def _make_manifest(records: dict[str, FileRecord], *, index: int, world_size: int,
+def make_manifest(records: dict[str, FileRecord], *, index: int, world_size: int,
                    metadata: dict[str, Any], version: str) -> Manifest:
     _check_json(metadata)
     files = dict(sorted(records.items()))

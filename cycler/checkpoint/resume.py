@@ -54,7 +54,7 @@ def agreed_checkpoint(tiers: Sequence[CheckpointLayout], coordinator: Coordinato
     included.
     """
     layout = tiers[-1]
-    requested = requested if requested is not None else _resume_from(tiers)
+    requested = requested if requested is not None else requested_by_environment(tiers)
     if coordinator.world_size == 1:
         if requested is not None:
             return _found_in_a_tier(tiers, requested)
@@ -80,7 +80,7 @@ def agreed_checkpoint(tiers: Sequence[CheckpointLayout], coordinator: Coordinato
     return None
 
 
-def _resume_from(tiers: Sequence[CheckpointLayout]) -> str | None:
+def requested_by_environment(tiers: Sequence[CheckpointLayout]) -> str | None:
     requested = os.environ.get(ENV_RESUME_FROM)
     if requested and any(t.parse(requested) or by_index(t, requested) for t in tiers):
         return requested

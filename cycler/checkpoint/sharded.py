@@ -34,7 +34,6 @@ from cycler._fs import discard_directory, remove_logged
 from cycler.checkpoint.coordination import COORDINATED, Coordinator
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.checkpoint.manifest import read_manifest
-from cycler.checkpoint.resume import agreed_checkpoint
 from cycler.errors import DiskFull, StateMismatch
 from cycler.protocol.progress import SAVING, beacon
 
@@ -282,6 +281,12 @@ class ShardedSaves:
     def _prepare(self, force_save: bool) -> str:
         raise NotImplementedError
 
+    def _ensure_node_group(self) -> None:
+        raise NotImplementedError
+
+    def _agreed(self, requested: str | None, strict: bool) -> Path | None:
+        raise NotImplementedError
+
     def _tiers(self) -> list[CheckpointLayout]:
         raise NotImplementedError
 
@@ -311,6 +316,7 @@ class ShardedSaves:
         import torch.distributed.checkpoint as dcp
 
         self.wait()  # one save in flight at a time: its staging memory is reused next
+        self._ensure_node_group()  # collective: on the script's thread, before any other group
         # Decided now, not in the background: the script may destroy its group right after.
         no_dist = self._saves_alone()
         if not asynchronous:
@@ -405,7 +411,7 @@ class ShardedSaves:
         self.wait()
         self._saves_alone()  # binds the coordinator to the group of this moment
         requested = None if checkpoint is None else str(checkpoint)
-        path = agreed_checkpoint(self._tiers(), self._coordinator, requested, strict)
+        path = self._agreed(requested, strict)
         if path is None:
             return None
         if not (Path(path) / ".metadata").is_file():

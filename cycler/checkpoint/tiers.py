@@ -12,8 +12,9 @@ Indices are shared by the tiers: checkpoint 7 in memory is checkpoint 7 on disk,
 checkpoint" means the same in both, and a resume takes the newest valid one of either (memory
 first on a tie: it reads faster).
 
-The memory tier is for one node: with several, each node's memory would hold only its own ranks'
-files. It is turned off there (one warning) and every checkpoint goes to the checkpoint root.
+On several nodes each node's memory holds only its own ranks' files: the node manifests, the
+partner copy, persisting by contribution and the resume that assembles a checkpoint from the
+nodes are in :mod:`cycler.checkpoint.replicas`.
 """
 
 from __future__ import annotations
@@ -22,14 +23,13 @@ import hashlib
 import logging
 import os
 import shutil
-import warnings
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from cycler import _fs
 from cycler.checkpoint.layout import MANIFEST_NAME, CheckpointLayout, CheckpointName
-from cycler.checkpoint.listing import CheckpointWarning, inspect_checkpoint, list_checkpoints
+from cycler.checkpoint.listing import inspect_checkpoint, list_checkpoints
 from cycler.checkpoint.manifest import check_files, read_manifest
 from cycler.checkpoint.retention import retention_decisions
 from cycler.errors import CorruptCheckpoint
@@ -81,16 +81,10 @@ class MemoryTier:
 
 def memory_tier(durable_root: str | os.PathLike[str],
                 environ: Mapping[str, str] | None = None) -> MemoryTier | None:
-    """The memory tier ``cycle run`` set for this worker, ``None`` when there is none (or when
-    the job spans several nodes: said once)."""
+    """The memory tier ``cycle run`` set for this worker, ``None`` when there is none."""
     env = os.environ if environ is None else environ
     base = env.get(ENV_MEMORY_TIER)
     if not base:
-        return None
-    world, local = env.get("WORLD_SIZE", "1"), env.get("LOCAL_WORLD_SIZE")
-    if local is not None and local != world:
-        warnings.warn("the memory tier works on one node; with several, every checkpoint goes "
-                      "to the checkpoint root", CheckpointWarning, stacklevel=3)
         return None
     try:
         every = max(1, int(env.get(ENV_PERSIST_EVERY) or DEFAULT_PERSIST_EVERY))

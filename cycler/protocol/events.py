@@ -67,7 +67,6 @@ MESSAGES = {
     "memory_tier_removed": "removed the memory tier {root} (the job ended)",
     "preemption_notices": "polling {cloud}'s metadata service at {endpoint} for preemption "
                           "notices",
-    "memory_tier_off": "the memory tier works on one node: off for this {nnodes}-node job",
 }
 """One readable sentence per event (``event.path`` first where a stop's path picks it), for
 ``cycle run``'s log and ``cycle status``."""
@@ -78,7 +77,6 @@ HISTORY = frozenset({
     "restart_scheduled", "restart_together", "peer_lost", "failed_after_training", "requeue",
     "requeue_skipped", "exit",
     "hang", "start_failed", "waiting_for_node", "persisted", "memory_tier_removed",
-    "memory_tier_off",
     "checkpoint_committed",
 })
 """The events ``cycle status`` shows: what the job went through, not every checkpoint."""

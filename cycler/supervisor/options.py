@@ -127,8 +127,8 @@ class RunOptions:
 
     @functools.cached_property
     def memory_layout(self) -> CheckpointLayout | None:
-        """This job's memory root on this node (one-node jobs with ``--memory-tier`` only)."""
-        if self.memory_tier is None or self.nnodes > 1:
+        """This job's memory root on this node (with ``--memory-tier``)."""
+        if self.memory_tier is None:
             return None
         return CheckpointLayout(memory_root(self.memory_tier, self.layout.root),
                                 self.checkpoint_name)

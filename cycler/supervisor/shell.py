@@ -29,6 +29,7 @@ from cycler._fs import atomic_write_bytes
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import inspect_checkpoint, list_checkpoints
 from cycler.checkpoint.lock import SupervisorLock
+from cycler.checkpoint.replicas import contribute_newest
 from cycler.checkpoint.tiers import persist_newest, remove_memory_root
 from cycler.errors import CyclerError
 from cycler.protocol.control import read_control, stop_requested_since, write_control
@@ -351,9 +352,7 @@ class Supervisor:
     def _announce_memory_tier(self) -> None:
         """Say where the memory tier is (for ``cycle status``), or that it is off."""
         options, memory = self.options, self.options.memory_layout
-        if options.memory_tier is not None and memory is None:
-            self._record("memory_tier_off", warning=True, nnodes=options.nnodes)
-        elif memory is not None:
+        if memory is not None and options.node_rank == 0:  # one record per job: node 0's
             record = {"root": str(memory.root), "host": socket.gethostname(),
                       "persist_every": options.persist_every}
             atomic_write_bytes(self.layout.memory_tier_record_path,
@@ -361,12 +360,17 @@ class Supervisor:
 
     def _finish_memory_tier(self, outcome: RunOutcome) -> None:
         """The workers are gone: persist the newest memory checkpoint if the checkpoint root
-        has nothing as new, then remove the memory tier unless the job may rerun here."""
+        has nothing as new, then remove the memory tier unless the job may rerun here. On
+        several nodes this node contributes what it holds of its newest memory checkpoint; the
+        node whose contribution completes it commits it (:mod:`cycler.checkpoint.replicas`)."""
         memory = self.options.memory_layout
         if memory is None:
             return
         try:
-            persisted = persist_newest(memory, self.layout)
+            if self.options.nnodes > 1:
+                persisted = contribute_newest(memory, self.layout)
+            else:
+                persisted = persist_newest(memory, self.layout)
         except (OSError, CyclerError) as error:
             self._record("persist_failed", warning=True, error=str(error))
             return  # the memory tier stays: it holds the newest checkpoint

@@ -37,18 +37,24 @@ def no_thread_ending() -> None:
 
 
 def run_on_every_rank(module: str, *check_names: str, root: Path | None = None,
-                      world_size: int = 2) -> None:
+                      world_size: int = 2, per_node: int | None = None) -> None:
     """Call ``module.<name>()`` for each name on every rank of a fresh gloo group.
 
     With ``root``, each check gets its own ``root / name`` and the ranks meet at a barrier
-    after it. Any rank's failure fails the caller (``mp.spawn`` re-raises it).
+    after it. With ``per_node``, the ranks see the environment torchrun gives ``world_size //
+    per_node`` nodes of ``per_node`` ranks (``RANK``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``...).
+    Any rank's failure fails the caller (``mp.spawn`` re-raises it).
     """
-    mp.spawn(_rank_main, args=(module, check_names, root, world_size, free_port()),
+    mp.spawn(_rank_main, args=(module, check_names, root, world_size, free_port(), per_node),
              nprocs=world_size, join=True)
 
 
 def _rank_main(rank: int, module: str, check_names: tuple[str, ...], root: Path | None,
-               world_size: int, port: int) -> None:
+               world_size: int, port: int, per_node: int | None = None) -> None:
+    if per_node is not None:
+        os.environ.update(WORLD_SIZE=str(world_size), RANK=str(rank),
+                          LOCAL_RANK=str(rank % per_node), LOCAL_WORLD_SIZE=str(per_node),
+                          GROUP_RANK=str(rank // per_node))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size)
     checks = importlib.import_module(module)

@@ -298,13 +298,14 @@ def test_the_memory_tier_reaches_one_nodes_workers_with_its_persist_interval(
                                                      environ={})
 
 
-def test_the_memory_tier_is_off_for_several_nodes() -> None:
+def test_the_memory_tier_reaches_the_workers_of_every_node() -> None:
+    from cycler.checkpoint.tiers import DEFAULT_MEMORY_DIR
     from cycler.protocol.environment import ENV_MEMORY_TIER
 
     options = resolve_run_options(script="train.py", environ=ISC, flags={"memory_tier": True})
-    assert options.memory_layout is None
+    assert options.nnodes == 2 and options.memory_layout is not None
     env = worker_environment(options, start_number=0, resume_from=None, environ={})
-    assert ENV_MEMORY_TIER not in env
+    assert env[ENV_MEMORY_TIER] == str(DEFAULT_MEMORY_DIR)
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -1,0 +1,213 @@
+"""The memory tier on several nodes, with real gloo ranks laid out as torchrun lays out two nodes
+of two ranks (each node its own memory root): node manifests, the partner copy over the leaders'
+group, persisting by contribution, and the resume that takes a wiped node's files from its
+partner's copy, verified."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from gloo_ranks import run_on_every_rank
+
+from cycler.checkpoint.atomic_directory import AtomicDirectory
+from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
+from cycler.checkpoint.listing import CheckpointWarning, inspect_checkpoint
+from cycler.checkpoint.manifest import check_files, read_manifest
+from cycler.checkpoint.replicas import (
+    JOB_MANIFEST_NAME,
+    assembly_plan,
+    node_files,
+    replica_path,
+)
+from cycler.checkpoint.saving import atomic_torch_save
+from cycler.checkpoint.tiers import memory_root
+from cycler.protocol.environment import ENV_MEMORY_TIER, ENV_PERSIST_EVERY
+
+PER_NODE = 2
+WORLD_SIZE = 4
+
+
+def _node() -> int:
+    return dist.get_rank() // PER_NODE
+
+
+def _on_node(root: Path, persist_every: int) -> Path:
+    """This rank's memory tier: one base directory per node, as on separate machines."""
+    os.environ[ENV_MEMORY_TIER] = str(root / f"memory-node{_node()}")
+    os.environ[ENV_PERSIST_EVERY] = str(persist_every)
+    return root / "checkpoints"
+
+
+def _saver(durable: Path) -> AtomicDirectory:
+    return AtomicDirectory(durable, keep_last=2, timeout=datetime.timedelta(seconds=60))
+
+
+def _save(saver: AtomicDirectory, step: int) -> Path:
+    """Every rank writes its own file; rank 0 also the shared one, as examples/train.py."""
+    directory = Path(saver.prepare_checkpoint_directory())
+    rank = dist.get_rank()
+    atomic_torch_save({"rank": rank, "step": step, "data": torch.full((1000,), step * 10 + rank)},
+                      directory / f"rank-{rank}.pt")
+    if rank == 0:
+        atomic_torch_save({"step": step, "weights": torch.arange(2000) * step},
+                          directory / "train.pt")
+    saver.symlink_latest(directory, metadata={"step": step})
+    return directory
+
+
+def _memory(durable: Path) -> CheckpointLayout:
+    return CheckpointLayout(memory_root(os.environ[ENV_MEMORY_TIER], durable))
+
+
+def _name(index: int) -> CheckpointName:
+    return CheckpointName("AtomicDirectory", index, False)
+
+
+def _loads_as_saved(directory: Path, step: int) -> None:
+    rank = dist.get_rank()
+    own = torch.load(directory / f"rank-{rank}.pt", weights_only=True)
+    shared = torch.load(directory / "train.pt", weights_only=True)
+    assert own["step"] == step and torch.equal(own["data"], torch.full((1000,), step * 10 + rank))
+    assert shared["step"] == step and torch.equal(shared["weights"], torch.arange(2000) * step)
+
+
+NODE_FILES = {0: ["rank-0.pt", "rank-1.pt", "train.pt"], 1: ["rank-2.pt", "rank-3.pt"]}
+
+
+def check_each_node_commits_its_files_keeps_its_partners_and_every_kth_is_persisted(
+        root: Path) -> None:
+    durable = _on_node(root, persist_every=3)
+    saver = _saver(durable)
+    for step in range(5):
+        _save(saver, step)
+    saver._finish_persisting()
+    dist.barrier()
+    memory, node = _memory(durable), _node()
+    if dist.get_rank() % PER_NODE == 0:
+        newest = memory.path_of(_name(4))
+        assert memory.link_target_name() == _name(4)
+        assert inspect_checkpoint(memory, _name(4), verify=True).valid
+        assert node_files(newest) == NODE_FILES[node]
+        job = read_manifest(newest)  # the node manifest
+        assert JOB_MANIFEST_NAME in job.files
+        # The partner's files of the same checkpoint, verified, under .replicas/.
+        copy = replica_path(memory, _name(4))
+        assert node_files(copy) == NODE_FILES[1 - node]
+        assert check_files(copy, read_manifest(copy), checksums=True) is None
+        # Memory keeps the newest two, and the partner copies of those only.
+        assert [n.index for n in memory.checkpoint_names()] == [3, 4]
+        assert sorted(p.name for p in (memory.root / ".replicas").iterdir()) == [
+            str(_name(3)), str(_name(4))]
+    # Every 3rd persisted, whole, by the two nodes' contributions: 0 and 3.
+    layout = CheckpointLayout(durable)
+    assert [n.index for n in layout.checkpoint_names()] == [0, 3]
+    assert layout.link_target_name() == _name(3)
+    persisted = read_manifest(layout.path_of(_name(3)))
+    assert sorted(persisted.files) == sorted(NODE_FILES[0] + NODE_FILES[1])
+    assert check_files(layout.path_of(_name(3)), persisted, checksums=True) is None
+    assert persisted.world_size == WORLD_SIZE and persisted.metadata == {"step": 3}
+    dist.barrier()
+
+
+def check_a_node_whose_memory_was_wiped_resumes_from_its_partners_copy(root: Path) -> None:
+    durable = _on_node(root, persist_every=100)
+    saver = _saver(durable)
+    for step in range(3):
+        _save(saver, step)
+    saver._finish_persisting()
+    del saver
+    dist.barrier()
+    memory = _memory(durable)
+    if dist.get_rank() == PER_NODE:  # node 1's memory is gone (node replaced, tmpfs wiped)
+        shutil.rmtree(memory.root)
+    dist.barrier()
+    saver = _saver(durable)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CheckpointWarning)  # no fallback
+        latest = saver.latest_checkpoint()
+    # Checkpoint 2 was only in memory (only 0 was persisted): node 1's files came from node 0.
+    assert latest == str(memory.path_of(_name(2)))
+    assert [n.index for n in CheckpointLayout(durable).checkpoint_names()] == [0]
+    _loads_as_saved(Path(latest), 2)
+    assert sorted(read_manifest(Path(latest)).files) == sorted(NODE_FILES[0] + NODE_FILES[1])
+    # Training goes on above it, on both nodes.
+    assert Path(_save(saver, 3)).name == str(_name(3))
+    saver._finish_persisting()
+    dist.barrier()
+
+
+def check_a_corrupt_memory_copy_falls_back_to_the_checkpoint_root(root: Path) -> None:
+    durable = _on_node(root, persist_every=2)
+    saver = _saver(durable)
+    for step in range(4):
+        _save(saver, step)
+    saver._finish_persisting()
+    del saver
+    dist.barrier()
+    memory = _memory(durable)
+    if dist.get_rank() == PER_NODE:  # one bit of node 1's own copy of checkpoint 3 flips
+        path = memory.path_of(_name(3)) / "rank-2.pt"
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 1
+        path.write_bytes(bytes(data))
+    dist.barrier()
+    saver = _saver(durable)
+    with pytest.warns(CheckpointWarning, match="does not match its checksum"):
+        latest = saver.latest_checkpoint()
+    assert latest == str(CheckpointLayout(durable).path_of(_name(2)))
+    _loads_as_saved(Path(latest), 2)
+    dist.barrier()
+
+
+def test_two_nodes_commit_copy_to_their_partner_and_persist_together(tmp_path: Path) -> None:
+    run_on_every_rank(
+        __name__,
+        "check_each_node_commits_its_files_keeps_its_partners_and_every_kth_is_persisted",
+        "check_a_node_whose_memory_was_wiped_resumes_from_its_partners_copy",
+        "check_a_corrupt_memory_copy_falls_back_to_the_checkpoint_root",
+        root=tmp_path, world_size=WORLD_SIZE, per_node=PER_NODE)
+
+
+def _layout() -> CheckpointLayout:
+    return CheckpointLayout("/nowhere")
+
+
+def _held(**checkpoints: tuple[list[str], list[str]]) -> str:
+    import json
+
+    from cycler.checkpoint.manifest import FileRecord, make_manifest
+
+    job = make_manifest({f: FileRecord(1, "0") for f in ["a", "b", "c"]}, index=0,
+                        world_size=2, metadata={}, version="")
+    return json.dumps({name: {"own": own, "copy": copy, "job": job.to_json()}
+                       for name, (own, copy) in checkpoints.items()})
+
+
+def test_the_plan_fetches_each_missing_file_from_a_node_that_wrote_it_before_a_copy() -> None:
+    name = "AtomicDirectory_checkpoint_5"
+    plan = assembly_plan({0: _held(**{name: (["a", "b"], ["c"])}),
+                          1: _held(**{name: (["c"], ["a", "b"])}),
+                          2: _held()}, _layout(), durable_newest=3, requested=None)
+    assert plan["name"] == name
+    # Node 2 (memory wiped) gets a and b from node 0 and c from node 1, both their own files;
+    # nodes 0 and 1 hold everything already (own or partner copy).
+    assert plan["fetch"] == [[0, 2, "a", "own"], [0, 2, "b", "own"], [1, 2, "c", "own"]]
+
+
+def test_the_plan_takes_an_older_checkpoint_when_a_file_is_nowhere_and_none_older_than_disk(
+        ) -> None:
+    older, newer = "AtomicDirectory_checkpoint_4", "AtomicDirectory_checkpoint_5"
+    inventories = {0: _held(**{older: (["a", "b"], ["c"]), newer: (["a", "b"], [])}),
+                   1: _held(**{older: (["c"], []), newer: ([], [])})}
+    plan = assembly_plan(inventories, _layout(), durable_newest=3, requested=None)
+    assert plan["name"] == older and plan["fetch"] == [[0, 1, "a", "own"], [0, 1, "b", "own"]]
+    assert assembly_plan(inventories, _layout(), durable_newest=5, requested=None)["name"] is None
+    assert assembly_plan(inventories, _layout(), durable_newest=-1,
+                         requested=newer)["name"] is None
