@@ -661,7 +661,7 @@ class AtomicDirectory(ShardedSaves):
         if self._nodes is None or not self._in_memory_tier() or not in_process_group():
             return agreed_checkpoint(self._tiers(), self._coordinator, requested, strict)
         self._ensure_node_group()
-        self._finish_persisting()  # the group is free, the partner copies are in place
+        self._persist_waiter.wait()  # the group is free, the partner copies are in place
         requested = requested or requested_by_environment(self._tiers())
         durable = self.durable
 
@@ -715,6 +715,7 @@ class _PersistWaiter:
     def wait(self, reported_too: bool = True) -> None:
         saver = self._saver()
         if saver is not None:
+            saver.wait(reported_too)  # its asynchronous save queues a copy when it commits
             saver._finish_persisting()
 
 

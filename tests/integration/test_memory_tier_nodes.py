@@ -87,7 +87,7 @@ def check_each_node_commits_its_files_keeps_its_partners_and_every_kth_is_persis
     saver = _saver(durable)
     for step in range(5):
         _save(saver, step)
-    saver._finish_persisting()
+    saver._persist_waiter.wait()
     dist.barrier()
     memory, node = _memory(durable), _node()
     if dist.get_rank() % PER_NODE == 0:
@@ -121,7 +121,7 @@ def check_a_node_whose_memory_was_wiped_resumes_from_its_partners_copy(root: Pat
     saver = _saver(durable)
     for step in range(3):
         _save(saver, step)
-    saver._finish_persisting()
+    saver._persist_waiter.wait()
     del saver
     dist.barrier()
     memory = _memory(durable)
@@ -139,7 +139,7 @@ def check_a_node_whose_memory_was_wiped_resumes_from_its_partners_copy(root: Pat
     assert sorted(read_manifest(Path(latest)).files) == sorted(NODE_FILES[0] + NODE_FILES[1])
     # Training goes on above it, on both nodes.
     assert Path(_save(saver, 3)).name == str(_name(3))
-    saver._finish_persisting()
+    saver._persist_waiter.wait()
     dist.barrier()
 
 
@@ -148,7 +148,7 @@ def check_a_corrupt_memory_copy_falls_back_to_the_checkpoint_root(root: Path) ->
     saver = _saver(durable)
     for step in range(4):
         _save(saver, step)
-    saver._finish_persisting()
+    saver._persist_waiter.wait()
     del saver
     dist.barrier()
     memory = _memory(durable)
@@ -166,12 +166,44 @@ def check_a_corrupt_memory_copy_falls_back_to_the_checkpoint_root(root: Path) ->
     dist.barrier()
 
 
+def _state(step: int) -> dict[str, torch.Tensor]:
+    rank = dist.get_rank()
+    return {"shared": torch.arange(5000.0) * step,  # the same on every rank: rank 0 writes it
+            f"own-{rank}": torch.full((100,), float(step * 10 + rank))}  # in rank's own file
+
+
+def check_dcp_saves_sync_and_async_resume_on_a_node_whose_memory_was_wiped(root: Path) -> None:
+    durable = _on_node(root, persist_every=100)
+    saver = _saver(durable)
+    saver.save(_state(0))
+    saver.save(_state(1), {"step": 1}, asynchronous=True).wait()
+    saver.save(_state(2), {"step": 2}, asynchronous=True).wait()
+    saver._persist_waiter.wait()
+    del saver
+    dist.barrier()
+    memory = _memory(durable)
+    if dist.get_rank() == 0:  # node 0 held DCP's .metadata and the shared tensor: all gone
+        shutil.rmtree(memory.root)
+    dist.barrier()
+    saver = _saver(durable)
+    own = f"own-{dist.get_rank()}"
+    state = {"shared": torch.zeros(5000), own: torch.zeros(100)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CheckpointWarning)
+        assert saver.load(state) == {"step": 2}
+    assert torch.equal(state["shared"], _state(2)["shared"])
+    assert torch.equal(state[own], _state(2)[own])
+    assert (memory.path_of(_name(2)) / ".metadata").is_file()
+    dist.barrier()
+
+
 def test_two_nodes_commit_copy_to_their_partner_and_persist_together(tmp_path: Path) -> None:
     run_on_every_rank(
         __name__,
         "check_each_node_commits_its_files_keeps_its_partners_and_every_kth_is_persisted",
         "check_a_node_whose_memory_was_wiped_resumes_from_its_partners_copy",
         "check_a_corrupt_memory_copy_falls_back_to_the_checkpoint_root",
+        "check_dcp_saves_sync_and_async_resume_on_a_node_whose_memory_was_wiped",
         root=tmp_path, world_size=WORLD_SIZE, per_node=PER_NODE)
 
 

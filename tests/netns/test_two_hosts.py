@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,8 +35,11 @@ import pytest
 import torch
 from hosts import Host
 
-from cycler import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS, latest_checkpoint
+from cycler import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS, latest_checkpoint, read_manifest
 from cycler.checkpoint.layout import CheckpointLayout
+from cycler.checkpoint.manifest import check_files
+from cycler.checkpoint.replicas import node_files, replica_path
+from cycler.checkpoint.tiers import memory_root
 from cycler.protocol.events import read_events
 
 pytestmark = pytest.mark.netns
@@ -89,10 +93,11 @@ class Node:
 
 @contextlib.contextmanager
 def job(hosts: tuple[Host, Host], root: Path, final: Path, train_args: list[str] = TRAIN_ARGS,
-        script: Path = EXAMPLE, flags: tuple[str, ...] = ()) -> Iterator[list[Node]]:
+        script: Path = EXAMPLE, flags: tuple[str, ...] = (),
+        node_flags: tuple[tuple[str, ...], ...] = ((), ())) -> Iterator[list[Node]]:
     port = 29000 + os.getpid() % 1000
-    nodes = [Node(host, rank, hosts[0], root, final, port, train_args, script, flags)
-             for rank, host in enumerate(hosts)]
+    nodes = [Node(host, rank, hosts[0], root, final, port, train_args, script,
+                  flags + node_flags[rank]) for rank, host in enumerate(hosts)]
     try:
         yield nodes
     finally:
@@ -261,3 +266,70 @@ def test_a_worker_that_crashes_after_the_training_on_one_node_ends_the_job_as_fi
     assert "restart_together" not in history(root, 1)
     assert_same_weights(reference, final)
     assert took < 90, f"the job took {took:.0f} s"
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path) -> Iterator[Path]:
+    """A tmpfs of its own at ``path``, as each host has its own /dev/shm."""
+    path.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_a_node_whose_memory_is_wiped_restarts_from_its_partners_copy_and_ends_exactly(
+        hosts: tuple[Host, Host], tmp_path: Path) -> None:
+    """Memory tier on two hosts, each with its own tmpfs: node 1's worker is frozen, its tmpfs
+    wiped and the worker killed with SIGKILL once memory holds a checkpoint that the checkpoint
+    root does not. Both nodes restart from that checkpoint, node 1 taking its files from node
+    0's partner copy (verified), and the job ends bit-identical to an uninterrupted one."""
+    reference = tmp_path / "reference.pt"
+    with job(hosts, tmp_path / "uninterrupted", reference) as nodes:
+        assert [node.wait() for node in nodes] == [EXIT_SUCCESS, EXIT_SUCCESS]
+
+    root, final = tmp_path / "ck", tmp_path / "final.pt"
+    with tmpfs(tmp_path / "shm0") as shm0, tmpfs(tmp_path / "shm1") as shm1:
+        memories = [CheckpointLayout(memory_root(shm, root)) for shm in (shm0, shm1)]
+        flags = (("--memory-dir", str(shm0)), ("--memory-dir", str(shm1)))
+        with job(hosts, root, final, flags=("--persist-every", "1000"),
+                 node_flags=flags) as nodes:
+            newest = wait_for_partner_copy(memories, nodes)
+            worker = nodes[1].worker()
+            worker.suspend()  # nothing more is written on node 1 from here
+            durable = [name.index for name in CheckpointLayout(root).checkpoint_names()]
+            shutil.rmtree(memories[1].root)
+            assert not any(shm1.iterdir())
+            worker.kill()
+            wait_for_text(nodes[0], "[train] resumed from")
+            resumed = int(nodes[0].text().split("[train] resumed from ")[1].split()[0]
+                          .rsplit("_", 1)[1])
+            codes = [node.wait() for node in nodes]
+            assert codes == [EXIT_SUCCESS, EXIT_SUCCESS], nodes[1].text()
+        # The restart took a checkpoint the checkpoint root never had: from memory, node 1's
+        # files from node 0's copy.
+        assert resumed >= newest > max(durable), (resumed, newest, durable)
+        assert "restart_together" in history(root, 1)
+        # The job ended for good: each node's memory tier is gone, the newest checkpoint was
+        # persisted (whole, by the nodes' contributions) and verifies.
+        assert not memories[0].root.exists() and not memories[1].root.exists()
+    assert_same_weights(reference, final)
+    last = latest_checkpoint(root)
+    assert last is not None
+    manifest = read_manifest(last)
+    assert sorted(manifest.files) == ["rank-0.pt", "rank-1.pt", "train.pt"]
+    assert check_files(last, manifest, checksums=True) is None
+
+
+def wait_for_partner_copy(memories: list[CheckpointLayout], nodes: list[Node]) -> int:
+    """The index of a checkpoint (2 or newer) that node 0 holds with node 1's partner copy."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert all(node.process.poll() is None for node in nodes), nodes[0].text()
+        for name in reversed(memories[0].checkpoint_names()):
+            copy = replica_path(memories[0], name)
+            if name.index >= 2 and node_files(copy) == ["rank-1.pt"]:
+                return name.index
+        time.sleep(0.05)
+    raise AssertionError(f"no partner copy on node 0 within 120 s: {nodes[0].text()}")
