@@ -17,8 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from gloo_ranks import free_port
 
-from cycler import EXIT_REQUEUE, EXIT_SUCCESS, list_checkpoints
+from cycler import EXIT_REQUEUE, EXIT_SUCCESS, latest_checkpoint, list_checkpoints, read_manifest
 from cycler.checkpoint.tiers import memory_root
 
 pytestmark = pytest.mark.e2e
@@ -28,12 +29,24 @@ TRAIN_ARGS = ["--epochs", "2", "--samples", "2048", "--batch-size", "16", "--hid
               "--checkpoint-every", "6", "--step-delay", "0.03", "--workers", "0"]
 
 
-def start(root: Path, final: Path, *tier: str) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", "2",
+def start(root: Path, final: Path, *tier: str, node: tuple[str, ...] = ("--nproc-per-node", "2"),
+          ) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "cycler_cli", "run", *node,
                "--checkpoint-dir", str(root), "--grace", "60", "--no-requeue", *tier,
                str(EXAMPLE), *TRAIN_ARGS, "--final-weights", str(final)]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=root.parent)
+
+
+def start_two_nodes(root: Path, final: Path, shm: Path, *tier: str,
+                    ) -> list[subprocess.Popen[str]]:
+    """Two `cycle run` nodes of one worker each on 127.0.0.1, each with its own memory dir
+    (as each machine has its own /dev/shm): the same two ranks as ``start``'s."""
+    port = str(free_port())
+    return [start(root, final, "--memory-dir", str(shm / f"node{rank}"), *tier,
+                  node=("--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "1",
+                        "--master-addr", "127.0.0.1", "--master-port", port))
+            for rank in (0, 1)]
 
 
 def valid(root: Path) -> list[int]:
@@ -123,3 +136,25 @@ def test_a_stop_persists_its_checkpoint_before_exit_75(tmp_path: Path, reference
     finish(start(root, final, "--memory-dir", str(shm), "--persist-every", "100"))
     assert_same_weights(reference, final)
     assert not memory.exists()
+
+
+def test_a_stop_of_two_nodes_persists_both_nodes_files_before_exit_75_and_resumes_exactly(
+        tmp_path: Path, reference: Path) -> None:
+    """The memory tier on two nodes: node 1's SIGTERM stops both; the stop's checkpoint, whose
+    files are in two nodes' memories, is whole in the checkpoint root before exit 75."""
+    root, shm, final = tmp_path / "checkpoints", tmp_path / "shm", tmp_path / "weights.pt"
+    memories = [memory_root(shm / f"node{rank}", root) for rank in (0, 1)]
+    nodes = start_two_nodes(root, final, shm, "--persist-every", "100")
+    wait_for_memory_only_checkpoint(root, memories[0], nodes[0])
+    nodes[1].send_signal(signal.SIGTERM)
+    for node in nodes:
+        finish(node, EXIT_REQUEUE)
+    stop = valid(root)[-1]
+    assert stop == valid(memories[0])[-1] == valid(memories[1])[-1] >= 4
+    persisted = read_manifest(latest_checkpoint(root))
+    assert sorted(persisted.files) == ["rank-0.pt", "rank-1.pt", "train.pt"]
+    assert persisted.index == stop
+    for node in start_two_nodes(root, final, shm, "--persist-every", "100"):
+        finish(node)
+    assert_same_weights(reference, final)
+    assert not any(memory.exists() for memory in memories)

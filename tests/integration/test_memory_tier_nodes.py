@@ -243,3 +243,83 @@ def test_the_plan_takes_an_older_checkpoint_when_a_file_is_nowhere_and_none_olde
     assert assembly_plan(inventories, _layout(), durable_newest=5, requested=None)["name"] is None
     assert assembly_plan(inventories, _layout(), durable_newest=-1,
                          requested=newer)["name"] is None
+
+
+CONTRIBUTOR = """
+import sys
+from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
+from cycler.checkpoint.replicas import contribute
+memory, durable, index = sys.argv[1], sys.argv[2], int(sys.argv[3])
+print("copying", flush=True)
+contribute(CheckpointLayout(memory), CheckpointLayout(durable),
+           CheckpointName("AtomicDirectory", index, False))
+"""
+
+
+def _node_checkpoints(memories: list[CheckpointLayout], index: int, mb: int) -> None:
+    """Checkpoint ``index`` as two nodes commit it: each node's memory root holds its own
+    files (four of ``mb`` MB each) under its node manifest, with the job's manifest."""
+    from cycler.checkpoint.manifest import make_manifest, record_files
+    from cycler.checkpoint.replicas import seal_node
+
+    files: dict[int, list[str]] = {}
+    records = {}
+    for node, memory in enumerate(memories):
+        directory = memory.path_of(_name(index))
+        directory.mkdir(parents=True)
+        files[node] = [f"part-{node * 4 + part}.bin" for part in range(4)]
+        for file in files[node]:
+            (directory / file).write_bytes(os.urandom(mb << 20))
+        records.update(record_files(directory, files[node]))
+    job = make_manifest(records, index=index, world_size=2, metadata={"step": index},
+                        version="")
+    for node, memory in enumerate(memories):
+        seal_node(memory.path_of(_name(index)), job, files[node])
+
+
+def test_kill_9_of_both_nodes_contributions_never_commits_a_partial_checkpoint(
+        tmp_path: Path) -> None:
+    """Both nodes persist their halves of checkpoint 1 at once and are killed with SIGKILL at
+    random moments: the durable link names checkpoint 0 or a whole checkpoint 1, never a
+    partial one; contributions after the kills complete it."""
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from cycler.checkpoint.listing import list_checkpoints
+    from cycler.checkpoint.replicas import contribute
+
+    memories = [CheckpointLayout(tmp_path / f"memory-node{node}") for node in (0, 1)]
+    durable = CheckpointLayout(tmp_path / "checkpoints")
+    durable.root.mkdir()
+    _node_checkpoints(memories, 0, 1)
+    assert not contribute(memories[0], durable, _name(0))  # node 1's half is missing
+    assert contribute(memories[1], durable, _name(0))  # the contribution that completes seals
+    _node_checkpoints(memories, 1, 8)
+    rng = random.Random(11)
+    kills = 0
+    for _ in range(10):
+        processes = [subprocess.Popen([sys.executable, "-c", CONTRIBUTOR, str(memory.root),
+                                       str(durable.root), "1"], stdout=subprocess.PIPE,
+                                      text=True) for memory in memories]
+        for process in processes:
+            assert process.stdout is not None and process.stdout.readline() == "copying\n"
+        time.sleep(rng.uniform(0.0, 0.12))
+        for process in processes:
+            process.send_signal(signal.SIGKILL)
+        kills += sum(process.wait() == -signal.SIGKILL for process in processes)
+        checkpoints = {c.index: c for c in list_checkpoints(durable.root)}
+        assert checkpoints[0].valid
+        assert all(c.valid or not c.committed for c in checkpoints.values()), checkpoints
+        assert durable.link_target_name() in (_name(0), _name(1))
+        if durable.link_target_name() == _name(1):
+            assert inspect_checkpoint(durable, _name(1), verify=True).valid
+            break
+    print("contributions killed:", kills)
+    assert kills >= 2
+    complete = [contribute(memory, durable, _name(1)) for memory in memories]
+    assert complete[-1] and durable.link_target_name() == _name(1)
+    assert inspect_checkpoint(durable, _name(1), verify=True).valid
+    assert read_manifest(durable.path_of(_name(1))).metadata == {"step": 1}
