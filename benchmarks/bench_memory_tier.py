@@ -14,6 +14,13 @@
    write the same bytes to the checkpoint root. Goal: at least 5x less lost work (K = 5).
    This is a process crash (node memory survives); a lost node falls back to the durable
    checkpoints, the disk-only figure.
+4. The partner copy's cost per save, on two nodes (two processes, one gloo rank each, each with
+   its own memory root, ``--replica``): each node writes half of the state and commits; the
+   partner copy (sending its half to the other node and receiving, writing and verifying the
+   other's) runs on the saver's background thread after the commit. Its time per save against
+   a bare gloo exchange of the same bytes between the same two processes, and against the
+   commit the training waits for. On one machine the "network" is loopback: a real link adds
+   its own time to both the copy and the bare exchange.
 
 Each figure is the median of several repetitions in the same run; the ratios are the result.
 """
@@ -31,6 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -157,6 +165,64 @@ def lost_work(every: int, crashes: int, tier: Path | None, persist_every: int,
     return statistics.median(lost)
 
 
+def _replica_rank(rank: int, size_mb: int, repeats: int, port: int, base: str,
+                  results: Any) -> None:
+    import torch.distributed as dist
+
+    from cycler import AtomicDirectory
+
+    os.environ.update(WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                      GROUP_RANK=str(rank))
+    with_memory_tier(Path(base) / f"node{rank}")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    half = state_of(size_mb // 2 or 1)
+    saver = AtomicDirectory(Path(base) / "root", keep_last=2)
+    bare, commits, copies = [], [], []
+    data = torch.frombuffer(bytearray(os.urandom(1 << 20)) * (size_mb // 2 or 1),
+                            dtype=torch.uint8)
+    received = torch.empty_like(data)
+    for repeat in range(repeats + 1):
+        dist.barrier()
+        started = time.perf_counter()
+        works = [dist.isend(data, 1 - rank), dist.irecv(received, 1 - rank)]
+        for work in works:
+            assert work is not None
+            work.wait()
+        bare.append(time.perf_counter() - started)
+        dist.barrier()
+        started = time.perf_counter()
+        directory = Path(saver.prepare_checkpoint_directory())
+        torch.save(half, directory / f"rank-{rank}.pt")
+        saver.symlink_latest(directory, metadata={"step": repeat})
+        committed = time.perf_counter()
+        saver._persist_waiter.wait()
+        commits.append(committed - started)
+        copies.append(time.perf_counter() - committed)
+    if rank == 0:
+        results.put((statistics.median(bare[1:]), statistics.median(commits[1:]),
+                     statistics.median(copies[1:])))
+    saver._persist_waiter.wait()
+    dist.destroy_process_group()
+
+
+def replica_figures(size_mb: int, repeats: int) -> tuple[float, float, float]:
+    """(bare exchange, commit, partner copy) in seconds, medians, two nodes on loopback."""
+    import torch.multiprocessing as mp
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
+    from gloo_ranks import free_port
+
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    with tempfile.TemporaryDirectory(dir=SHM) as base:
+        mp.start_processes(_replica_rank, args=(size_mb, repeats, free_port(), base, results),
+                           nprocs=2, join=True, start_method="spawn")
+        bare, commit, copy = results.get()
+    return bare, commit, copy
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes-mb", default="100,1000")
@@ -164,8 +230,18 @@ def main() -> None:
     parser.add_argument("--crashes", type=int, default=12)
     parser.add_argument("--every", type=int, default=10, help="N: steps between memory saves")
     parser.add_argument("--persist-every", type=int, default=5, help="K")
+    parser.add_argument("--replica", action="store_true",
+                        help="only the partner copy's cost per save (two nodes on loopback)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.replica:
+        for size in (int(s) for s in args.sizes_mb.split(",")):
+            bare, commit, copy = replica_figures(size, args.repeats)
+            print(f"{size} MB on two nodes (half each): commit {commit * 1000:.0f} ms; partner "
+                  f"copy in the background {copy * 1000:.0f} ms ({size / 2 / copy:.0f} MB/s "
+                  f"each way) against a bare gloo exchange of the same bytes "
+                  f"{bare * 1000:.0f} ms: {copy / bare:.2f}x", flush=True)
+        return
     for size in (int(s) for s in args.sizes_mb.split(",")):
         plain, tiered = commit_figures(size, args.repeats)
         print(f"{size} MB commit: plain torch.save into tmpfs {plain * 1000:.0f} ms, memory "

@@ -35,7 +35,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -241,70 +241,57 @@ def _together(group: Any, sends: list[tuple[Any, int]], receives: list[tuple[Any
             work.wait()
 
 
-def _chunks(files: list[tuple[Path | None, int]]) -> Iterator[tuple[Path | None, int, int]]:
-    """(file, offset, length) of every message that carries ``files``, in order; a file of
-    no bytes has one of length 0 (never sent: the receiver only creates the file)."""
-    for path, size in files:
-        yield path, 0, min(size, CHUNK)
-        for offset in range(CHUNK, size, CHUNK):
-            yield path, offset, min(CHUNK, size - offset)
+def _pieces(tensor: Any) -> list[Any]:
+    """A file's tensor in messages of at most :data:`CHUNK` bytes (views: nothing is copied);
+    none for an empty file."""
+    return [tensor[offset:offset + CHUNK] for offset in range(0, tensor.numel(), CHUNK)]
 
 
 def _swap_files(group: Any, outgoing: list[tuple[Path, int]], to: int,
                 incoming: list[tuple[Path | None, int]], source: int) -> str | None:
-    """Send ``outgoing`` (path, size) to ``to`` while receiving ``incoming`` from ``source``,
-    chunk by chunk in lockstep; an incoming path ``None`` is received and dropped. Returns the
-    first write that failed (the rest is still received)."""
+    """Send ``outgoing`` (path, size) to ``to`` while receiving ``incoming`` from ``source``;
+    an incoming path ``None`` is received and dropped. Every message is posted at once and the
+    files are mapped, not read: the bytes go from one node's page cache to the other's.
+    Returns the first file that could not be written (the rest is still received)."""
+    sends = [(piece, to) for path, size in outgoing for piece in _pieces(_mapped(path, size))]
+    receiving = [(path, *_writable(path, size)) for path, size in incoming]
+    receives = [(piece, source) for _, tensor, _ in receiving for piece in _pieces(tensor)]
+    _together(group, sends, receives)
+    return next((problem for _, _, problem in receiving if problem), None)
+
+
+def _mapped(path: Path, size: int) -> Any:
+    """A file's bytes as a tensor mapped from it; zeros where it cannot be read (the receiver's
+    checksums refuse them, and the exchange stays in step)."""
     import torch
 
-    sending, receiving = list(_chunks(list(outgoing))), list(_chunks(incoming))
-    problem = None
-    for step in range(max(len(sending), len(receiving))):
-        sends, receives = [], []
-        if step < len(sending) and sending[step][2]:
-            path, offset, length = sending[step]
-            assert path is not None
-            sends.append((_read_chunk(path, offset, length), to))
-        received = None
-        if step < len(receiving):
-            received = torch.empty(receiving[step][2], dtype=torch.uint8)
-            if received.numel():
-                receives.append((received, source))
-        _together(group, sends, receives)
-        if received is not None and problem is None:
-            path, offset, _ = receiving[step]
-            problem = _write_chunk(path, offset, received)
-    return problem
-
-
-def _read_chunk(path: Path, offset: int, length: int) -> Any:
-    """A chunk of a file as a tensor; zeros where it cannot be read (the receiver's checksums
-    refuse them, and the exchange stays in step)."""
-    import torch
-
-    buffer = bytearray(length)
     try:
-        with open(path, "rb") as reading:
-            reading.seek(offset)
-            reading.readinto(buffer)
-    except OSError as error:
+        if path.stat().st_size != size:
+            raise OSError(f"{size} bytes expected")
+        return torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
+    except (OSError, RuntimeError) as error:
         log.warning("%s could not be read for a copy to another node (%s)", path, error)
-    return torch.frombuffer(buffer, dtype=torch.uint8) if length else torch.empty(0)
+        return torch.zeros(size, dtype=torch.uint8)
 
 
-def _write_chunk(path: Path | None, offset: int, tensor: Any) -> str | None:
-    """Write a received chunk at ``offset`` of ``path`` (nowhere for ``None``); return what
-    failed instead of raising (the exchange goes on)."""
+def _writable(path: Path | None, size: int) -> tuple[Any, str | None]:
+    """A tensor mapped onto a new file of ``size`` bytes at ``path``, which receiving into
+    writes (its blocks allocated first: a full tmpfs refuses them here instead of killing the
+    process with SIGBUS at a write into the mapping); a tensor of plain memory for ``None``, or
+    with what failed where the file cannot be made."""
+    import torch
+
     if path is None:
-        return None
+        return torch.empty(size, dtype=torch.uint8), None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "r+b" if offset else "wb") as writing:
-            writing.seek(offset)
-            writing.write(memoryview(tensor.numpy()))
-    except OSError as error:
-        return f"{path.name} could not be written ({error.strerror or error})"
-    return None
+        with open(path, "wb") as made:
+            if size:
+                os.posix_fallocate(made.fileno(), 0, size)
+        return torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8), None
+    except (OSError, RuntimeError) as error:
+        problem = f"{path.name} could not be made ({getattr(error, 'strerror', None) or error})"
+        return torch.empty(size, dtype=torch.uint8), problem
 
 
 def _check_names(directory: Path, manifest: Manifest) -> None:
@@ -336,6 +323,7 @@ def contribute(memory: CheckpointLayout, durable: CheckpointLayout, name: Checkp
     _check_names(memory.path_of(name), job)
     target = durable.path_of(name)
     if os.path.lexists(target) and inspect_checkpoint(durable, name).valid:
+        link_newest(durable)  # a contributor killed between the manifest and the link
         return True
     durable.record_index(name.index)
     target.mkdir(exist_ok=True)
@@ -483,8 +471,6 @@ def assemble(memory: CheckpointLayout, plan: Mapping[str, Any], nodes: Nodes, gr
     later), and the job manifest as its manifest. Returns what failed on this node (every
     fetch is still sent and received: the other leaders never wait for nothing). Checksums
     are verified afterwards, by every rank of the node (:func:`share_problem`)."""
-    import torch
-    import torch.distributed as dist
 
     name = memory.parse(str(plan["name"]))
     assert name is not None
@@ -504,24 +490,15 @@ def assemble(memory: CheckpointLayout, plan: Mapping[str, Any], nodes: Nodes, gr
     for source, target, file, kind in plan["fetch"]:
         size = job.files[file].size
         if nodes.node == source:
-            peer = nodes.leader_of(target)
-            dist.send(torch.tensor([size], dtype=torch.int64), peer, group=group)
-            for path, offset, length in _chunks([((own if kind == "own" else copy) / file,
-                                                  size)]):
-                if length:
-                    assert path is not None
-                    dist.send(_read_chunk(path, offset, length), peer, group=group)
+            tensor = _mapped((own if kind == "own" else copy) / file, size)
+            _together(group, [(piece, nodes.leader_of(target)) for piece in _pieces(tensor)], [])
         elif nodes.node == target:
-            peer = nodes.leader_of(source)
-            sent = torch.zeros(1, dtype=torch.int64)
-            dist.recv(sent, peer, group=group)
-            temporary = None if problem else _fs.temporary_sibling(own / file)
-            for path, offset, length in _chunks([(temporary, int(sent.item()))]):
-                received = torch.empty(length, dtype=torch.uint8)
-                if length:
-                    dist.recv(received, peer, group=group)
-                problem = problem or _write_chunk(path, offset, received)
-            if temporary is not None and not problem:
+            temporary = _fs.temporary_sibling(own / file)
+            tensor, failed = _writable(None if problem else temporary, size)
+            _together(group, [], [(piece, nodes.leader_of(source)) for piece in _pieces(tensor)])
+            del tensor  # unmapped: the file holds what arrived
+            problem = problem or failed
+            if not problem:
                 os.replace(temporary, own / file)
     if problem:
         return problem

@@ -116,8 +116,9 @@ def persist(memory: CheckpointLayout, durable: CheckpointLayout, name: Checkpoin
         raise CorruptCheckpoint(f"{source} cannot be persisted: {problem}")
     target = durable.path_of(name)
     if os.path.lexists(target):
-        if inspect_checkpoint(durable, name).valid:
-            return target  # persisted before (a stop's checkpoint, then the job's end)
+        if inspect_checkpoint(durable, name).valid:  # persisted before (a stop's, then the
+            _link_forward(durable, name)  # job's end), or killed between manifest and link
+            return target
         _fs.discard_directory(target)  # a copy cut short by a kill
     durable.record_index(name.index)
     target.mkdir()
@@ -134,10 +135,15 @@ def persist(memory: CheckpointLayout, durable: CheckpointLayout, name: Checkpoin
     except BaseException:
         _fs.remove_logged(_fs.discard_directory, target, "unfinished persisted copy")
         raise
+    _link_forward(durable, name)
+    return target
+
+
+def _link_forward(durable: CheckpointLayout, name: CheckpointName) -> None:
+    """Point the durable link at ``name`` unless it names a newer checkpoint."""
     linked = durable.link_target_name()
     if linked is None or linked.index < name.index:
-        _fs.atomic_symlink(target, durable.link_path)
-    return target
+        _fs.atomic_symlink(durable.path_of(name), durable.link_path)
 
 
 def persist_newest(memory: CheckpointLayout, durable: CheckpointLayout,

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cycler import AtomicDirectory, CheckpointWarning, list_checkpoints, read_manifest
+from cycler import AtomicDirectory, CheckpointWarning, _fs, list_checkpoints, read_manifest
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.tiers import memory_root, persist, persist_newest
 from cycler.errors import CorruptCheckpoint
@@ -222,6 +222,18 @@ def test_persist_newest_copies_what_the_durable_root_lacks(tier: tuple[Path, Pat
     assert persist_newest(*layouts) == CheckpointName("AtomicDirectory", 2, False)
     assert persist_newest(*layouts) is None
     assert indices(durable) == [0, 2]
+
+
+def test_a_persist_killed_between_its_manifest_and_the_link_moves_the_link_when_repeated(
+        tier: tuple[Path, Path]) -> None:
+    durable, memory = tier
+    saved(durable, 3)
+    layouts = CheckpointLayout(memory), CheckpointLayout(durable)
+    assert persist_newest(*layouts) == CheckpointName("AtomicDirectory", 2, False)
+    # As a kill after the manifest's rename and before the link's would leave it:
+    _fs.atomic_symlink(durable / "AtomicDirectory_checkpoint_0", layouts[1].link_path)
+    persist(*layouts, CheckpointName("AtomicDirectory", 2, False))
+    assert layouts[1].link_target_name() == CheckpointName("AtomicDirectory", 2, False)
 
 
 PERSISTER = """

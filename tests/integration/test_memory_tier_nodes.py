@@ -321,5 +321,11 @@ def test_kill_9_of_both_nodes_contributions_never_commits_a_partial_checkpoint(
     assert kills >= 2
     complete = [contribute(memory, durable, _name(1)) for memory in memories]
     assert complete[-1] and durable.link_target_name() == _name(1)
+    # A contributor killed between the manifest's rename and the link's: the next one links.
+    from cycler import _fs
+
+    _fs.atomic_symlink(durable.path_of(_name(0)), durable.link_path)
+    assert contribute(memories[0], durable, _name(1))
+    assert durable.link_target_name() == _name(1)
     assert inspect_checkpoint(durable, _name(1), verify=True).valid
     assert read_manifest(durable.path_of(_name(1))).metadata == {"step": 1}
