@@ -658,8 +658,12 @@ class AtomicDirectory(ShardedSaves):
         index), ``None`` when there is none. With the memory tier on several nodes the newest
         checkpoint the nodes hold between them, assembled on each, if it is as new as the
         checkpoint root's newest; else the checkpoint root's."""
-        if self._nodes is None or not self._in_memory_tier() or not in_process_group():
+        if self._nodes is None:
             return agreed_checkpoint(self._tiers(), self._coordinator, requested, strict)
+        if not self._in_memory_tier() or not in_process_group():
+            # A node's memory holds only its own files: without the group to assemble them,
+            # only the checkpoint root's checkpoints are whole.
+            return agreed_checkpoint([self.durable], self._coordinator, requested, strict)
         self._ensure_node_group()
         self._persist_waiter.wait()  # the group is free, the partner copies are in place
         requested = requested or requested_by_environment(self._tiers())

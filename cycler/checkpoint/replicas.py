@@ -380,8 +380,11 @@ def _copy_verified(source: Path, target: Path, record: FileRecord, algorithm: st
 
 def contribute_newest(memory: CheckpointLayout, durable: CheckpointLayout,
                       ) -> CheckpointName | None:
-    """At a node's end (its workers gone): contribute this node's newest memory checkpoint
-    that is newer than the durable link's; return it if it is committed there now."""
+    """At a node's end (its workers gone): contribute what this node holds of its memory
+    checkpoints newer than the durable link's, newest first, until one is committed there;
+    return that one (``None``: none was, or none needed to be). The newest may be one that
+    only some nodes committed (a rank died in between): then an older one is the newest
+    whole one."""
     if not memory.root.is_dir():
         return None
     linked = durable.link_target_name()
@@ -390,7 +393,8 @@ def contribute_newest(memory: CheckpointLayout, durable: CheckpointLayout,
             return None
         if not checkpoint.valid or not (checkpoint.path / JOB_MANIFEST_NAME).is_file():
             continue
-        return checkpoint.name if contribute(memory, durable, checkpoint.name) else None
+        if contribute(memory, durable, checkpoint.name):
+            return checkpoint.name
     return None
 
 

@@ -329,3 +329,25 @@ def test_kill_9_of_both_nodes_contributions_never_commits_a_partial_checkpoint(
     assert durable.link_target_name() == _name(1)
     assert inspect_checkpoint(durable, _name(1), verify=True).valid
     assert read_manifest(durable.path_of(_name(1))).metadata == {"step": 1}
+
+
+def test_at_the_job_end_each_node_contributes_and_the_newest_whole_checkpoint_is_committed(
+        tmp_path: Path) -> None:
+    """What each node's `cycle run` does when its workers are gone: node 1 committed checkpoint
+    1 but died before committing 2, which only node 0 holds. Node 1 contributes its half of 1;
+    node 0 tries 2 (never whole: nothing is committed) and then 1, which its half completes."""
+    from cycler.checkpoint.replicas import contribute_newest
+
+    memories = [CheckpointLayout(tmp_path / f"memory-node{node}") for node in (0, 1)]
+    durable = CheckpointLayout(tmp_path / "checkpoints")
+    durable.root.mkdir()
+    _node_checkpoints(memories, 1, 1)
+    _node_checkpoints(memories, 2, 1)
+    shutil.rmtree(memories[1].path_of(_name(2)))
+    assert contribute_newest(memories[1], durable) is None  # node 0's half of 1 is missing
+    assert durable.link_target_name() is None
+    assert contribute_newest(memories[0], durable) == _name(1)
+    assert durable.link_target_name() == _name(1)
+    assert inspect_checkpoint(durable, _name(1), verify=True).valid
+    assert not inspect_checkpoint(durable, _name(2)).committed  # torn, never linked
+    assert contribute_newest(memories[0], durable) is None  # nothing newer to give
