@@ -158,3 +158,38 @@ def test_a_stop_of_two_nodes_persists_both_nodes_files_before_exit_75_and_resume
         finish(node)
     assert_same_weights(reference, final)
     assert not any(memory.exists() for memory in memories)
+
+
+def test_kill_9_of_node_1s_worker_at_random_moments_of_the_partner_copies_ends_exactly(
+        tmp_path: Path, reference: Path) -> None:
+    """Two nodes, a checkpoint every 6 steps, each copied to the partner node in the background:
+    node 1's worker is killed with SIGKILL 5 times at random moments (in a copy, a commit or a
+    step). Every restart resumes from a checkpoint both nodes can assemble, nothing committed in
+    the checkpoint root is ever invalid, and the job ends bit-identical."""
+    import random
+
+    root, shm, final = tmp_path / "checkpoints", tmp_path / "shm", tmp_path / "weights.pt"
+    memories = [memory_root(shm / f"node{rank}", root) for rank in (0, 1)]
+    nodes = start_two_nodes(root, final, shm, "--persist-every", "3")
+    rng = random.Random(18)
+    resumes = 0
+    for kill in range(5):
+        deadline = time.monotonic() + 120
+        while not (valid(memories[1]) and valid(memories[1])[-1] >= 2 * (kill + 1)):
+            assert nodes[0].poll() is None and time.monotonic() < deadline, "no checkpoint"
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 0.4))
+        workers = training_workers(nodes[1])
+        assert len(workers) == 1, workers
+        workers[0].kill()
+        assert all(c.valid or not c.committed for c in list_checkpoints(root)), \
+            list_checkpoints(root)
+        resumes += 1
+        time.sleep(1.0)  # both nodes' workers restart
+    outputs = [finish(node) for node in nodes]
+    resumed = [line for line in outputs[0].splitlines() if "[train] resumed from" in line]
+    print("\n".join(resumed))
+    assert len(resumed) >= resumes, outputs[0]
+    assert_same_weights(reference, final)
+    assert all(c.valid or not c.committed for c in list_checkpoints(root))
+    assert not any(memory.exists() for memory in memories)
