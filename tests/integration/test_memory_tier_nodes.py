@@ -194,6 +194,11 @@ def check_dcp_saves_sync_and_async_resume_on_a_node_whose_memory_was_wiped(root:
     assert torch.equal(state["shared"], _state(2)["shared"])
     assert torch.equal(state[own], _state(2)[own])
     assert (memory.path_of(_name(2)) / ".metadata").is_file()
+    # A checkpoint asked for by index (--resume-from, Dragon's rollback) is assembled the same
+    # way: 1 was only in memory, and node 0 held none of it any more.
+    assert saver.load(state, checkpoint=1) == {"step": 1}
+    assert torch.equal(state[own], _state(1)[own])
+    assert torch.equal(state["shared"], _state(1)["shared"])
     dist.barrier()
 
 
