@@ -373,15 +373,7 @@ class AtomicDirectory(ShardedSaves):
             self._commit_on_nodes(directory, metadata, committed,
                                   stopping() or saver_only_stop)
             return
-        round_key = coordinator.new_round("commit")
-        coordinator.arrive(round_key, "done")
-        coordinator.wait_for_all(round_key)  # every rank has written its files
-        try:
-            mine = self._record_share(directory)
-        except BaseException as error:  # KeyboardInterrupt, MemoryError: nobody may wait
-            coordinator.arrive(f"{round_key}/records", _error_share(coordinator.rank, error))
-            raise
-        coordinator.arrive(f"{round_key}/records", mine)
+        round_key, mine = self._records_round(directory)
         if not coordinator.is_creator:
             coordinator.outcome(round_key)
             beacon().progress()
@@ -405,6 +397,21 @@ class AtomicDirectory(ShardedSaves):
         else:
             self._last_size = max(self._last_size, sum(r.size for r in records.values()))
             self._persist_and_retain(directory.name, stopping() or saver_only_stop)
+
+    def _records_round(self, directory: Path) -> tuple[str, str]:
+        """Every rank, once every rank has written its files: the commit's round, with this
+        rank's records (or its error) arrived in it."""
+        coordinator = self._coordinator
+        round_key = coordinator.new_round("commit")
+        coordinator.arrive(round_key, "done")
+        coordinator.wait_for_all(round_key)  # every rank has written its files
+        try:
+            mine = self._record_share(directory)
+        except BaseException as error:  # KeyboardInterrupt, MemoryError: nobody may wait
+            coordinator.arrive(f"{round_key}/records", _error_share(coordinator.rank, error))
+            raise
+        coordinator.arrive(f"{round_key}/records", mine)
+        return round_key, mine
 
     def _record_share(self, directory: Path) -> str:
         """This rank's share of the commit's fsyncs and checksums, as JSON (or the error);
@@ -430,15 +437,7 @@ class AtomicDirectory(ShardedSaves):
         the leader's background thread (:mod:`cycler.checkpoint.replicas`)."""
         coordinator, nodes = self._coordinator, self._nodes
         assert nodes is not None
-        round_key = coordinator.new_round("commit")
-        coordinator.arrive(round_key, "done")
-        coordinator.wait_for_all(round_key)  # every rank has written its files
-        try:
-            mine = self._record_share(directory)
-        except BaseException as error:  # KeyboardInterrupt, MemoryError: nobody may wait
-            coordinator.arrive(f"{round_key}/records", _error_share(coordinator.rank, error))
-            raise
-        coordinator.arrive(f"{round_key}/records", mine)
+        round_key, mine = self._records_round(directory)
         if coordinator.is_creator:
             try:
                 shares = coordinator.gather(f"{round_key}/records", mine)

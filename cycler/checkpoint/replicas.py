@@ -51,7 +51,9 @@ from cycler.checkpoint.manifest import (
     check_files,
     files_of_rank,
     read_manifest,
+    seal,
 )
+from cycler.checkpoint.tiers import newer_than_persisted
 from cycler.errors import CorruptCheckpoint, CyclerError
 
 log = logging.getLogger(__name__)
@@ -123,8 +125,6 @@ def leaders_group(nodes: Nodes, timeout: datetime.timedelta) -> Any:
 def seal_node(directory: Path, job: Manifest, files: list[str]) -> Manifest:
     """Commit this node's part of a checkpoint in its memory root: the job manifest beside the
     node's ``files`` (recorded and fsynced by its ranks), then the node manifest over both."""
-    from cycler.checkpoint.manifest import seal
-
     sidecar = directory / JOB_MANIFEST_NAME
     _fs.atomic_write_bytes(sidecar, job.to_json().encode())
     records = {name: job.files[name] for name in files}
@@ -385,15 +385,9 @@ def contribute_newest(memory: CheckpointLayout, durable: CheckpointLayout,
     return that one (``None``: none was, or none needed to be). The newest may be one that
     only some nodes committed (a rank died in between): then an older one is the newest
     whole one."""
-    if not memory.root.is_dir():
-        return None
-    linked = durable.link_target_name()
-    for checkpoint in reversed(list_checkpoints(memory.root, memory.prefix)):
-        if linked is not None and checkpoint.index <= linked.index:
-            return None
-        if not checkpoint.valid or not (checkpoint.path / JOB_MANIFEST_NAME).is_file():
-            continue
-        if contribute(memory, durable, checkpoint.name):
+    for checkpoint in newer_than_persisted(memory, durable):
+        if (checkpoint.path / JOB_MANIFEST_NAME).is_file() \
+                and contribute(memory, durable, checkpoint.name):
             return checkpoint.name
     return None
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from cycler import _fs
 from cycler.checkpoint.layout import MANIFEST_NAME, CheckpointLayout, CheckpointName
-from cycler.checkpoint.listing import inspect_checkpoint, list_checkpoints
+from cycler.checkpoint.listing import Checkpoint, inspect_checkpoint, list_checkpoints
 from cycler.checkpoint.manifest import check_files, read_manifest
 from cycler.checkpoint.retention import retention_decisions
 from cycler.errors import CorruptCheckpoint
@@ -151,14 +151,7 @@ def persist_newest(memory: CheckpointLayout, durable: CheckpointLayout,
     """At the job's end or stop, with no writer left: persist the newest memory checkpoint that
     is newer than the durable root's latest and copies intact (an older one where the newest
     does not); return its name, ``None`` when nothing needed persisting."""
-    if not memory.root.is_dir():
-        return None
-    linked = durable.link_target_name()
-    for checkpoint in reversed(list_checkpoints(memory.root, memory.prefix)):
-        if linked is not None and checkpoint.index <= linked.index:
-            return None
-        if not checkpoint.valid:
-            continue
+    for checkpoint in newer_than_persisted(memory, durable):
         try:
             persist(memory, durable, checkpoint.name)
         except CorruptCheckpoint as error:
@@ -166,6 +159,16 @@ def persist_newest(memory: CheckpointLayout, durable: CheckpointLayout,
             continue
         return checkpoint.name
     return None
+
+
+def newer_than_persisted(memory: CheckpointLayout, durable: CheckpointLayout,
+                         ) -> list[Checkpoint]:
+    """The valid memory checkpoints newer than the one the durable link names, newest first."""
+    if not memory.root.is_dir():
+        return []
+    linked = durable.link_target_name()
+    return [c for c in reversed(list_checkpoints(memory.root, memory.prefix))
+            if c.valid and (linked is None or c.index > linked.index)]
 
 
 def _copy_durably(source: Path, target: Path) -> None:

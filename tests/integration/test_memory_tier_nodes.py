@@ -116,15 +116,20 @@ def check_each_node_commits_its_files_keeps_its_partners_and_every_kth_is_persis
     dist.barrier()
 
 
-def check_a_node_whose_memory_was_wiped_resumes_from_its_partners_copy(root: Path) -> None:
-    durable = _on_node(root, persist_every=100)
+def _saved(durable: Path, steps: int) -> CheckpointLayout:
+    """Checkpoints 0 .. steps - 1 saved and copied to the partner; this node's memory."""
     saver = _saver(durable)
-    for step in range(3):
+    for step in range(steps):
         _save(saver, step)
     saver._persist_waiter.wait()
     del saver
     dist.barrier()
-    memory = _memory(durable)
+    return _memory(durable)
+
+
+def check_a_node_whose_memory_was_wiped_resumes_from_its_partners_copy(root: Path) -> None:
+    durable = _on_node(root, persist_every=100)
+    memory = _saved(durable, 3)
     if dist.get_rank() == PER_NODE:  # node 1's memory is gone (node replaced, tmpfs wiped)
         shutil.rmtree(memory.root)
     dist.barrier()
@@ -145,13 +150,7 @@ def check_a_node_whose_memory_was_wiped_resumes_from_its_partners_copy(root: Pat
 
 def check_a_corrupt_memory_copy_falls_back_to_the_checkpoint_root(root: Path) -> None:
     durable = _on_node(root, persist_every=2)
-    saver = _saver(durable)
-    for step in range(4):
-        _save(saver, step)
-    saver._persist_waiter.wait()
-    del saver
-    dist.barrier()
-    memory = _memory(durable)
+    memory = _saved(durable, 4)
     if dist.get_rank() == PER_NODE:  # one bit of node 1's own copy of checkpoint 3 flips
         path = memory.path_of(_name(3)) / "rank-2.pt"
         data = bytearray(path.read_bytes())
