@@ -195,13 +195,13 @@ def seal(directory: Path, *, index: int, metadata: Mapping[str, Any] | None = No
     for parent in {(directory / name).parent for name in names} - {directory}:
         fsync_directory(parent)
     manifest = make_manifest(records, index=index, world_size=world_size,
-                              metadata=dict(metadata or {}), version=version)
+                             metadata=dict(metadata or {}), version=version)
     atomic_write_bytes(directory / MANIFEST_NAME, manifest.to_json().encode())
     return manifest
 
 
 def make_manifest(records: dict[str, FileRecord], *, index: int, world_size: int,
-                   metadata: dict[str, Any], version: str) -> Manifest:
+                  metadata: dict[str, Any], version: str) -> Manifest:
     _check_json(metadata)
     files = dict(sorted(records.items()))
     return Manifest(index=index, files=files, created_at=time.time(), world_size=world_size,

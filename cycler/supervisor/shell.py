@@ -350,7 +350,7 @@ class Supervisor:
         return [self.layout] if memory is None else [memory, self.layout]
 
     def _announce_memory_tier(self) -> None:
-        """Say where the memory tier is (for ``cycle status``), or that it is off."""
+        """Say where the memory tier is, for ``cycle status`` (on several nodes, node 0's)."""
         options, memory = self.options, self.options.memory_layout
         if memory is not None and options.node_rank == 0:  # one record per job: node 0's
             record = {"root": str(memory.root), "host": socket.gethostname(),
