@@ -675,14 +675,14 @@ class AtomicDirectory(ShardedSaves):
             name = None if found is None else durable.parse(found.name)
             return -1 if name is None else name.index
 
-        path, why = assembled_checkpoint(self.layout, durable_newest, self._coordinator,
-                                         self._nodes, self._node_group, requested)
-        if path is not None:
-            return path
-        if " in memory: " in why:
-            warnings.warn(f"{why}; resuming from {durable.root} instead", CheckpointWarning,
+        path, problems = assembled_checkpoint(self.layout, durable_newest, self._coordinator,
+                                              self._nodes, self._node_group, requested)
+        if path is None:
+            path = agreed_checkpoint([durable], self._coordinator, requested, strict)
+        if problems:
+            warnings.warn(f"{'; '.join(problems)}; using {path} instead", CheckpointWarning,
                           stacklevel=3)
-        return agreed_checkpoint([durable], self._coordinator, requested, strict)
+        return path
 
     def is_checkpoint_directory(self, path: str | os.PathLike[str]) -> str | None:
         """cycling_utils' test: the suffix (``"3"`` or ``"3_force"``) if ``path`` is an existing

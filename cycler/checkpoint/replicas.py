@@ -35,7 +35,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -421,9 +421,11 @@ def inventory(memory: CheckpointLayout) -> str:
 
 
 def assembly_plan(inventories: Mapping[int, str], prefix_layout: CheckpointLayout,
-                  durable_newest: int, requested: str | None) -> dict[str, Any]:
+                  durable_newest: int, requested: str | None,
+                  failed: Collection[str] = ()) -> dict[str, Any]:
     """Rank 0: the newest checkpoint the nodes hold between them (``requested`` only, if
-    given), not older than ``durable_newest``, and the fetches that give every node all of it:
+    given), not older than ``durable_newest`` and not among ``failed``, and the fetches that
+    give every node all of it:
     ``{"name": ..., "job": ..., "fetch": [[from, to, file, "own" | "copy"], ...]}``, or
     ``{"name": None, "why": ...}``."""
     held = {node: json.loads(text) for node, text in inventories.items()}
@@ -436,6 +438,8 @@ def assembly_plan(inventories: Mapping[int, str], prefix_layout: CheckpointLayou
             continue
         if index < durable_newest:
             break
+        if name in failed:
+            continue
         texts = [node[name]["job"] for node in held.values() if node.get(name, {}).get("job")]
         try:
             job = Manifest.from_json(texts[0])
@@ -523,11 +527,31 @@ def share_problem(directory: Path, job: Manifest, nodes: Nodes) -> str | None:
 
 def assembled_checkpoint(memory: CheckpointLayout, durable_newest: Callable[[], int],
                          coordinator: Coordinator, nodes: Nodes, group: Any,
-                         requested: str | None) -> tuple[Path | None, str]:
+                         requested: str | None) -> tuple[Path | None, list[str]]:
     """On every rank: the memory checkpoint all ranks resume from, assembled on every node,
-    or ``None`` and why not (the caller then takes the checkpoint root's).
-    ``durable_newest``: the index of the checkpoint root's newest valid checkpoint (asked on
-    rank 0 only)."""
+    or ``None`` (the caller then takes the checkpoint root's); and what was wrong with newer
+    memory checkpoints that were tried. ``durable_newest``: the index of the checkpoint
+    root's newest valid checkpoint (asked on rank 0 only, once)."""
+    newest_on_disk: list[int] = []
+
+    def durable_once() -> int:
+        newest_on_disk[:] = newest_on_disk or [durable_newest()]
+        return newest_on_disk[0]
+
+    failed: dict[str, str] = {}
+    while True:
+        path, name, problem = _assembled_once(memory, durable_once, coordinator, nodes, group,
+                                              requested, failed)
+        if path is not None or name is None:
+            return path, [f"{n} in memory: {p}" for n, p in failed.items()]
+        failed[name] = problem
+
+
+def _assembled_once(memory: CheckpointLayout, durable_newest: Callable[[], int],
+                    coordinator: Coordinator, nodes: Nodes, group: Any, requested: str | None,
+                    failed: Collection[str]) -> tuple[Path | None, str | None, str]:
+    """One candidate: (its path, assembled and verified on every node, its name, ""), or
+    (``None``, its name, what failed), or (``None``, ``None``, "") when there is none left."""
     key = coordinator.new_round("resume-nodes")
     mine = inventory(memory) if nodes.leader else ""
     coordinator.arrive(key, mine)
@@ -536,7 +560,7 @@ def assembled_checkpoint(memory: CheckpointLayout, durable_newest: Callable[[], 
             values = coordinator.gather(key, mine)
             reports = {rank // nodes.local_size: value for rank, value in enumerate(values)
                        if rank % nodes.local_size == 0}
-            plan = assembly_plan(reports, memory, durable_newest(), requested)
+            plan = assembly_plan(reports, memory, durable_newest(), requested, failed)
         except BaseException as error:
             coordinator.publish_error(key, error)
             raise
@@ -544,7 +568,7 @@ def assembled_checkpoint(memory: CheckpointLayout, durable_newest: Callable[[], 
     else:
         plan = json.loads(coordinator.outcome(key))
     if plan["name"] is None:
-        return None, str(plan["why"])
+        return None, None, ""
     problem = (assemble(memory, plan, nodes, group) or "") if nodes.leader else ""
     assembled = coordinator.new_round("resume-nodes-assembled")
     coordinator.arrive(assembled, problem)
@@ -561,5 +585,5 @@ def assembled_checkpoint(memory: CheckpointLayout, durable_newest: Callable[[], 
     else:
         outcome = coordinator.outcome(check)
     if outcome != "ok":
-        return None, f"{plan['name']} in memory: {outcome}"
-    return memory.path_of(name), ""
+        return None, str(plan["name"]), outcome
+    return memory.path_of(name), str(plan["name"]), ""

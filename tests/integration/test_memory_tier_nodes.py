@@ -148,20 +148,31 @@ def check_a_node_whose_memory_was_wiped_resumes_from_its_partners_copy(root: Pat
     dist.barrier()
 
 
-def check_a_corrupt_memory_copy_falls_back_to_the_checkpoint_root(root: Path) -> None:
-    durable = _on_node(root, persist_every=2)
-    memory = _saved(durable, 4)
+def _flip_a_bit(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def check_a_corrupt_memory_copy_falls_back_to_an_older_one_then_to_the_checkpoint_root(
+        root: Path) -> None:
+    durable = _on_node(root, persist_every=100)
+    memory = _saved(durable, 4)  # memory: 2 and 3; the checkpoint root: 0
     if dist.get_rank() == PER_NODE:  # one bit of node 1's own copy of checkpoint 3 flips
-        path = memory.path_of(_name(3)) / "rank-2.pt"
-        data = bytearray(path.read_bytes())
-        data[-1] ^= 1
-        path.write_bytes(bytes(data))
+        _flip_a_bit(memory.path_of(_name(3)) / "rank-2.pt")
     dist.barrier()
-    saver = _saver(durable)
-    with pytest.warns(CheckpointWarning, match="does not match its checksum"):
-        latest = saver.latest_checkpoint()
-    assert latest == str(CheckpointLayout(durable).path_of(_name(2)))
+    with pytest.warns(CheckpointWarning, match="node 1: rank-2.pt does not match its checksum"):
+        latest = _saver(durable).latest_checkpoint()
+    assert latest == str(memory.path_of(_name(2)))  # the older memory one, not the disk's 0
     _loads_as_saved(Path(latest), 2)
+    dist.barrier()
+    if dist.get_rank() == PER_NODE:  # and node 1's copy of 2 too: only the disk's 0 is whole
+        _flip_a_bit(memory.path_of(_name(2)) / "rank-3.pt")
+    dist.barrier()
+    with pytest.warns(CheckpointWarning, match="rank-3.pt does not match its checksum"):
+        latest = _saver(durable).latest_checkpoint()
+    assert latest == str(CheckpointLayout(durable).path_of(_name(0)))
+    _loads_as_saved(Path(latest), 0)
     dist.barrier()
 
 
@@ -206,7 +217,7 @@ def test_two_nodes_commit_copy_to_their_partner_and_persist_together(tmp_path: P
         __name__,
         "check_each_node_commits_its_files_keeps_its_partners_and_every_kth_is_persisted",
         "check_a_node_whose_memory_was_wiped_resumes_from_its_partners_copy",
-        "check_a_corrupt_memory_copy_falls_back_to_the_checkpoint_root",
+        "check_a_corrupt_memory_copy_falls_back_to_an_older_one_then_to_the_checkpoint_root",
         "check_dcp_saves_sync_and_async_resume_on_a_node_whose_memory_was_wiped",
         root=tmp_path, world_size=WORLD_SIZE, per_node=PER_NODE)
 
