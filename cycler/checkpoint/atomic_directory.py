@@ -442,7 +442,8 @@ class AtomicDirectory(ShardedSaves):
             try:
                 shares = coordinator.gather(f"{round_key}/records", mine)
                 job, by_node = self._job_manifest(directory, dict(metadata or {}), shares)
-                self._seal_node_and_link(directory, job, by_node.get(nodes.node, []))
+                files = by_node.get(nodes.node, [])
+                self._seal_node_and_link(directory, job, files)
             except BaseException as error:
                 coordinator.publish_error(round_key, error)
                 raise
@@ -452,14 +453,13 @@ class AtomicDirectory(ShardedSaves):
         else:
             outcome = json.loads(coordinator.outcome(round_key))
             job = Manifest.from_json(outcome["job"])
+            files = outcome["nodes"].get(str(nodes.node), [])
             if nodes.leader:
-                self._seal_node_and_link(directory, job, outcome["nodes"].get(str(nodes.node),
-                                                                              []))
+                self._seal_node_and_link(directory, job, files)
         beacon().progress()
         committed()
         if nodes.leader:
-            self._last_size = max(self._last_size, sum(
-                job.files[f].size for f in checkpoint_files(directory) if f in job.files))
+            self._last_size = max(self._last_size, sum(job.files[f].size for f in files))
             self._persist_and_retain(directory.name, stop)
 
     def _job_manifest(self, directory: Path, metadata: dict[str, Any], shares: list[str],
@@ -582,7 +582,7 @@ class AtomicDirectory(ShardedSaves):
         copy falls back to an older one or to the checkpoint root."""
         try:
             replicate(memory, name, nodes, self._node_group)
-        except (OSError, CyclerError) as error:
+        except Exception as error:  # noqa: BLE001 (a gloo error too: persisting still runs)
             log.warning("the partner copy of checkpoint %d failed: %s", name.index, error)
 
     def _finish_persisting(self) -> None:

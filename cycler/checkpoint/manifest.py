@@ -257,13 +257,22 @@ def _linked_parent(directory: Path, name: Path, known_real: set[Path]) -> str | 
     return None
 
 
+def name_outside(manifest: Manifest) -> str | None:
+    """The first way a name of ``manifest`` points outside its checkpoint, or ``None``."""
+    for name in manifest.files:
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            return f"the manifest names {name!r}, outside the checkpoint"
+    return None
+
+
 def check_files(directory: Path, manifest: Manifest, *, checksums: bool = False) -> str | None:
     """The first way ``directory`` differs from ``manifest``, or ``None`` if it matches; raises
     :class:`UnreadableCheckpoint` where a file exists but cannot be read."""
+    outside = name_outside(manifest)
+    if outside is not None:
+        return outside
     real_directories: set[Path] = set()
     for name, record in manifest.files.items():
-        if Path(name).is_absolute() or ".." in Path(name).parts:
-            return f"the manifest names {name!r}, outside the checkpoint"
         linked = _linked_parent(Path(directory), Path(name), real_directories)
         if linked is not None:
             return f"{linked} is a symlink: a checkpoint holds plain files and directories only"

@@ -31,6 +31,7 @@ the checksums, and all load it; any failure falls back to the checkpoint root.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import logging
 import os
@@ -50,6 +51,7 @@ from cycler.checkpoint.manifest import (
     Manifest,
     check_files,
     files_of_rank,
+    name_outside,
     read_manifest,
     seal,
 )
@@ -290,15 +292,15 @@ def _writable(path: Path | None, size: int) -> tuple[Any, str | None]:
                 os.posix_fallocate(made.fileno(), 0, size)
         return torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8), None
     except (OSError, RuntimeError) as error:
+        _fs.remove_logged(_fs.remove_leftover, path, "file that could not be made")
         problem = f"{path.name} could not be made ({getattr(error, 'strerror', None) or error})"
         return torch.empty(size, dtype=torch.uint8), problem
 
 
 def _check_names(directory: Path, manifest: Manifest) -> None:
-    for name in manifest.files:
-        if Path(name).is_absolute() or ".." in Path(name).parts:
-            raise CorruptCheckpoint(f"{directory}: a manifest names {name!r}, outside the "
-                                    "checkpoint")
+    outside = name_outside(manifest)
+    if outside is not None:
+        raise CorruptCheckpoint(f"{directory}: {outside}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -427,42 +429,35 @@ def assembly_plan(inventories: Mapping[int, str], prefix_layout: CheckpointLayou
     given), not older than ``durable_newest`` and not among ``failed``, and the fetches that
     give every node all of it:
     ``{"name": ..., "job": ..., "fetch": [[from, to, file, "own" | "copy"], ...]}``, or
-    ``{"name": None, "why": ...}``."""
+    ``{"name": None}``."""
     held = {node: json.loads(text) for node, text in inventories.items()}
     names = {name for node in held.values() for name in node}
     ranked = sorted((parsed.index, name) for name in names
                     if (parsed := prefix_layout.parse(name)) is not None)
-    why = "no memory checkpoint"
     for index, name in reversed(ranked):
         if requested is not None and requested not in (name, str(index)):
             continue
         if index < durable_newest:
             break
-        if name in failed:
-            continue
         texts = [node[name]["job"] for node in held.values() if node.get(name, {}).get("job")]
-        try:
-            job = Manifest.from_json(texts[0])
-        except (IndexError, ValueError, CyclerError):
-            why = f"{name}: no node holds its job manifest"
+        if name in failed or not texts:
             continue
-        fetch, missing = [], []
-        for file in sorted(job.files):
-            where = {node: ("own" if file in held[node].get(name, {}).get("own", []) else
-                            "copy" if file in held[node].get(name, {}).get("copy", []) else None)
-                     for node in sorted(held)}
-            holders = sorted((kind != "own", node) for node, kind in where.items() if kind)
+        # Per node, where it holds each file: its own ("own") or its partner copy ("copy").
+        where = {node: {**{f: "copy" for f in held[node].get(name, {}).get("copy", [])},
+                        **{f: "own" for f in held[node].get(name, {}).get("own", [])}}
+                 for node in sorted(held)}
+        fetch = []
+        for file in sorted(Manifest.from_json(texts[0]).files):
+            holders = sorted((kinds[file] != "own", node) for node, kinds in where.items()
+                             if file in kinds)
             if not holders:
-                missing.append(file)
-                continue
+                break  # nowhere: an older checkpoint, or the checkpoint root's
             source = holders[0][1]
-            fetch += [[source, node, file, where[source]] for node, kind in where.items()
-                      if kind is None]
-        if missing:
-            why = f"{name}: no node holds {', '.join(missing[:3])}"
-            continue
-        return {"name": name, "job": texts[0], "fetch": fetch}
-    return {"name": None, "why": why}
+            fetch += [[source, node, file, where[source][file]] for node, kinds in where.items()
+                      if file not in kinds]
+        else:
+            return {"name": name, "job": texts[0], "fetch": fetch}
+    return {"name": None}
 
 
 def assemble(memory: CheckpointLayout, plan: Mapping[str, Any], nodes: Nodes, group: Any,
@@ -499,9 +494,7 @@ def assemble(memory: CheckpointLayout, plan: Mapping[str, Any], nodes: Nodes, gr
             tensor, failed = _writable(None if problem else temporary, size)
             _together(group, [], [(piece, nodes.leader_of(source)) for piece in _pieces(tensor)])
             del tensor  # unmapped: the file holds what arrived
-            problem = problem or failed
-            if not problem:
-                os.replace(temporary, own / file)
+            problem = problem or failed or _renamed(temporary, own / file)
     if problem:
         return problem
     try:
@@ -510,6 +503,17 @@ def assemble(memory: CheckpointLayout, plan: Mapping[str, Any], nodes: Nodes, gr
         _fs.atomic_symlink(own, memory.link_path)
     except OSError as error:
         return f"node {nodes.node}: {error}"
+    return None
+
+
+def _renamed(temporary: Path, path: Path) -> str | None:
+    """Move a received file into place; what failed instead of raising (the other leaders'
+    fetches must go on), the temporary removed."""
+    try:
+        os.replace(temporary, path)
+    except OSError as error:
+        _fs.remove_logged(_fs.remove_leftover, temporary, "unfinished fetch")
+        return f"{path.name} could not be moved into place ({error.strerror or error})"
     return None
 
 
@@ -532,12 +536,7 @@ def assembled_checkpoint(memory: CheckpointLayout, durable_newest: Callable[[], 
     or ``None`` (the caller then takes the checkpoint root's); and what was wrong with newer
     memory checkpoints that were tried. ``durable_newest``: the index of the checkpoint
     root's newest valid checkpoint (asked on rank 0 only, once)."""
-    newest_on_disk: list[int] = []
-
-    def durable_once() -> int:
-        newest_on_disk[:] = newest_on_disk or [durable_newest()]
-        return newest_on_disk[0]
-
+    durable_once = functools.cache(durable_newest)
     failed: dict[str, str] = {}
     while True:
         path, name, problem = _assembled_once(memory, durable_once, coordinator, nodes, group,
