@@ -1,6 +1,6 @@
 """cycler: make PyTorch training survive preemption.
 
-This module only wires the public API together; see README.md for how to use it. Names are
+This module only wires the public API together; README.md and docs/ say how to use it. Names are
 imported on first use (PEP 562), so ``cycle`` and ``import cycler.protocol.control`` do not pay for
 importing torch: the supervisor's start-up stays close to bare torchrun's.
 """
