@@ -25,6 +25,7 @@ def documents(root: Path = REPOSITORY) -> list[Path]:
 FENCE = re.compile(r"^\s*(```|~~~)")
 LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 INLINE_CODE = re.compile(r"`[^`]*`")
+DEFINITION = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?([^\s>]+)")
 SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
 
 
@@ -71,20 +72,27 @@ def anchors(page: Path) -> set[str]:
 
 
 def links(page: Path) -> Iterator[str]:
-    """The targets of the page's markdown links, outside code."""
+    """The targets of the page's markdown links (inline and reference definitions), outside
+    code."""
     for line in prose_and_code(page.read_text())[0]:
         yield from LINK.findall(INLINE_CODE.sub("", line))
+        yield from DEFINITION.findall(line)
 
 
-def broken_links(page: Path) -> list[str]:
-    """Each relative link of ``page`` whose file or ``#anchor`` does not exist, as a sentence."""
+def broken_links(page: Path, root: Path = REPOSITORY) -> list[str]:
+    """Each relative link of ``page`` whose file or ``#anchor`` does not exist in the
+    repository at ``root``, as a sentence (a leading ``/`` is the repository's root, as on
+    GitHub)."""
     broken = []
     for target in links(page):
         if SCHEME.match(target):
             continue
         path, _, anchor = target.partition("#")
-        resolved = (page.parent / path).resolve() if path else page
-        if not resolved.exists():
+        base = root if path.startswith("/") else page.parent
+        resolved = (base / path.lstrip("/")).resolve() if path else page
+        if not resolved.is_relative_to(root.resolve()):
+            broken.append(f"{page.name}: {target}: outside the repository")
+        elif not resolved.exists():
             broken.append(f"{page.name}: {target}: no such file")
         elif anchor and (resolved.suffix != ".md" or anchor not in anchors(resolved)):
             broken.append(f"{page.name}: {target}: no such heading in {resolved.name}")
@@ -166,14 +174,23 @@ def test_the_docs_index_lists_every_page() -> None:
     assert sorted(page.name for page in pages if page.resolve() not in listed) == []
 
 
-def test_a_missing_file_and_a_missing_anchor_are_each_reported(tmp_path: Path) -> None:
-    (tmp_path / "other.md").write_text("# A heading: `with code`\n\n## Twice\n\n## Twice\n")
-    page = tmp_path / "page.md"
+def test_a_missing_file_a_missing_anchor_and_a_link_out_of_the_repository_are_reported(
+        tmp_path: Path) -> None:
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    (tmp_path / "outside.md").write_text("# Outside\n")
+    (repository / "other.md").write_text("# A heading: `with code`\n\n## Twice\n\n## Twice\n")
+    page = repository / "page.md"
     page.write_text("[ok](other.md#a-heading-with-code) [ok](other.md#twice-1) [ok](#own)\n"
                     "# Own\n[gone](missing.md) [no anchor](other.md#nowhere)\n"
-                    "`[in code](missing.md)`\n```\n[in a block](missing.md)\n```\n")
-    assert broken_links(page) == ["page.md: missing.md: no such file",
-                                  "page.md: other.md#nowhere: no such heading in other.md"]
+                    "`[in code](missing.md)`\n```\n[in a block](missing.md)\n```\n"
+                    "[ok](/other.md \"title\") [up](../outside.md) [ref][r]\n"
+                    "[r]: gone-too.md\n")
+    assert broken_links(page, root=repository) == [
+        "page.md: missing.md: no such file",
+        "page.md: other.md#nowhere: no such heading in other.md",
+        "page.md: ../outside.md: outside the repository",
+        "page.md: gone-too.md: no such file"]
 
 
 def test_a_name_cycler_does_not_have_is_reported(tmp_path: Path) -> None:
