@@ -157,7 +157,7 @@ def test_every_cycler_name_the_docs_use_exists(page: Path) -> None:
 
 def test_the_readme_gives_two_commands_and_ci_runs_both_verbatim() -> None:
     commands = quickstart_commands()
-    ci = (REPOSITORY / ".ci" / "run").read_text().splitlines()
+    ci = [line.strip() for line in (REPOSITORY / ".ci" / "run").read_text().splitlines()]
     assert len(commands) == 2 and all("\n" not in command for command in commands), commands
     assert [command for command in commands if command not in ci] == []
     assert any(command.endswith("python -m pytest") for command in commands)
