@@ -1,6 +1,6 @@
 """cycler: make PyTorch training survive preemption.
 
-This module only wires the public API together; see README.md for how to use it. Names are
+This module only wires the public API together; README.md and docs/ say how to use it. Names are
 imported on first use (PEP 562), so ``cycle`` and ``import cycler.protocol.control`` do not pay for
 importing torch: the supervisor's start-up stays close to bare torchrun's.
 """
@@ -11,13 +11,9 @@ import importlib
 import os
 from typing import TYPE_CHECKING, Any
 
-from cycler import _moved_modules
-
 __version__ = "0.1.0"
 IS_TORCH_CYCLER = True
 """Marker that tells torch-cycler apart from matplotlib's ``cycler`` package of the same name."""
-
-_moved_modules.install()
 
 if os.environ.get("CYCLER_CONTROL_FILE") and os.environ.get("LOCAL_RANK"):
     # A worker of cycle run (torchrun sets LOCAL_RANK for workers only, not for itself): say so

@@ -40,12 +40,6 @@ class UnreadableCheckpoint(CyclerError, OSError):
     for "not committed", never removed for it."""
 
 
-class UnsafePath(CyclerError, PermissionError):
-    """A path leads outside the checkpoint root or through a symlink cycler refuses to follow."""
-
-    exit_code = EXIT_USAGE
-
-
 class CheckpointDirectoryError(CyclerError, OSError):
     """The checkpoint root cannot be used: not a directory, not writable, or on a broken path."""
 
@@ -77,12 +71,6 @@ class StateMismatch(CyclerError, ValueError):
 
 class CoordinationTimeout(CyclerError, TimeoutError):
     """Ranks waited for each other longer than the configured timeout."""
-
-
-class WrongCyclerPackage(CyclerError, ImportError):
-    """The importable ``cycler`` is matplotlib's dependency, not torch-cycler."""
-
-    exit_code = EXIT_USAGE
 
 
 class DatasetNotFound(CyclerError, FileNotFoundError):

@@ -257,7 +257,7 @@ class CheckpointLayout:
 
     def own_temporaries(self) -> list[Path]:
         """Temporaries only this saver's writer makes: of its link, its checkpoint directories
-        (a removal cut short) and its index record.
+        (a removal cut short) and its two index records.
 
         While that writer's lock is held, every one of them was left by a writer that died.
         """
@@ -270,7 +270,7 @@ class CheckpointLayout:
             return False
         final = path.name[1:].split(TEMP_MARKER, 1)[0]
         if path.parent == self.supervisor_dir:
-            return final == self.index_record_path.name
+            return final in (self.index_record_path.name, self.first_index_record_path.name)
         return final == self.link_name or self.parse(final) is not None
 
     def link_target_name(self) -> CheckpointName | None:

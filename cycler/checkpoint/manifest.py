@@ -27,7 +27,6 @@ from cycler.errors import CorruptCheckpoint, UnreadableCheckpoint, UnsupportedCh
 MANIFEST_FORMAT = "cycler.checkpoint"
 MANIFEST_VERSION = 2
 """Version 2 records XXH3 checksums and names the algorithm; version 1 (CRC-32) is still read."""
-_CHUNK = 16 << 20
 # fsync waits on the disk while XXH3 runs on the CPU (xxhash releases the GIL on large buffers),
 # so running both at once keeps a commit close to the cost of the fsync alone.
 _IO_THREADS = 4

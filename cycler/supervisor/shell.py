@@ -69,9 +69,9 @@ from cycler.supervisor.torchrun import (
 log = logging.getLogger("cycler.supervisor")
 
 TICK_SECONDS = 0.1
+"""How often the loop looks for a new checkpoint when nothing else happens."""
 VERDICT_MARGIN = 5.0
 """Seconds a failed torchrun waits for the peers' verdict beyond ``--node-timeout``."""
-"""How often the loop looks for a new checkpoint when nothing else happens."""
 STDERR_DRAIN_SECONDS = 2.0
 
 

@@ -184,3 +184,14 @@ def test_own_temporaries_are_those_of_this_savers_link_checkpoints_and_index_rec
         (tmp_path / name).touch()
     found = sorted(str(p.relative_to(tmp_path)) for p in layout.own_temporaries())
     assert found == sorted(mine)
+
+
+def test_a_temporary_of_the_first_index_record_is_this_savers_own(tmp_path: Path) -> None:
+    # A kill -9 while the first save records where cycler's indices begin left this temporary,
+    # and no later commit removed it (seen in test_kill9_saving).
+    layout = CheckpointLayout(tmp_path, "A")
+    layout.supervisor_dir.mkdir()
+    (layout.supervisor_dir / ".A.first_index.cycler-tmp-1").touch()
+    (layout.supervisor_dir / ".B.first_index.cycler-tmp-2").touch()
+    found = [p.name for p in layout.own_temporaries()]
+    assert found == [".A.first_index.cycler-tmp-1"]

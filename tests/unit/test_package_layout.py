@@ -1,17 +1,13 @@
-"""The house of ``cycler/``: each part imports only downward, and old module paths still work."""
+"""The house of ``cycler/``: each part imports only downward."""
 
 from __future__ import annotations
 
 import ast
-import importlib
-import sys
-import warnings
 from pathlib import Path
 
 import pytest
 
 import cycler
-from cycler._moved_modules import MOVED
 
 PACKAGE = Path(cycler.__file__).parent
 
@@ -25,7 +21,7 @@ ALLOWED = {
 """Which other parts each part may import (DESIGN.md, "Layout of the package"). The helpers
 (``_fs``, ``errors``) are below every part; ``errors`` reads the exit codes, a leaf module."""
 
-HELPERS = {"_fs", "_distributed", "errors", "_moved_modules"}
+HELPERS = {"_fs", "_distributed", "errors"}
 
 
 def module_name(path: Path) -> str:
@@ -81,7 +77,7 @@ def test_each_part_imports_only_the_parts_below_it(part: str) -> None:
 
 
 def test_the_helpers_import_no_part_but_the_exit_codes() -> None:
-    for helper in HELPERS - {"_moved_modules"}:
+    for helper in HELPERS:
         imported = imports_of(PACKAGE / f"{helper}.py", top_level_only=False)
         parts = {m for m in imported if part_of(m) not in HELPERS}
         assert parts <= {"cycler.protocol.exit_codes", "cycler.protocol"}, (helper, parts)
@@ -112,22 +108,3 @@ def test_the_protocol_never_imports_torch_at_import_time() -> None:
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             assert not any(n.split(".")[0] == "torch" for n in names), path
-
-
-@pytest.mark.parametrize("old", sorted(MOVED))
-def test_an_old_module_path_warns_and_gives_the_module_at_its_new_path(old: str) -> None:
-    sys.modules.pop(old, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        module = importlib.import_module(old)
-    assert module is importlib.import_module(MOVED[old])
-    messages = [str(w.message) for w in caught if w.category is DeprecationWarning]
-    assert any(old in m and MOVED[old] in m for m in messages), messages
-
-
-def test_from_an_old_path_a_name_is_the_same_object_as_from_cycler() -> None:
-    sys.modules.pop("cycler.samplers", None)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from cycler.samplers import InterruptableDistributedSampler
-    assert InterruptableDistributedSampler is cycler.InterruptableDistributedSampler

@@ -1,6 +1,6 @@
 """What an older torch than the newest cycler knows gets: the features that need a newer one
 say so in one error; the rest works (CI runs the unit tests and one end-to-end resume on the
-oldest supported torch, README says which)."""
+oldest supported torch, CONTRIBUTING.md says which)."""
 
 from __future__ import annotations
 
