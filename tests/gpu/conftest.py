@@ -81,6 +81,7 @@ def figures(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str
 def device_name() -> str:
     if not torch.cuda.is_available():
         return "cpu (rehearsal)"
-    count = torch.cuda.device_count()
-    return f"{count} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, " \
-           f"CUDA {torch.version.cuda}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}"
+    nccl = torch.cuda.nccl.version()  # a tuple; an int in older torch
+    nccl_version = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+    return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}, torch " \
+           f"{torch.__version__}, CUDA {torch.version.cuda}, NCCL {nccl_version}"
