@@ -83,6 +83,7 @@ def cycler_stall(root: Path, state: dict[str, object]) -> Callable[[int], float]
         handle = saver.save(state, metadata={"step": number}, asynchronous=True)
         stall = time.perf_counter() - started
         handle.wait()
+        saver.wait()  # retention too: the next save must not wait for this one's removals
         return stall
 
     return measure
