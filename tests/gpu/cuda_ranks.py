@@ -69,6 +69,16 @@ def _rank_main(rank: int, module: str, check_names: tuple[str, ...], backend: st
     os._exit(0)
 
 
+def need_async_saves() -> None:
+    """Skip the calling test where asynchronous saves cannot run (torch before 2.9)."""
+    import pytest
+    from torch.distributed.checkpoint import staging
+
+    if not hasattr(staging, "DefaultStager"):
+        pytest.skip(f"asynchronous saves need torch 2.9 or newer (DCP's DefaultStager); this is "
+                    f"torch {torch.__version__}")
+
+
 def current_device() -> torch.device:
     """This rank's device: its current CUDA device, or the CPU in a rehearsal."""
     if torch.cuda.is_available():

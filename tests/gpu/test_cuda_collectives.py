@@ -42,7 +42,7 @@ def check_the_exchange_comes_back_on_a_side_stream_before_work_queued_after_it(r
     torch.cuda.synchronize()
 
 
-def check_step_control_agrees_over_nccl_on_a_request_only_the_last_rank_read(root: Path) -> None:
+def check_step_control_agrees_on_a_request_only_the_last_rank_read(root: Path) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     control_file = root / f"control-{rank}.json"
     control = StepControl(control_file=control_file, sync_every=4, poll_interval=0.0,
@@ -106,7 +106,7 @@ def check_a_mixed_group_keeps_cycler_collectives_on_the_cpu_and_tensors_on_nccl(
 
 
 def check_gloo_ranks_sharing_one_gpu_agree_on_a_stop_and_reduce_cuda_metrics(root: Path) -> None:
-    check_step_control_agrees_over_nccl_on_a_request_only_the_last_rank_read(root)
+    check_step_control_agrees_on_a_request_only_the_last_rank_read(root)
     metrics = MetricsTracker(device=current_device()).update(images=2**24 + 1).reduce()
     assert metrics.local["images"] == dist.get_world_size() * (2**24 + 1)
 
@@ -118,7 +118,7 @@ def test_the_exchange_metrics_and_readiness_run_on_the_gpu_under_nccl(
               "check_metrics_reduce_on_the_current_device_exactly",
               "check_the_readiness_check_all_reduces_in_the_group_it_finds"]
     if nccl_world() >= 2:
-        checks.append("check_step_control_agrees_over_nccl_on_a_request_only_the_last_rank_read")
+        checks.append("check_step_control_agrees_on_a_request_only_the_last_rank_read")
     run(checks, "nccl", nccl_world(), tmp_path)
 
 

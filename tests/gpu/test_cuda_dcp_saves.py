@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from cuda_ranks import current_device, nccl_world, run_ranks
+from cuda_ranks import current_device, nccl_world, need_async_saves, run_ranks
 
 from cycler import AtomicDirectory, read_manifest
 
@@ -68,6 +68,7 @@ def check_sync_and_async_saves_of_gpu_tensors_commit_and_load_back_on_the_gpu(
 
 def test_sync_and_async_saves_of_gpu_tensors_under_nccl_commit_and_load_back(
         accelerator, tmp_path: Path) -> None:
+    need_async_saves()
     name = "check_sync_and_async_saves_of_gpu_tensors_commit_and_load_back_on_the_gpu"
     (tmp_path / name).mkdir()
     backend, world = ("nccl", nccl_world()) if accelerator.real else ("gloo", 2)
@@ -133,10 +134,9 @@ def staging_options(pinned: bool, real: bool) -> object:
 
 def test_an_async_saves_stall_is_measured_against_dcps_own_stager(
         accelerator, tmp_path: Path, figures: dict[str, object]) -> None:
-    try:
-        from torch.distributed.checkpoint import staging
-    except ImportError:
-        pytest.skip("asynchronous saves need torch 2.9 or newer (DCP's DefaultStager)")
+    need_async_saves()
+    from torch.distributed.checkpoint import staging
+
     state = state_on(torch.device(accelerator.device), 4, megabytes=STALL_MB)
     ours = _median(cycler_stall(tmp_path / "cycler", state))
     waits: dict[str, list[float]] = {}

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from cuda_ranks import current_device, nccl_world, run_ranks
+from cuda_ranks import current_device, nccl_world, need_async_saves, run_ranks
 
 from cycler import AtomicDirectory, CheckpointWarning
 from cycler.checkpoint.tiers import memory_root
@@ -68,6 +68,7 @@ def check_gpu_tensors_resume_from_the_partners_copy_on_a_node_whose_memory_was_w
 
 def test_gpu_tensors_in_the_memory_tier_resume_from_the_partners_copy(
         accelerator, tmp_path: Path) -> None:
+    need_async_saves()
     name = "check_gpu_tensors_resume_from_the_partners_copy_on_a_node_whose_memory_was_wiped"
     (tmp_path / name).mkdir()
     backend, world = ("nccl", nccl_world()) if nccl_world() >= 2 else ("gloo", 2)
