@@ -15,10 +15,12 @@ from pathlib import Path
 
 def results(junit: Path) -> list[tuple[str, str]]:
     """``(test, passed|failed|error|skipped)`` per test case, in the order pytest ran them."""
-    if not junit.is_file():
+    try:
+        cases = list(ElementTree.parse(junit).getroot().iter("testcase"))
+    except (OSError, ElementTree.ParseError):  # absent, or cut short with pytest
         return []
     rows = []
-    for case in ElementTree.parse(junit).getroot().iter("testcase"):
+    for case in cases:
         outcome = "passed"
         for child, name in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
             if case.find(child) is not None:
@@ -29,8 +31,14 @@ def results(junit: Path) -> list[tuple[str, str]]:
 
 
 def figures(directory: Path) -> dict[str, dict[str, object]]:
-    """Each test's figures by the JSON file's name."""
-    return {path.stem: json.loads(path.read_text()) for path in sorted(directory.glob("*.json"))}
+    """Each test's figures by the JSON file's name (one that does not parse is left out)."""
+    found = {}
+    for path in sorted(directory.glob("*.json")):
+        try:
+            found[path.stem] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def figure_lines(found: dict[str, dict[str, object]]) -> list[str]:
@@ -60,7 +68,7 @@ def summary(out: Path) -> str:
     table = [f"{'test':<{width}}  result", f"{'-' * width}  ------"]
     table += [f"{test:<{width}}  {outcome}" for test, outcome in rows]
     if not rows:
-        table.append("(no junit.xml: pytest did not finish; see pytest.log)")
+        table.append("(no readable junit.xml: pytest did not finish; see pytest.log)")
     counts = {outcome: sum(1 for _, o in rows if o == outcome)
               for outcome in ("passed", "failed", "error", "skipped")}
     total = ", ".join(f"{count} {outcome}" for outcome, count in counts.items() if count)

@@ -95,6 +95,10 @@ def test_the_summary_gives_each_tests_result_the_stall_ratio_and_the_hang_times(
     assert "device: 1 x H100" in text
 
 
-def test_the_summary_says_when_pytest_left_no_results(tmp_path: Path) -> None:
+def test_the_summary_says_when_pytest_left_no_results_or_a_torn_report(tmp_path: Path) -> None:
     (tmp_path / "figures").mkdir()
-    assert "no junit.xml: pytest did not finish" in summary(tmp_path)
+    assert "no readable junit.xml: pytest did not finish" in summary(tmp_path)
+    (tmp_path / "junit.xml").write_text(JUNIT[:200])  # cut short
+    (tmp_path / "figures" / "torn.json").write_text('{"stall_ratio": ')
+    text = summary(tmp_path)
+    assert "no readable junit.xml" in text and "device: unknown (no figures)" in text
