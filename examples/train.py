@@ -9,6 +9,12 @@ Stop it at any moment (Ctrl-C, SIGTERM, Slurm preemption): it checkpoints at a s
 agrees on and exits; run the same command again and it continues from that checkpoint, ending
 with weights bit-identical to a run that was never stopped. It also runs without ``cycle run``
 (``python examples/train.py``), checkpointing only every ``--checkpoint-every`` steps.
+
+On GPUs (``--device cuda``: each rank on the GPU numbered by its ``LOCAL_RANK``, modulo their
+count; NCCL unless ``--backend`` says otherwise, e.g. ``cpu:gloo,cuda:nccl``, which also makes
+a group of one rank) a resume is bit-identical only with deterministic
+kernels: the script sets ``torch.use_deterministic_algorithms(True)`` and
+``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (cuBLAS reads it when it starts) for that.
 """
 
 from __future__ import annotations
@@ -52,6 +58,11 @@ def parse_args() -> argparse.Namespace:
                         help="extra seconds per step, to make a short run last longer")
     parser.add_argument("--final-weights", type=Path, default=None,
                         help="where rank 0 writes the final model weights")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: each rank on the GPU numbered by its LOCAL_RANK")
+    parser.add_argument("--backend", default=None,
+                        help="process group backend, given: a group even of one rank "
+                        "(default: gloo on cpu, nccl on cuda, with several ranks)")
     return parser.parse_args()
 
 
@@ -72,12 +83,15 @@ def make_model(hidden: int) -> nn.Module:
 class Trainer:
     """Everything that must survive a restart, and how to save and load it."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, device: torch.device) -> None:
         self.args = args
+        self.device = device
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         torch.manual_seed(args.seed)  # identical initial weights on every rank
-        model = make_model(args.hidden)
-        self.model = DistributedDataParallel(model) if dist.is_initialized() else model
+        model = make_model(args.hidden).to(device)
+        ids = None if device.type == "cpu" else [device]
+        self.model = DistributedDataParallel(model, device_ids=ids) if dist.is_initialized() \
+            else model
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=args.lr, momentum=0.9)
         dataset = synthetic_dataset(args.samples, args.seed)
         self.sampler = InterruptableDistributedSampler(dataset, shuffle=True, seed=args.seed)
@@ -95,8 +109,10 @@ class Trainer:
         latest = self.saver.latest_checkpoint()
         if latest is None:
             return
-        shared = torch.load(Path(latest) / "train.pt", weights_only=True)
-        own = torch.load(Path(latest) / f"rank-{self.rank}.pt", weights_only=True)
+        # On the CPU: random states must be CPU tensors; load_state_dict moves the rest.
+        shared = torch.load(Path(latest) / "train.pt", weights_only=True, map_location="cpu")
+        own = torch.load(Path(latest) / f"rank-{self.rank}.pt", weights_only=True,
+                         map_location="cpu")
         self.model.load_state_dict(shared["model"])
         self.optimizer.load_state_dict(shared["optimizer"])
         self.sampler.load_state_dict(shared["sampler"])
@@ -137,6 +153,7 @@ class Trainer:
     def train_epoch(self) -> bool:
         self.model.train()
         for inputs, targets in self.loader:
+            inputs, targets = inputs.to(self.device), targets.to(self.device)
             loss = nn.functional.cross_entropy(self.model(inputs), targets)
             self.optimizer.zero_grad()
             loss.backward()
@@ -164,11 +181,24 @@ def log(message: str) -> None:
         print(f"[train] {message}", flush=True)
 
 
+def on_device(args: argparse.Namespace) -> torch.device:
+    """This rank's device, made deterministic on a GPU (before any CUDA work)."""
+    if args.device == "cpu":
+        return torch.device("cpu")
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
 def main() -> None:
     args = parse_args()
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        dist.init_process_group("gloo")  # CPU tensors: gloo on every machine
-    trainer = Trainer(args)
+    device = on_device(args)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or args.backend:
+        dist.init_process_group(args.backend or ("gloo" if device.type == "cpu" else "nccl"))
+    trainer = Trainer(args, device)
     trainer.resume()
     finished = trainer.train()
     trainer.control.close()  # every rank: the exchange in flight and the saves are waited for

@@ -27,10 +27,13 @@ TRAIN_ARGS = ["--epochs", "2", "--samples", "2048", "--batch-size", "16", "--hid
               "--checkpoint-every", "40", "--step-delay", "0.01"]
 
 
-def start(root: Path, nproc: int, final: Path, workers: int) -> subprocess.Popen[str]:
+def start(root: Path, nproc: int, final: Path, workers: int,
+          extra: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+    """``extra``: more arguments for the example (the GPU suite's ``--device cuda``)."""
     command = [sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", str(nproc),
                "--checkpoint-dir", str(root), "--grace", "60", "--no-requeue",
-               str(EXAMPLE), *TRAIN_ARGS, "--workers", str(workers), "--final-weights", str(final)]
+               str(EXAMPLE), *TRAIN_ARGS, "--workers", str(workers), "--final-weights", str(final),
+               *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, cwd=root.parent)
@@ -41,20 +44,21 @@ def committed_steps(root: Path) -> list[int]:
             if c.valid and c.manifest is not None and c.manifest.step is not None]
 
 
-def run_to_the_end(root: Path, nproc: int, final: Path, workers: int) -> str:
-    process = start(root, nproc, final, workers)
+def run_to_the_end(root: Path, nproc: int, final: Path, workers: int,
+                   extra: tuple[str, ...] = ()) -> str:
+    process = start(root, nproc, final, workers, extra)
     output, _ = process.communicate(timeout=300)
     assert process.returncode == EXIT_SUCCESS, output
     return output
 
 
 def run_with_random_stops(root: Path, nproc: int, final: Path, workers: int, stops: int,
-                          rng: random.Random) -> list[int]:
+                          rng: random.Random, extra: tuple[str, ...] = ()) -> list[int]:
     """Send SIGTERM `stops` times at random moments, each time after training has begun."""
     codes = []
     for _ in range(stops):
         before = max(committed_steps(root), default=-1)
-        process = start(root, nproc, final, workers)
+        process = start(root, nproc, final, workers, extra)
         assert process.stdout is not None
         for line in process.stdout:  # wait for the first training line, then a random delay
             if line.startswith("[train] training from step"):
@@ -70,7 +74,7 @@ def run_with_random_stops(root: Path, nproc: int, final: Path, workers: int, sto
             # The signal came after the last step: the workers finished and exited 0, and the
             # supervisor, seeing no new checkpoint, asks to be run again rather than guess.
             assert final.exists(), f"a stop must commit a new checkpoint:\n{output}"
-    run_to_the_end(root, nproc, final, workers)
+    run_to_the_end(root, nproc, final, workers, extra)
     return codes + [EXIT_SUCCESS]
 
 
