@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import re
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -21,16 +20,19 @@ from typing import Any
 from cycler.checkpoint.layout import DEFAULT_PREFIX, CheckpointLayout
 from cycler.checkpoint.tiers import DEFAULT_MEMORY_DIR, DEFAULT_PERSIST_EVERY, memory_root
 from cycler.errors import ConfigError
-from cycler.protocol.environment import default_checkpoint_root
+from cycler.supervisor.config_file import read_config_file
 from cycler.supervisor.notices import NOTICE_MODES
 from cycler.supervisor.peers import START_TIMEOUT
+from cycler.supervisor.scheduler_env import scheduler_defaults
 
 DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR2")
 # These cannot be caught (KILL, STOP) or already mean something else to the supervisor.
 _UNUSABLE_SIGNALS = {"SIGKILL", "SIGSTOP", "SIGCONT", "SIGCHLD"}
-_DEFAULT_MASTER_PORT_BASE = 20000
 NPROC_KEYWORDS = ("auto", "cpu", "gpu", "xpu")
 """torchrun's symbolic ``--nproc-per-node`` values, passed to torchrun as they are."""
+RDZV_BACKENDS = ("c10d", "etcd", "etcd-v2", "static")
+"""The rendezvous backends torchrun ships."""
+
 LAUNCH_MODES = ("script", "module", "no_python", "run_path")
 """How torchrun starts SCRIPT: ``python SCRIPT``, ``python -m SCRIPT`` (``-m``), SCRIPT itself
 (``--no-python``), or ``runpy.run_path`` (``--run-path``)."""
@@ -235,10 +237,7 @@ def parse_signals(value: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
-# --- the configuration file -------------------------------------------------------------------
-
-RDZV_BACKENDS = ("c10d", "etcd", "etcd-v2", "static")
-"""The rendezvous backends torchrun ships."""
+# --- the configuration file's keys ------------------------------------------------------------
 
 _CONFIG_TYPES: dict[str, tuple[type, ...]] = {
     "nproc_per_node": (int, str), "nnodes": (int, str), "node_rank": (int,),
@@ -258,162 +257,12 @@ CONFIG_KEYS = tuple(sorted(_CONFIG_TYPES))
 """Keys a ``--config`` file may set (dashes and underscores are both accepted)."""
 
 
+
+
 def load_config_file(path: Path) -> dict[str, Any]:
-    """The options set in a YAML file, keys normalised to underscores; ConfigError if invalid."""
-    import yaml  # only runs with --config: every start of cycle run would pay for it
-
-    try:
-        loaded = yaml.load(Path(path).read_text(), Loader=_yaml12_loader())
-    except OSError as error:
-        raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"config file {path} is not text (binary?); give a YAML file of "
-                          "option: value lines") from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"config file {path} is not valid YAML: {_one_line(error)}") from None
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"config file {path} must be a mapping of option: value")
-    options = {}
-    for key, value in loaded.items():
-        name = _config_key(path, key)
-        options[name] = _checked_value(path, name, value)
-    return options
-
-
-def _yaml12_loader() -> type:
-    """PyYAML's safe loader with YAML 1.2's integers: ``1:2`` and ``010`` stay strings (YAML
-    1.1 reads them as sexagesimal 62 and octal 8, which no one writing ``nnodes: 1:2`` or
-    ``resume_from: 010`` means)."""
-    import yaml
-
-    class Loader(yaml.SafeLoader):
-        pass
-
-    Loader.yaml_implicit_resolvers = {
-        first: [(tag, regexp) for tag, regexp in resolvers
-                if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
-        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-    Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?(0|[1-9][0-9]*)$"),
-                                 list("-+0123456789"))
-    Loader.add_implicit_resolver(
-        "tag:yaml.org,2002:float",
-        re.compile(r"^[-+]?([0-9]+\.[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$"
-                   r"|^[-+]?[0-9]+[eE][-+]?[0-9]+$"
-                   r"|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$"), list("-+0123456789."))
-    return Loader
-
-
-def _config_key(path: Path, key: object) -> str:
-    name = str(key).replace("-", "_")
-    if name not in _CONFIG_TYPES:
-        raise ConfigError(f"config file {path}: unknown key {key!r}; known keys: "
-                          f"{', '.join(CONFIG_KEYS)}")
-    return name
-
-
-def _checked_value(path: Path, key: str, value: object) -> object:
-    allowed = _CONFIG_TYPES[key]
-    # bool is an int in Python, but ``grace: true`` is a mistake, not one second.
-    if isinstance(value, bool) and bool not in allowed or not isinstance(value, allowed):
-        wanted = " or ".join(kind.__name__ for kind in allowed)
-        raise ConfigError(f"config file {path}: {key} must be {wanted}, not "
-                          f"{type(value).__name__} ({value!r})")
-    if key in ("resume_from", "rdzv_id"):
-        return str(value)
-    return value
-
-
-def _one_line(error: Exception) -> str:
-    return " ".join(str(error).split())
-
-
-# --- the scheduler's environment --------------------------------------------------------------
-
-
-_RANGES = r"\[\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*\]"
-_HOST = rf"(?:[^,\[\]]+|{_RANGES})+"
-_NODELIST = re.compile(rf"{_HOST}(?:,{_HOST})*")
-"""Slurm's host list: names with bracketed numeric ranges, separated by commas."""
-
-
-def expand_nodelist(nodelist: str) -> list[str]:
-    """Slurm's compressed host list (``node[01-03,07],gpu1``) as host names, in order;
-    :class:`ConfigError` naming the variable if it is not one."""
-    hosts: list[str] = []
-    if _NODELIST.fullmatch(nodelist):
-        for part in re.findall(r"(?:[^,\[]+|\[[^\]]*\])+", nodelist):
-            hosts.extend(_expand_host(part))
-    if not hosts:
-        raise ConfigError(f"SLURM_JOB_NODELIST={nodelist!r} is not a Slurm host list (such as "
-                          "node[01-03],gpu1); fix it, or give --master-addr")
-    return hosts
-
-
-def _expand_host(pattern: str) -> list[str]:
-    match = re.search(r"\[([^\]]*)\]", pattern)
-    if match is None:
-        return [pattern]
-    head, tail = pattern[: match.start()], pattern[match.end():]
-    return [head + item + rest for item in _expand_ranges(match.group(1))
-            for rest in _expand_host(tail)]
-
-
-def _expand_ranges(ranges: str) -> list[str]:
-    items = []
-    for piece in ranges.split(","):
-        low, _, high = piece.partition("-")
-        if not high:
-            items.append(low)
-            continue
-        width = len(low)  # node[01-03] keeps its leading zeros
-        items.extend(str(number).zfill(width) for number in range(int(low), int(high) + 1))
-    return items
-
-
-def scheduler_defaults(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Defaults from Slurm/ISC variables: (always applied, applied only to multi-node runs)."""
-    general: dict[str, Any] = {"checkpoint_dir": str(default_checkpoint_root(environ))}
-    _set_int(general, "nnodes", environ, "NNODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
-    _set_int(general, "nproc_per_node", environ, "N_PROC", "SLURM_GPUS_ON_NODE")
-    _set_int(general, "node_rank", environ, "NODE_RANK", "SLURM_NODEID")
-    if "node_rank" not in general and environ.get("NNODES") and not environ.get("LOCAL_RANK"):
-        # ISC's launch commands pass `--node_rank=$RANK`: there RANK is the node's rank. Inside
-        # a torchrun worker (LOCAL_RANK set) RANK is a process rank, so it is not used there.
-        _set_int(general, "node_rank", environ, "RANK")
-    if environ.get("SLURM_JOB_ID"):
-        general["slurm_job_id"] = environ["SLURM_JOB_ID"]
-        general["requeue"] = True
-        _set_int(general, "requeue_count", environ, "SLURM_RESTART_COUNT")
-    return general, _rendezvous_defaults(environ)
-
-
-def _rendezvous_defaults(environ: Mapping[str, str]) -> dict[str, Any]:
-    rendezvous: dict[str, Any] = {}
-    if environ.get("MASTER_ADDR"):
-        rendezvous["master_addr"] = environ["MASTER_ADDR"]
-    elif environ.get("SLURM_JOB_NODELIST"):
-        rendezvous["master_addr"] = expand_nodelist(environ["SLURM_JOB_NODELIST"])[0]
-    _set_int(rendezvous, "master_port", environ, "MASTER_PORT")
-    job_id = environ.get("SLURM_JOB_ID", "")
-    if "master_port" not in rendezvous and job_id.isdigit():
-        # Every node derives the same port from the job id; jobs sharing a host rarely collide.
-        rendezvous["master_port"] = _DEFAULT_MASTER_PORT_BASE + int(job_id) % 20000
-    return rendezvous
-
-
-def _set_int(target: dict[str, Any], key: str, environ: Mapping[str, str], *names: str) -> None:
-    for name in names:
-        text = environ.get(name)
-        if not text:
-            continue
-        try:
-            target[key] = int(text.split("(")[0])  # SLURM_* may read like "2(x3)"
-        except ValueError:
-            raise ConfigError(f"environment variable {name}={text!r} is not a whole number; "
-                              "fix or unset it") from None
-        return
+    """The options a YAML ``--config`` file sets, keys normalised to underscores;
+    :class:`ConfigError` naming the file and key if one is unknown or of the wrong type."""
+    return read_config_file(path, _CONFIG_TYPES)
 
 
 # --- putting it together ----------------------------------------------------------------------

@@ -18,7 +18,8 @@ from cycler import (
     StateMismatch,
 )
 from cycler.errors import ConfigError
-from cycler.supervisor.options import expand_nodelist, load_config_file, resolve_run_options
+from cycler.supervisor.options import load_config_file, resolve_run_options
+from cycler.supervisor.slurm import expand_nodelist
 from cycler_cli.main import app
 
 runner = CliRunner()
