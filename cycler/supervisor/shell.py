@@ -37,15 +37,7 @@ from cycler.protocol.events import EventLog, describe
 from cycler.protocol.exit_codes import EXIT_REQUEUE
 from cycler.protocol.features import announced, clear_announcements
 from cycler.supervisor import core, notices
-from cycler.supervisor.checks import (
-    check_artifact_path,
-    check_resume_from,
-    check_script,
-    prepare_checkpoint_root,
-    record_resume_from,
-    resume_from_for_this_run,
-    say_if_no_checkpoint_is_valid,
-)
+from cycler.supervisor.checks import checked_options, record_resume_from
 from cycler.supervisor.failure import failure_report
 from cycler.supervisor.hangs import HangPolicy, WorkerProgress
 from cycler.supervisor.options import RunOptions
@@ -92,11 +84,7 @@ SlurmReader = Callable[[str], SlurmJob]
 
 def plan_run(options: RunOptions) -> LaunchPlan:
     """Check the script and ``--resume-from``, and return what the first start would run."""
-    check_script(options)
-    check_artifact_path(options)
-    options = resume_from_for_this_run(options)
-    check_resume_from(options)
-    return launch_plan(options)
+    return launch_plan(checked_options(options, prepare_root=False))
 
 
 def run_supervisor(options: RunOptions, *, clock: Callable[[], float] = time.time,
@@ -107,12 +95,7 @@ def run_supervisor(options: RunOptions, *, clock: Callable[[], float] = time.tim
     Raises a :class:`CyclerError` with exit code 2 before anything starts when the script, the
     checkpoint directory, ``--resume-from`` or the lock is not usable.
     """
-    check_script(options)
-    check_artifact_path(options)
-    prepare_checkpoint_root(options)
-    options = resume_from_for_this_run(options)
-    check_resume_from(options)
-    say_if_no_checkpoint_is_valid(options)
+    options = checked_options(options, prepare_root=True)
     return Supervisor(options, clock=clock, starter=starter, requeuer=requeuer).run()
 
 
