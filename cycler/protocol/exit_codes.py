@@ -13,3 +13,12 @@ EXIT_USAGE = 2
 
 EXIT_REQUEUE = 75
 """Stopped cleanly after a committed checkpoint: requeue me (EX_TEMPFAIL)."""
+
+MEANINGS = {
+    EXIT_SUCCESS: "the script finished",
+    EXIT_FAILURE: "the workers failed and restarts are used up (or a crash loop, or a stop "
+                  "with nothing to resume)",
+    EXIT_USAGE: "bad usage or configuration, nothing started",
+    EXIT_REQUEUE: "stopped after a committed checkpoint: requeue me",
+}
+"""What each code of ``cycle run`` means, as its ``--help`` and docs/cycle-run.md say it."""

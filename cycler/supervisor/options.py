@@ -20,10 +20,17 @@ from typing import Any
 from cycler.checkpoint.layout import DEFAULT_PREFIX, CheckpointLayout
 from cycler.checkpoint.tiers import DEFAULT_MEMORY_DIR, DEFAULT_PERSIST_EVERY, memory_root
 from cycler.errors import ConfigError
+from cycler.protocol.environment import ENV_CHECKPOINT_DIR, ENV_ISC_ARTIFACT_PATH
 from cycler.supervisor.config_file import read_config_file
+from cycler.supervisor.flags import NUMBER, config_types, option
 from cycler.supervisor.notices import NOTICE_MODES
 from cycler.supervisor.peers import START_TIMEOUT
-from cycler.supervisor.scheduler_env import scheduler_defaults
+from cycler.supervisor.scheduler_env import (
+    NNODES_VARIABLES,
+    NODE_RANK_VARIABLES,
+    NPROC_VARIABLES,
+    scheduler_defaults,
+)
 
 DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR2")
 # These cannot be caught (KILL, STOP) or already mean something else to the supervisor.
@@ -47,76 +54,106 @@ class RunOptions:
     become ``run.sh``, which ``--no-python`` would look up on PATH)."""
     script_args: tuple[str, ...] = ()
     """Arguments passed to the script untouched."""
-    nproc_per_node: int | str = 1
-    """Worker processes on this node, or one of torchrun's ``auto``, ``cpu``, ``gpu``, ``xpu``."""
-    nnodes: int = 1
+    nproc_per_node: int | str = option(
+        1, "--nproc-per-node", kind=str, yaml=(int, str), env=NPROC_VARIABLES,
+        help="Workers on this node, or auto/cpu/gpu/xpu")
+    nnodes: int = option(1, "--nnodes", kind=str, yaml=(int, str), env=NNODES_VARIABLES,
+                         help="Nodes, or MIN:MAX for an elastic job")
     """Nodes in the job (the most, for an elastic ``MIN:MAX`` range)."""
     min_nodes: int | None = None
     """The fewest nodes of an elastic job (torchrun's ``--nnodes MIN:MAX``); ``None``: fixed."""
-    node_rank: int = 0
-    """This node's rank, ``0 <= node_rank < nnodes``."""
-    master_addr: str | None = None
-    """Address of node 0 for torchrun's static rendezvous (``None``: standalone on one node)."""
-    master_port: int | None = None
-    """Port of node 0 for the static rendezvous."""
-    rdzv_endpoint: str | None = None
-    """``host:port`` of a c10d rendezvous, instead of ``master_addr``/``master_port``."""
-    rdzv_backend: str | None = None
-    """torchrun's rendezvous backend for ``rdzv_endpoint`` (``None``: c10d)."""
-    rdzv_id: str | None = None
-    """The rendezvous id every node of the job shares (``None``: the Slurm job id, else cycler)."""
-    standalone: bool = False
-    """torchrun's ``--standalone``: one node, a rendezvous on a free port (the one-node default)."""
+    node_rank: int = option(0, "--node-rank", yaml=(int,), env=NODE_RANK_VARIABLES,
+                            help="This node's rank")
+    master_addr: str | None = option(
+        None, "--master-addr", yaml=(str,), env=("MASTER_ADDR",),
+        shown="$MASTER_ADDR, first host of $SLURM_JOB_NODELIST",
+        help="Node 0's address")
+    master_port: int | None = option(
+        None, "--master-port", yaml=(int,), env=("MASTER_PORT",),
+        shown="$MASTER_PORT, derived from $SLURM_JOB_ID", help="Node 0's port")
+    rdzv_endpoint: str | None = option(
+        None, "--rdzv-endpoint", yaml=(str,),
+        help="host:port of a c10d rendezvous (instead of master)")
+    rdzv_backend: str | None = option(None, "--rdzv-backend", yaml=(str,), shown="c10d",
+                                      help="Rendezvous backend for --rdzv-endpoint")
+    rdzv_id: str | None = option(None, "--rdzv-id", yaml=(str, int),
+                                 shown="$SLURM_JOB_ID, cycler",
+                                 help="Rendezvous id shared by the job's nodes")
+    standalone: bool = option(False, "--standalone", yaml=(bool,), shown="",
+                              help="One node, rendezvous on a free port (the default for one "
+                                   "node)")
     launch_mode: str = "script"
-    """How torchrun starts the script: one of :data:`LAUNCH_MODES`."""
+    """How torchrun starts the script: one of :data:`LAUNCH_MODES` (``-m``, ``--no-python``,
+    ``--run-path``)."""
     torchrun_args: tuple[str, ...] = ()
     """torchrun options cycle does not own (``--log-dir``, ``--tee``, ...), passed unchanged."""
-    checkpoint_dir: Path = Path("checkpoints")
-    """The checkpoint root; the supervisor's record goes to its ``.cycler/``."""
-    memory_tier: Path | None = None
-    """Where jobs keep checkpoints in node memory (``--memory-tier``; ``None``: no memory
-    tier). This job's memory root is a directory inside it (``tiers.memory_root``)."""
-    persist_every: int = DEFAULT_PERSIST_EVERY
-    """With the memory tier: persist every checkpoint whose index is a multiple of this."""
-    checkpoint_name: str = DEFAULT_PREFIX
-    """The saver's name (``AtomicDirectory(name=...)``) whose checkpoints the supervisor watches."""
-    grace: float = 60.0
-    """Seconds workers get to checkpoint and exit after a stop signal."""
-    max_restarts: int = 3
-    """How often failed workers are restarted before the job fails."""
-    restart_delay: float = 1.0
-    """Seconds before the first restart; doubled after each failure without a new checkpoint."""
-    node_timeout: float = 30.0
-    """Seconds another node's supervisor may stay silent before this node gives the job up
-    (multi-node jobs; its workers could never finish a collective without that node)."""
-    start_timeout: float = START_TIMEOUT
-    """Seconds another node may stay unheard from the start before the job ends naming it
-    (multi-node jobs; torchrun's rendezvous waits a little longer, so this verdict comes
-    first)."""
-    hang_detection: bool = True
-    """Kill and restart the workers when none of this node's makes progress for too long
-    (workers that import cycler only: they publish progress)."""
-    hang_timeout_min: float = 30.0
-    """The least a step may take before it counts as a hang (seconds)."""
-    hang_factor: float = 5.0
-    """A hang is no progress for ``max(hang_timeout_min, hang_factor x the longest step)``."""
-    hang_first_step: float = 600.0
-    """Seconds allowed before the first step after a start (loading, compilation)."""
-    hang_pause_timeout: float = 1800.0
-    """Seconds allowed while a worker saves or is in a phase it marked (an evaluation)."""
-    requeue: bool = False
-    """Run ``scontrol requeue $SLURM_JOB_ID`` after a stop that leaves a checkpoint."""
-    max_requeues: int = 100
-    """Requeues allowed in the job's life, counted by ``SLURM_RESTART_COUNT``."""
-    resume_from: str | None = None
-    """Checkpoint (name or index) the first start resumes from, instead of the latest."""
-    signals: tuple[str, ...] = DEFAULT_SIGNALS
-    """Signals that ask the workers to checkpoint and exit."""
-    preemption_notices: str = "auto"
-    """Which cloud's metadata service to poll for preemption notices: ``auto`` (the cloud
-    this machine's DMI identity names, none elsewhere), ``aws``, ``gcp``, ``azure`` or ``off``."""
-    metadata_endpoint: str | None = None
-    """The metadata service's base URL (``None``: the cloud's own)."""
+    checkpoint_dir: Path = option(
+        Path("checkpoints"), "--checkpoint-dir", kind=Path, yaml=(str,),
+        env=(ENV_CHECKPOINT_DIR, ENV_ISC_ARTIFACT_PATH),
+        help="Checkpoint root; the supervisor's record goes to its .cycler/")
+    memory_tier: Path | None = option(
+        None, "--memory-tier/--no-memory-tier", kind=bool, yaml=(str, bool), shown="off",
+        help="Commit every checkpoint in node memory first and persist some to the checkpoint "
+             "root, on one node or several")
+    """Where jobs keep checkpoints in node memory (``None``: no memory tier). This job's
+    memory root is a directory inside it (``tiers.memory_root``)."""
+    persist_every: int = option(
+        DEFAULT_PERSIST_EVERY, "--persist-every", yaml=(int,),
+        help="With --memory-tier: persist every K-th checkpoint (and every stop's)")
+    checkpoint_name: str = option(DEFAULT_PREFIX, "--checkpoint-name", yaml=(str,),
+                                  help="The saver's name= whose checkpoints cycle watches")
+    grace: float = option(60.0, "--grace", yaml=NUMBER,
+                          help="Seconds to checkpoint and exit after a stop signal")
+    max_restarts: int = option(3, "--max-restarts", yaml=(int,),
+                               help="Restarts after worker failures")
+    restart_delay: float = option(
+        1.0, "--restart-delay", yaml=NUMBER,
+        help="Seconds before the first restart, doubling without a new checkpoint")
+    node_timeout: float = option(
+        30.0, "--node-timeout", yaml=NUMBER,
+        help="Seconds another node may go silent before this one gives the job up")
+    """Multi-node jobs: this node's workers could never finish a collective without it."""
+    start_timeout: float = option(
+        START_TIMEOUT, "--start-timeout", yaml=NUMBER,
+        help="Seconds another node may stay unheard from the start before the job ends "
+             "naming it")
+    """Multi-node jobs; torchrun's rendezvous waits a little longer, so this verdict comes
+    first."""
+    hang_detection: bool = option(
+        True, "--hang-detection/--no-hang-detection", yaml=(bool,),
+        help="Kill and restart workers that stop making progress")
+    """Workers that import cycler only: they publish progress."""
+    hang_timeout_min: float = option(
+        30.0, "--hang-timeout-min", yaml=NUMBER,
+        help="Least seconds without a step that count as a hang")
+    hang_factor: float = option(
+        5.0, "--hang-factor", yaml=NUMBER,
+        help="A hang: no step for max(--hang-timeout-min, this x the longest step)")
+    hang_first_step: float = option(
+        600.0, "--hang-first-step", yaml=NUMBER,
+        help="Seconds allowed before the first step after a start (loading, compilation)")
+    hang_pause_timeout: float = option(
+        1800.0, "--hang-pause-timeout", yaml=NUMBER,
+        help="Seconds allowed while saving or in a marked phase (an evaluation)")
+    requeue: bool = option(False, "--requeue/--no-requeue", yaml=(bool,),
+                           shown="on under Slurm",
+                           help="scontrol requeue $SLURM_JOB_ID after a stop that leaves a "
+                                "checkpoint")
+    max_requeues: int = option(100, "--max-requeues", yaml=(int,),
+                               help="Requeues allowed, against $SLURM_RESTART_COUNT")
+    resume_from: str | None = option(
+        None, "--resume-from", yaml=(str, int),
+        help="Start from this checkpoint (name or index) instead of the latest")
+    signals: tuple[str, ...] = option(DEFAULT_SIGNALS, "--signals", yaml=(str, list),
+                                      help="Signals that ask for checkpoint and exit")
+    preemption_notices: str = option(
+        "auto", "--preemption-notices", yaml=(str,),
+        help="Poll the cloud's metadata service for preemption notices and stop on one: auto "
+             "(the cloud this machine's identity names, nothing elsewhere), aws, gcp, azure "
+             "or off")
+    metadata_endpoint: str | None = option(None, "--metadata-endpoint", yaml=(str,),
+                                           shown="the cloud's",
+                                           help="Base URL of the metadata service")
     slurm_job_id: str | None = None
     """``SLURM_JOB_ID`` when running under Slurm."""
     requeue_count: int = 0
@@ -237,32 +274,16 @@ def parse_signals(value: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
-# --- the configuration file's keys ------------------------------------------------------------
+# --- the configuration file -------------------------------------------------------------------
 
-_CONFIG_TYPES: dict[str, tuple[type, ...]] = {
-    "nproc_per_node": (int, str), "nnodes": (int, str), "node_rank": (int,),
-    "master_addr": (str,), "master_port": (int,), "rdzv_endpoint": (str,),
-    "rdzv_backend": (str,), "rdzv_id": (str, int), "standalone": (bool,), "checkpoint_dir": (str,),
-    "checkpoint_name": (str,), "memory_tier": (str, bool), "persist_every": (int,),
-    "grace": (int, float), "max_restarts": (int,),
-    "restart_delay": (int, float), "node_timeout": (int, float), "start_timeout": (int, float),
-    "requeue": (bool,),
-    "hang_detection": (bool,), "hang_timeout_min": (int, float), "hang_factor": (int, float),
-    "hang_first_step": (int, float), "hang_pause_timeout": (int, float),
-    "max_requeues": (int,),
-    "resume_from": (str, int), "signals": (str, list), "preemption_notices": (str,),
-    "metadata_endpoint": (str,),
-}
-CONFIG_KEYS = tuple(sorted(_CONFIG_TYPES))
+CONFIG_KEYS = tuple(sorted(config_types(RunOptions)))
 """Keys a ``--config`` file may set (dashes and underscores are both accepted)."""
-
-
 
 
 def load_config_file(path: Path) -> dict[str, Any]:
     """The options a YAML ``--config`` file sets, keys normalised to underscores;
     :class:`ConfigError` naming the file and key if one is unknown or of the wrong type."""
-    return read_config_file(path, _CONFIG_TYPES)
+    return read_config_file(path, config_types(RunOptions))
 
 
 # --- putting it together ----------------------------------------------------------------------

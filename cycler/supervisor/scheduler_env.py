@@ -10,14 +10,18 @@ from cycler.protocol.environment import default_checkpoint_root
 from cycler.supervisor.slurm import expand_nodelist
 
 _DEFAULT_MASTER_PORT_BASE = 20000
+NNODES_VARIABLES = ("NNODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
+NPROC_VARIABLES = ("N_PROC", "SLURM_GPUS_ON_NODE")
+NODE_RANK_VARIABLES = ("NODE_RANK", "SLURM_NODEID")
+"""Where each default is read from, the first one set wins (ISC's names, then Slurm's)."""
 
 
 def scheduler_defaults(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Defaults from Slurm/ISC variables: (always applied, applied only to multi-node runs)."""
     general: dict[str, Any] = {"checkpoint_dir": str(default_checkpoint_root(environ))}
-    _set_int(general, "nnodes", environ, "NNODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
-    _set_int(general, "nproc_per_node", environ, "N_PROC", "SLURM_GPUS_ON_NODE")
-    _set_int(general, "node_rank", environ, "NODE_RANK", "SLURM_NODEID")
+    _set_int(general, "nnodes", environ, *NNODES_VARIABLES)
+    _set_int(general, "nproc_per_node", environ, *NPROC_VARIABLES)
+    _set_int(general, "node_rank", environ, *NODE_RANK_VARIABLES)
     if "node_rank" not in general and environ.get("NNODES") and not environ.get("LOCAL_RANK"):
         # ISC's launch commands pass `--node_rank=$RANK`: there RANK is the node's rank. Inside
         # a torchrun worker (LOCAL_RANK set) RANK is a process rank, so it is not used there.
