@@ -47,10 +47,13 @@ def register(app: typer.Typer) -> None:
 _TORCHRUN = "torchrun options (passed to torchrun unchanged)"
 
 
-def _memory_tier(on: bool | None, directory: Path | None) -> Path | bool | None:
+def _memory_tier(on: bool | None, directory: str | None) -> str | bool | None:
     """``--memory-tier``/``--memory-dir`` as the option's value (``None``: not given)."""
     if on is False or directory is None:
         return on
+    if not directory.strip():  # Path("") would be the current directory
+        raise ConfigError(f"memory-dir is empty: give a directory in node memory such as "
+                          f"{DEFAULT_MEMORY_DIR}, or leave it out")
     return directory
 
 
@@ -85,7 +88,7 @@ def _undeclared(
                                    "not with python."),
     run_path: bool = typer.Option(False, "--run-path", help="Run SCRIPT (an absolute "
                                   "path) with runpy.run_path in torchrun's worker."),
-    memory_dir: Path = typer.Option(None, "--memory-dir", help="Where --memory-tier keeps "
+    memory_dir: str = typer.Option(None, "--memory-dir", help="Where --memory-tier keeps "
                                     f"them (implies it; default: {DEFAULT_MEMORY_DIR})."),
     config: Path = typer.Option(None, "--config", help="YAML file with any of these options; "
                                 "flags win."),
@@ -149,13 +152,13 @@ def _signature() -> inspect.Signature:
 
 def run(**passed: Any) -> None:
     """``cycle run``: the flags as :class:`RunOptions`, then the supervisor (or the plan)."""
-    flags = {field.name: passed[field.name] for field, _ in declared(RunOptions)}
-    flags["memory_tier"] = _memory_tier(passed["memory_tier"], passed["memory_dir"])
-    flags["launch_mode"] = _launch_mode(passed["module"], passed["no_python"],
-                                        passed["run_path"])
-    flags["torchrun_args"] = _torchrun_arguments(passed)
     script = passed["script"]
     with exit_on_cycler_error():
+        flags = {field.name: passed[field.name] for field, _ in declared(RunOptions)}
+        flags["memory_tier"] = _memory_tier(passed["memory_tier"], passed["memory_dir"])
+        flags["launch_mode"] = _launch_mode(passed["module"], passed["no_python"],
+                                            passed["run_path"])
+        flags["torchrun_args"] = _torchrun_arguments(passed)
         if script.startswith("-"):
             raise ConfigError(f"cycle run has no option {script}; see cycle run --help (put "
                               "options for the script after SCRIPT)")

@@ -37,18 +37,22 @@ def read_config_file(path: Path, types: Mapping[str, tuple[type, ...]]) -> dict[
 
 
 def _yaml12_loader() -> type:
-    """PyYAML's safe loader with YAML 1.2's integers: ``1:2`` and ``010`` stay strings (YAML
-    1.1 reads them as sexagesimal 62 and octal 8, which no one writing ``nnodes: 1:2`` or
-    ``resume_from: 010`` means)."""
+    """PyYAML's safe loader with YAML 1.2's integers and booleans: ``1:2`` and ``010`` stay
+    strings (YAML 1.1 reads them as sexagesimal 62 and octal 8, which no one writing ``nnodes:
+    1:2`` or ``resume_from: 010`` means), and so do ``on``/``off``/``yes``/``no`` (YAML 1.1's
+    booleans: ``preemption_notices: off`` is the word off); an option that takes a boolean
+    reads them as one (:func:`_checked_value`)."""
     import yaml
 
     class Loader(yaml.SafeLoader):
         pass
 
+    replaced = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:bool")
     Loader.yaml_implicit_resolvers = {
-        first: [(tag, regexp) for tag, regexp in resolvers
-                if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+        first: [(tag, regexp) for tag, regexp in resolvers if tag not in replaced]
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    Loader.add_implicit_resolver("tag:yaml.org,2002:bool",
+                                 re.compile(r"^(true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
     Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?(0|[1-9][0-9]*)$"),
                                  list("-+0123456789"))
     Loader.add_implicit_resolver(
@@ -67,10 +71,19 @@ def _config_key(path: Path, key: object, types: Mapping[str, tuple[type, ...]]) 
     return name
 
 
+_WORDS = {"on": True, "yes": True, "off": False, "no": False}
+"""YAML 1.1's boolean words, read as booleans by the options that take one."""
+
+
 def _checked_value(path: Path, key: str, value: object, allowed: tuple[type, ...]) -> object:
+    wanted = " or ".join(kind.__name__ for kind in allowed)
+    if value is None:
+        raise ConfigError(f"config file {path}: {key} has no value (~, null or nothing after "
+                          f"the colon); give {wanted}, or remove the line to take the default")
+    if bool in allowed and isinstance(value, str) and value.lower() in _WORDS:
+        return _WORDS[value.lower()]
     # bool is an int in Python, but ``grace: true`` is a mistake, not one second.
     if isinstance(value, bool) and bool not in allowed or not isinstance(value, allowed):
-        wanted = " or ".join(kind.__name__ for kind in allowed)
         raise ConfigError(f"config file {path}: {key} must be {wanted}, not "
                           f"{type(value).__name__} ({value!r})")
     if key in ("resume_from", "rdzv_id"):

@@ -12,6 +12,7 @@ import functools
 import math
 import os
 import signal
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -40,6 +41,8 @@ NPROC_KEYWORDS = ("auto", "cpu", "gpu", "xpu")
 RDZV_BACKENDS = ("c10d", "etcd", "etcd-v2", "static")
 """The rendezvous backends torchrun ships."""
 
+HANG_LEAST_SECONDS = 1.0
+"""The shortest ``--hang-*`` allowance: below it ordinary pauses would count as hangs."""
 LAUNCH_MODES = ("script", "module", "no_python", "run_path")
 """How torchrun starts SCRIPT: ``python SCRIPT``, ``python -m SCRIPT`` (``-m``), SCRIPT itself
 (``--no-python``), or ``runpy.run_path`` (``--run-path``)."""
@@ -88,7 +91,7 @@ class RunOptions:
     torchrun_args: tuple[str, ...] = ()
     """torchrun options cycle does not own (``--log-dir``, ``--tee``, ...), passed unchanged."""
     checkpoint_dir: Path = option(
-        Path("checkpoints"), "--checkpoint-dir", kind=Path, yaml=(str,),
+        Path("checkpoints"), "--checkpoint-dir", yaml=(str,),
         env=(ENV_CHECKPOINT_DIR, ENV_ISC_ARTIFACT_PATH),
         help="Checkpoint root; the supervisor's record goes to its .cycler/")
     memory_tier: Path | None = option(
@@ -173,16 +176,38 @@ class RunOptions:
                                 self.checkpoint_name)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "signals", parse_signals(self.signals))
-        object.__setattr__(self, "script", os.fspath(self.script))
+        self._normalise()
+        self._check_processes()
+        self._check_times()
+        self._check_rendezvous()
+        _require(self.preemption_notices in NOTICE_MODES, "preemption_notices",
+                 f"must be one of {', '.join(NOTICE_MODES)}")
+        _require(self.metadata_endpoint is None or _is_url(self.metadata_endpoint),
+                 "metadata_endpoint", "must be an http:// or https:// URL with a host (and a "
+                 "numeric port if any), such as http://169.254.169.254")
+        name = self.checkpoint_name
+        _require(bool(name) and "/" not in name and not name.startswith("."), "checkpoint_name",
+                 "must be a plain file name such as AtomicDirectory")
+
+    def _normalise(self) -> None:
+        """The values as the rest of cycle uses them: paths, tuples, signal names, counts."""
+        for name, example in (("checkpoint_dir", "./checkpoints"),
+                              ("memory_tier", str(DEFAULT_MEMORY_DIR))):
+            # Path("") is Path("."): an empty value would quietly mean the current directory.
+            _require(getattr(self, name) is None or bool(str(getattr(self, name)).strip()), name,
+                     f"is empty: give a directory such as {example}, or leave it out")
         object.__setattr__(self, "checkpoint_dir", Path(self.checkpoint_dir))
         if self.memory_tier is not None:
             object.__setattr__(self, "memory_tier", Path(self.memory_tier))
-        _require(not isinstance(self.persist_every, bool) and self.persist_every >= 1,
-                 "persist_every", "must be a whole number, 1 or more (such as 5)")
+        object.__setattr__(self, "signals", parse_signals(self.signals))
+        object.__setattr__(self, "script", os.fspath(self.script))
         object.__setattr__(self, "script_args", tuple(self.script_args))
         object.__setattr__(self, "torchrun_args", tuple(self.torchrun_args))
         object.__setattr__(self, "nproc_per_node", parse_nproc(self.nproc_per_node))
+
+    def _check_processes(self) -> None:
+        _require(not isinstance(self.persist_every, bool) and self.persist_every >= 1,
+                 "persist_every", "must be a whole number, 1 or more (such as 5)")
         _require(self.nnodes >= 1, "nnodes", "must be at least 1")
         _require(self.min_nodes is None or 1 <= self.min_nodes <= self.nnodes, "nnodes",
                  "must be N or MIN:MAX with 1 <= MIN <= MAX")
@@ -194,6 +219,8 @@ class RunOptions:
             _require(getattr(self, name) >= 0, name, "must be 0 or more")
         _require(0 <= self.node_rank < self.nnodes, "node_rank",
                  f"must be between 0 and nnodes - 1 ({self.nnodes - 1})")
+
+    def _check_times(self) -> None:
         # math.isfinite also refuses nan; inf would overflow the deadline arithmetic.
         _require(math.isfinite(self.grace) and self.grace > 0, "grace",
                  "must be a finite number of seconds above 0 (such as 60)")
@@ -203,11 +230,18 @@ class RunOptions:
                  "must be a finite number of seconds above 0 (such as 600)")
         _require(math.isfinite(self.restart_delay) and self.restart_delay >= 0,
                  "restart_delay", "must be a finite number of seconds, 0 or more")
-        for name in ("hang_timeout_min", "hang_first_step", "hang_pause_timeout"):
-            _require(math.isfinite(getattr(self, name)) and getattr(self, name) >= 0, name,
-                     "must be a finite number of seconds, 0 or more")
+        for name, example in (("hang_timeout_min", 30), ("hang_first_step", 600),
+                              ("hang_pause_timeout", 1800)):
+            # Below a second an ordinary pause (a collection, an fsync, a busy host) is a hang:
+            # 0 never meant "off", it killed healthy workers.
+            value = getattr(self, name)
+            _require(math.isfinite(value) and value >= HANG_LEAST_SECONDS, name,
+                     f"must be at least {HANG_LEAST_SECONDS:g} second (such as {example}); to "
+                     "turn hang detection off give --no-hang-detection")
         _require(math.isfinite(self.hang_factor) and self.hang_factor >= 1, "hang_factor",
                  "must be a finite number, 1 or more (such as 5)")
+
+    def _check_rendezvous(self) -> None:
         port = self.master_port
         _require(port is None or 0 < port < 65536, "master_port", "must be between 1 and 65535")
         _require(self.rdzv_backend in (None, *RDZV_BACKENDS), "rdzv_backend",
@@ -217,14 +251,17 @@ class RunOptions:
         _require(self.nnodes == 1 or bool(self.master_addr or self.rdzv_endpoint), "master_addr",
                  "is needed when nnodes > 1: give --master-addr (node 0's host) or "
                  "--rdzv-endpoint")
-        _require(self.preemption_notices in NOTICE_MODES, "preemption_notices",
-                 f"must be one of {', '.join(NOTICE_MODES)}")
-        _require(self.metadata_endpoint is None
-                 or self.metadata_endpoint.startswith(("http://", "https://")),
-                 "metadata_endpoint", "must be an http:// or https:// URL")
-        name = self.checkpoint_name
-        _require(bool(name) and "/" not in name and not name.startswith("."), "checkpoint_name",
-                 "must be a plain file name such as AtomicDirectory")
+
+
+def _is_url(text: str) -> bool:
+    """Whether ``text`` is an http(s) URL with a host and, if it names one, a numeric port."""
+    try:
+        parts = urllib.parse.urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        return False
+    return (parts.scheme in ("http", "https") and bool(parts.hostname)
+            and not any(character.isspace() for character in text))
 
 
 def _require(condition: bool, name: str, fix: str) -> None:
