@@ -199,7 +199,7 @@ def _print_plan(plan: LaunchPlan) -> None:
 
 
 def _report(outcome: RunOutcome) -> None:
-    if outcome.exit_code == EXIT_FAILURE:
+    if outcome.exit_code == EXIT_FAILURE:  # exit 74's line was the persist_failed event's
         _stderr.print(f"[red]cycle: error:[/red] {escape(outcome.reason)}", markup=True)
     if outcome.failure is not None:
         _stderr.print(escape(outcome.failure), markup=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
+from cycler.protocol.exit_codes import MEANINGS
 from cycler.supervisor.flags import declared, help_line
 from cycler.supervisor.options import CONFIG_KEYS, RunOptions, load_config_file
 from cycler_cli.main import app
@@ -78,3 +79,9 @@ def test_docs_options_md_is_generated_from_the_declarations() -> None:
     written = (REPOSITORY / DOC_PATH).read_text()
     assert written == options_markdown(), (
         "docs/options.md is stale: run `python -m cycler_cli.options_doc` at the repository root")
+
+
+def test_every_exit_code_is_in_the_exit_code_table_of_docs_cycle_run_md() -> None:
+    table = (REPOSITORY / "docs" / "cycle-run.md").read_text()
+    for code in MEANINGS:
+        assert f"\n| {code} | " in table, code
