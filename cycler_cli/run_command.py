@@ -7,7 +7,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -16,10 +16,12 @@ from rich.markup import escape
 from cycler.checkpoint.tiers import DEFAULT_MEMORY_DIR
 from cycler.errors import ConfigError
 from cycler.protocol.exit_codes import EXIT_FAILURE, MEANINGS
-from cycler.supervisor import LaunchPlan, RunOutcome, plan_run, resolve_run_options, run_supervisor
 from cycler.supervisor.flags import declared, help_line
-from cycler.supervisor.options import RunOptions
+from cycler.supervisor.options import RunOptions, resolve_run_options
 from cycler_cli.errors import exit_on_cycler_error
+
+if TYPE_CHECKING:
+    from cycler.supervisor import LaunchPlan, RunOutcome
 
 _stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -152,6 +154,10 @@ def _signature() -> inspect.Signature:
 
 def run(**passed: Any) -> None:
     """``cycle run``: the flags as :class:`RunOptions`, then the supervisor (or the plan)."""
+    # The supervisor's shell (psutil, the core, the process tree) loads only to run: every
+    # other cycle command, and --help, registers this one and would pay for it.
+    from cycler.supervisor import plan_run, run_supervisor
+
     script = passed["script"]
     with exit_on_cycler_error():
         flags = {field.name: passed[field.name] for field, _ in declared(RunOptions)}
