@@ -25,7 +25,10 @@ _HEADER = """# `cycle run`'s options
 Generated from the declarations in `cycler/supervisor/options.py` by
 `python -m cycler_cli.options_doc`; do not edit by hand. Every option can also be set in a
 YAML file given with `--config` under the key shown (dashes or underscores); flags win over the
-file, which wins over the environment, which wins over the defaults.
+file, which wins over the environment, which wins over the defaults. In the file, numbers and
+booleans are YAML 1.2's: `1:2` and `010` stay text, and so do `on`, `off`, `yes` and `no`, except
+for an option that takes a boolean (`hang_detection: off`, `memory_tier: on`); a key with no
+value (`~`, `null`, nothing) is refused: remove the line to take the default.
 """
 
 
