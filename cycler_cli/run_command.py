@@ -160,16 +160,11 @@ def run(**passed: Any) -> None:
 
     script = passed["script"]
     with exit_on_cycler_error():
-        flags = {field.name: passed[field.name] for field, _ in declared(RunOptions)}
-        flags["memory_tier"] = _memory_tier(passed["memory_tier"], passed["memory_dir"])
-        flags["launch_mode"] = _launch_mode(passed["module"], passed["no_python"],
-                                            passed["run_path"])
-        flags["torchrun_args"] = _torchrun_arguments(passed)
         if script.startswith("-"):
             raise ConfigError(f"cycle run has no option {script}; see cycle run --help (put "
                               "options for the script after SCRIPT)")
         options = resolve_run_options(script=script, script_args=passed["args"] or [],
-                                      flags=flags, config_file=passed["config"],
+                                      flags=_flags(passed), config_file=passed["config"],
                                       environ=os.environ)
         if passed["dry_run"]:
             _print_plan(plan_run(options))
@@ -180,6 +175,15 @@ def run(**passed: Any) -> None:
 
 
 run.__signature__ = _signature()  # type: ignore[attr-defined]
+
+
+def _flags(passed: dict[str, Any]) -> dict[str, Any]:
+    """The command line as RunOptions' fields (``None``: not given)."""
+    flags = {field.name: passed[field.name] for field, _ in declared(RunOptions)}
+    flags["memory_tier"] = _memory_tier(passed["memory_tier"], passed["memory_dir"])
+    flags["launch_mode"] = _launch_mode(passed["module"], passed["no_python"], passed["run_path"])
+    flags["torchrun_args"] = _torchrun_arguments(passed)
+    return flags
 
 
 def _launch_mode(module: bool, no_python: bool, run_path: bool) -> str | None:
