@@ -1,5 +1,9 @@
 """``cycle run``'s options: one checked dataclass, filled from flags, a YAML file and the scheduler.
 
+Each option is declared once, as a field of :class:`RunOptions` with its flag, YAML types,
+environment variables and help (:func:`.flags.option`); the command line, the config file's keys
+and ``docs/options.md`` are derived from these fields.
+
 Precedence, highest first: flags, the ``--config`` file, the scheduler's environment (Slurm or
 ISC), the defaults below. Rendezvous settings taken from the environment only apply to multi-node
 runs: a single node always uses torchrun's ``--standalone`` rendezvous on a free port, so two
