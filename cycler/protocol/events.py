@@ -65,6 +65,10 @@ MESSAGES = {
     "persisted": "persisted checkpoint {index} from the memory tier to the checkpoint root "
                  "({why})",
     "memory_tier_removed": "removed the memory tier {root} (the job ended)",
+    "persist_failed": "the newest checkpoint is only in this node's memory, at {newest}: "
+                      "persisting it to the checkpoint root failed ({error}); exit {code}, not "
+                      "{planned}, and the memory tier is kept: a rerun on this node resumes "
+                      "from it",
     "preemption_notices": "polling {cloud}'s metadata service at {endpoint} for preemption "
                           "notices",
 }
@@ -77,6 +81,7 @@ HISTORY = frozenset({
     "restart_scheduled", "restart_together", "peer_lost", "failed_after_training", "requeue",
     "requeue_skipped", "exit",
     "hang", "start_failed", "waiting_for_node", "persisted", "memory_tier_removed",
+    "persist_failed",
     "checkpoint_committed",
 })
 """The events ``cycle status`` shows: what the job went through, not every checkpoint."""

@@ -11,5 +11,21 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 """Bad usage or configuration: nothing was started."""
 
+EXIT_NOT_PERSISTED = 74
+"""With the memory tier: the script finished, or stopped after a checkpoint, but the newest
+checkpoint is only in this node's memory (persisting it to the checkpoint root failed, such as
+on a full disk); the memory tier is kept, so a rerun on this node resumes from it (EX_IOERR)."""
+
 EXIT_REQUEUE = 75
 """Stopped cleanly after a committed checkpoint: requeue me (EX_TEMPFAIL)."""
+
+MEANINGS = {
+    EXIT_SUCCESS: "the script finished",
+    EXIT_FAILURE: "the workers failed and restarts are used up (or a crash loop, or a stop "
+                  "with nothing to resume)",
+    EXIT_USAGE: "bad usage or configuration, nothing started",
+    EXIT_NOT_PERSISTED: "finished or stopped, but the newest checkpoint is only in this node's "
+                        "memory tier (persisting it failed): rerun on this node",
+    EXIT_REQUEUE: "stopped after a committed checkpoint: requeue me",
+}
+"""What each code of ``cycle run`` means, as its ``--help`` and docs/cycle-run.md say it."""

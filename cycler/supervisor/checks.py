@@ -30,6 +30,22 @@ from cycler.supervisor.torchrun import isc_environment
 log = logging.getLogger("cycler.supervisor")
 
 
+def checked_options(options: RunOptions, *, prepare_root: bool) -> RunOptions:
+    """The pre-start sequence of ``cycle run``: the script, ``$CHECKPOINT_ARTIFACT_PATH``, the
+    checkpoint root (created and probed when ``prepare_root``; ``--dry-run`` creates nothing),
+    and ``--resume-from``; returns the options this run starts with (``--resume-from`` dropped
+    when an earlier run of the job carried it out). Raises :class:`CyclerError` (exit 2)."""
+    check_script(options)
+    check_artifact_path(options)
+    if prepare_root:
+        prepare_checkpoint_root(options)
+    options = resume_from_for_this_run(options)
+    check_resume_from(options)
+    if prepare_root:
+        say_if_no_checkpoint_is_valid(options)
+    return options
+
+
 def check_script(options: RunOptions) -> None:
     """Refuse a script torchrun could not start, before any process is started."""
     script, mode = Path(options.script), options.launch_mode

@@ -1,5 +1,9 @@
 """``cycle run``'s options: one checked dataclass, filled from flags, a YAML file and the scheduler.
 
+Each option is declared once, as a field of :class:`RunOptions` with its flag, YAML types,
+environment variables and help (:func:`.flags.option`); the command line, the config file's keys
+and ``docs/options.md`` are derived from these fields.
+
 Precedence, highest first: flags, the ``--config`` file, the scheduler's environment (Slurm or
 ISC), the defaults below. Rendezvous settings taken from the environment only apply to multi-node
 runs: a single node always uses torchrun's ``--standalone`` rendezvous on a free port, so two
@@ -11,8 +15,8 @@ from __future__ import annotations
 import functools
 import math
 import os
-import re
 import signal
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -21,16 +25,28 @@ from typing import Any
 from cycler.checkpoint.layout import DEFAULT_PREFIX, CheckpointLayout
 from cycler.checkpoint.tiers import DEFAULT_MEMORY_DIR, DEFAULT_PERSIST_EVERY, memory_root
 from cycler.errors import ConfigError
-from cycler.protocol.environment import default_checkpoint_root
+from cycler.protocol.environment import ENV_CHECKPOINT_DIR, ENV_ISC_ARTIFACT_PATH
+from cycler.supervisor.config_file import read_config_file
+from cycler.supervisor.flags import NUMBER, config_types, option
 from cycler.supervisor.notices import NOTICE_MODES
 from cycler.supervisor.peers import START_TIMEOUT
+from cycler.supervisor.scheduler_env import (
+    NNODES_VARIABLES,
+    NODE_RANK_VARIABLES,
+    NPROC_VARIABLES,
+    scheduler_defaults,
+)
 
 DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR2")
 # These cannot be caught (KILL, STOP) or already mean something else to the supervisor.
 _UNUSABLE_SIGNALS = {"SIGKILL", "SIGSTOP", "SIGCONT", "SIGCHLD"}
-_DEFAULT_MASTER_PORT_BASE = 20000
 NPROC_KEYWORDS = ("auto", "cpu", "gpu", "xpu")
 """torchrun's symbolic ``--nproc-per-node`` values, passed to torchrun as they are."""
+RDZV_BACKENDS = ("c10d", "etcd", "etcd-v2", "static")
+"""The rendezvous backends torchrun ships."""
+
+HANG_LEAST_SECONDS = 1.0
+"""The shortest ``--hang-*`` allowance: below it ordinary pauses would count as hangs."""
 LAUNCH_MODES = ("script", "module", "no_python", "run_path")
 """How torchrun starts SCRIPT: ``python SCRIPT``, ``python -m SCRIPT`` (``-m``), SCRIPT itself
 (``--no-python``), or ``runpy.run_path`` (``--run-path``)."""
@@ -45,76 +61,106 @@ class RunOptions:
     become ``run.sh``, which ``--no-python`` would look up on PATH)."""
     script_args: tuple[str, ...] = ()
     """Arguments passed to the script untouched."""
-    nproc_per_node: int | str = 1
-    """Worker processes on this node, or one of torchrun's ``auto``, ``cpu``, ``gpu``, ``xpu``."""
-    nnodes: int = 1
+    nproc_per_node: int | str = option(
+        1, "--nproc-per-node", kind=str, yaml=(int, str), env=NPROC_VARIABLES,
+        help="Workers on this node, or auto/cpu/gpu/xpu")
+    nnodes: int = option(1, "--nnodes", kind=str, yaml=(int, str), env=NNODES_VARIABLES,
+                         help="Nodes, or MIN:MAX for an elastic job")
     """Nodes in the job (the most, for an elastic ``MIN:MAX`` range)."""
     min_nodes: int | None = None
     """The fewest nodes of an elastic job (torchrun's ``--nnodes MIN:MAX``); ``None``: fixed."""
-    node_rank: int = 0
-    """This node's rank, ``0 <= node_rank < nnodes``."""
-    master_addr: str | None = None
-    """Address of node 0 for torchrun's static rendezvous (``None``: standalone on one node)."""
-    master_port: int | None = None
-    """Port of node 0 for the static rendezvous."""
-    rdzv_endpoint: str | None = None
-    """``host:port`` of a c10d rendezvous, instead of ``master_addr``/``master_port``."""
-    rdzv_backend: str | None = None
-    """torchrun's rendezvous backend for ``rdzv_endpoint`` (``None``: c10d)."""
-    rdzv_id: str | None = None
-    """The rendezvous id every node of the job shares (``None``: the Slurm job id, else cycler)."""
-    standalone: bool = False
-    """torchrun's ``--standalone``: one node, a rendezvous on a free port (the one-node default)."""
+    node_rank: int = option(0, "--node-rank", yaml=(int,), env=NODE_RANK_VARIABLES,
+                            help="This node's rank")
+    master_addr: str | None = option(
+        None, "--master-addr", yaml=(str,), env=("MASTER_ADDR",),
+        shown="$MASTER_ADDR, first host of $SLURM_JOB_NODELIST",
+        help="Node 0's address")
+    master_port: int | None = option(
+        None, "--master-port", yaml=(int,), env=("MASTER_PORT",),
+        shown="$MASTER_PORT, derived from $SLURM_JOB_ID", help="Node 0's port")
+    rdzv_endpoint: str | None = option(
+        None, "--rdzv-endpoint", yaml=(str,),
+        help="host:port of a c10d rendezvous (instead of master)")
+    rdzv_backend: str | None = option(None, "--rdzv-backend", yaml=(str,), shown="c10d",
+                                      help="Rendezvous backend for --rdzv-endpoint")
+    rdzv_id: str | None = option(None, "--rdzv-id", yaml=(str, int),
+                                 shown="$SLURM_JOB_ID, cycler",
+                                 help="Rendezvous id shared by the job's nodes")
+    standalone: bool = option(False, "--standalone", yaml=(bool,), shown="",
+                              help="One node, rendezvous on a free port (the default for one "
+                                   "node)")
     launch_mode: str = "script"
-    """How torchrun starts the script: one of :data:`LAUNCH_MODES`."""
+    """How torchrun starts the script: one of :data:`LAUNCH_MODES` (``-m``, ``--no-python``,
+    ``--run-path``)."""
     torchrun_args: tuple[str, ...] = ()
     """torchrun options cycle does not own (``--log-dir``, ``--tee``, ...), passed unchanged."""
-    checkpoint_dir: Path = Path("checkpoints")
-    """The checkpoint root; the supervisor's record goes to its ``.cycler/``."""
-    memory_tier: Path | None = None
-    """Where jobs keep checkpoints in node memory (``--memory-tier``; ``None``: no memory
-    tier). This job's memory root is a directory inside it (``tiers.memory_root``)."""
-    persist_every: int = DEFAULT_PERSIST_EVERY
-    """With the memory tier: persist every checkpoint whose index is a multiple of this."""
-    checkpoint_name: str = DEFAULT_PREFIX
-    """The saver's name (``AtomicDirectory(name=...)``) whose checkpoints the supervisor watches."""
-    grace: float = 60.0
-    """Seconds workers get to checkpoint and exit after a stop signal."""
-    max_restarts: int = 3
-    """How often failed workers are restarted before the job fails."""
-    restart_delay: float = 1.0
-    """Seconds before the first restart; doubled after each failure without a new checkpoint."""
-    node_timeout: float = 30.0
-    """Seconds another node's supervisor may stay silent before this node gives the job up
-    (multi-node jobs; its workers could never finish a collective without that node)."""
-    start_timeout: float = START_TIMEOUT
-    """Seconds another node may stay unheard from the start before the job ends naming it
-    (multi-node jobs; torchrun's rendezvous waits a little longer, so this verdict comes
-    first)."""
-    hang_detection: bool = True
-    """Kill and restart the workers when none of this node's makes progress for too long
-    (workers that import cycler only: they publish progress)."""
-    hang_timeout_min: float = 30.0
-    """The least a step may take before it counts as a hang (seconds)."""
-    hang_factor: float = 5.0
-    """A hang is no progress for ``max(hang_timeout_min, hang_factor x the longest step)``."""
-    hang_first_step: float = 600.0
-    """Seconds allowed before the first step after a start (loading, compilation)."""
-    hang_pause_timeout: float = 1800.0
-    """Seconds allowed while a worker saves or is in a phase it marked (an evaluation)."""
-    requeue: bool = False
-    """Run ``scontrol requeue $SLURM_JOB_ID`` after a stop that leaves a checkpoint."""
-    max_requeues: int = 100
-    """Requeues allowed in the job's life, counted by ``SLURM_RESTART_COUNT``."""
-    resume_from: str | None = None
-    """Checkpoint (name or index) the first start resumes from, instead of the latest."""
-    signals: tuple[str, ...] = DEFAULT_SIGNALS
-    """Signals that ask the workers to checkpoint and exit."""
-    preemption_notices: str = "auto"
-    """Which cloud's metadata service to poll for preemption notices: ``auto`` (the cloud
-    this machine's DMI identity names, none elsewhere), ``aws``, ``gcp``, ``azure`` or ``off``."""
-    metadata_endpoint: str | None = None
-    """The metadata service's base URL (``None``: the cloud's own)."""
+    checkpoint_dir: Path = option(
+        Path("checkpoints"), "--checkpoint-dir", yaml=(str,),
+        env=(ENV_CHECKPOINT_DIR, ENV_ISC_ARTIFACT_PATH),
+        help="Checkpoint root; the supervisor's record goes to its .cycler/")
+    memory_tier: Path | None = option(
+        None, "--memory-tier/--no-memory-tier", kind=bool, yaml=(str, bool), shown="off",
+        help="Commit every checkpoint in node memory first and persist some to the checkpoint "
+             "root, on one node or several")
+    """Where jobs keep checkpoints in node memory (``None``: no memory tier). This job's
+    memory root is a directory inside it (``tiers.memory_root``)."""
+    persist_every: int = option(
+        DEFAULT_PERSIST_EVERY, "--persist-every", yaml=(int,),
+        help="With --memory-tier: persist every K-th checkpoint (and every stop's)")
+    checkpoint_name: str = option(DEFAULT_PREFIX, "--checkpoint-name", yaml=(str,),
+                                  help="The saver's name= whose checkpoints cycle watches")
+    grace: float = option(60.0, "--grace", yaml=NUMBER,
+                          help="Seconds to checkpoint and exit after a stop signal")
+    max_restarts: int = option(3, "--max-restarts", yaml=(int,),
+                               help="Restarts after worker failures")
+    restart_delay: float = option(
+        1.0, "--restart-delay", yaml=NUMBER,
+        help="Seconds before the first restart, doubling without a new checkpoint")
+    node_timeout: float = option(
+        30.0, "--node-timeout", yaml=NUMBER,
+        help="Seconds another node may go silent before this one gives the job up")
+    """Multi-node jobs: this node's workers could never finish a collective without it."""
+    start_timeout: float = option(
+        START_TIMEOUT, "--start-timeout", yaml=NUMBER,
+        help="Seconds another node may stay unheard from the start before the job ends "
+             "naming it")
+    """Multi-node jobs; torchrun's rendezvous waits a little longer, so this verdict comes
+    first."""
+    hang_detection: bool = option(
+        True, "--hang-detection/--no-hang-detection", yaml=(bool,),
+        help="Kill and restart workers that stop making progress")
+    """Workers that import cycler only: they publish progress."""
+    hang_timeout_min: float = option(
+        30.0, "--hang-timeout-min", yaml=NUMBER,
+        help="Least seconds without a step that count as a hang")
+    hang_factor: float = option(
+        5.0, "--hang-factor", yaml=NUMBER,
+        help="A hang: no step for max(--hang-timeout-min, this x the longest step)")
+    hang_first_step: float = option(
+        600.0, "--hang-first-step", yaml=NUMBER,
+        help="Seconds allowed before the first step after a start (loading, compilation)")
+    hang_pause_timeout: float = option(
+        1800.0, "--hang-pause-timeout", yaml=NUMBER,
+        help="Seconds allowed while saving or in a marked phase (an evaluation)")
+    requeue: bool = option(False, "--requeue/--no-requeue", yaml=(bool,),
+                           shown="on under Slurm",
+                           help="scontrol requeue $SLURM_JOB_ID after a stop that leaves a "
+                                "checkpoint")
+    max_requeues: int = option(100, "--max-requeues", yaml=(int,),
+                               help="Requeues allowed, against $SLURM_RESTART_COUNT")
+    resume_from: str | None = option(
+        None, "--resume-from", yaml=(str, int),
+        help="Start from this checkpoint (name or index) instead of the latest")
+    signals: tuple[str, ...] = option(DEFAULT_SIGNALS, "--signals", yaml=(str, list),
+                                      help="Signals that ask for checkpoint and exit")
+    preemption_notices: str = option(
+        "auto", "--preemption-notices", yaml=(str,),
+        help="Poll the cloud's metadata service for preemption notices and stop on one: auto "
+             "(the cloud this machine's identity names, nothing elsewhere), aws, gcp, azure "
+             "or off")
+    metadata_endpoint: str | None = option(None, "--metadata-endpoint", yaml=(str,),
+                                           shown="the cloud's",
+                                           help="Base URL of the metadata service")
     slurm_job_id: str | None = None
     """``SLURM_JOB_ID`` when running under Slurm."""
     requeue_count: int = 0
@@ -134,16 +180,38 @@ class RunOptions:
                                 self.checkpoint_name)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "signals", parse_signals(self.signals))
-        object.__setattr__(self, "script", os.fspath(self.script))
+        self._normalise()
+        self._check_processes()
+        self._check_times()
+        self._check_rendezvous()
+        _require(self.preemption_notices in NOTICE_MODES, "preemption_notices",
+                 f"must be one of {', '.join(NOTICE_MODES)}")
+        _require(self.metadata_endpoint is None or _is_url(self.metadata_endpoint),
+                 "metadata_endpoint", "must be an http:// or https:// URL with a host (and a "
+                 "numeric port if any), such as http://169.254.169.254")
+        name = self.checkpoint_name
+        _require(bool(name) and "/" not in name and not name.startswith("."), "checkpoint_name",
+                 "must be a plain file name such as AtomicDirectory")
+
+    def _normalise(self) -> None:
+        """The values as the rest of cycle uses them: paths, tuples, signal names, counts."""
+        for name, example in (("checkpoint_dir", "./checkpoints"),
+                              ("memory_tier", str(DEFAULT_MEMORY_DIR))):
+            # Path("") is Path("."): an empty value would quietly mean the current directory.
+            _require(getattr(self, name) is None or bool(str(getattr(self, name)).strip()), name,
+                     f"is empty: give a directory such as {example}, or leave it out")
         object.__setattr__(self, "checkpoint_dir", Path(self.checkpoint_dir))
         if self.memory_tier is not None:
             object.__setattr__(self, "memory_tier", Path(self.memory_tier))
-        _require(not isinstance(self.persist_every, bool) and self.persist_every >= 1,
-                 "persist_every", "must be a whole number, 1 or more (such as 5)")
+        object.__setattr__(self, "signals", parse_signals(self.signals))
+        object.__setattr__(self, "script", os.fspath(self.script))
         object.__setattr__(self, "script_args", tuple(self.script_args))
         object.__setattr__(self, "torchrun_args", tuple(self.torchrun_args))
         object.__setattr__(self, "nproc_per_node", parse_nproc(self.nproc_per_node))
+
+    def _check_processes(self) -> None:
+        _require(not isinstance(self.persist_every, bool) and self.persist_every >= 1,
+                 "persist_every", "must be a whole number, 1 or more (such as 5)")
         _require(self.nnodes >= 1, "nnodes", "must be at least 1")
         _require(self.min_nodes is None or 1 <= self.min_nodes <= self.nnodes, "nnodes",
                  "must be N or MIN:MAX with 1 <= MIN <= MAX")
@@ -155,6 +223,8 @@ class RunOptions:
             _require(getattr(self, name) >= 0, name, "must be 0 or more")
         _require(0 <= self.node_rank < self.nnodes, "node_rank",
                  f"must be between 0 and nnodes - 1 ({self.nnodes - 1})")
+
+    def _check_times(self) -> None:
         # math.isfinite also refuses nan; inf would overflow the deadline arithmetic.
         _require(math.isfinite(self.grace) and self.grace > 0, "grace",
                  "must be a finite number of seconds above 0 (such as 60)")
@@ -164,11 +234,18 @@ class RunOptions:
                  "must be a finite number of seconds above 0 (such as 600)")
         _require(math.isfinite(self.restart_delay) and self.restart_delay >= 0,
                  "restart_delay", "must be a finite number of seconds, 0 or more")
-        for name in ("hang_timeout_min", "hang_first_step", "hang_pause_timeout"):
-            _require(math.isfinite(getattr(self, name)) and getattr(self, name) >= 0, name,
-                     "must be a finite number of seconds, 0 or more")
+        for name, example in (("hang_timeout_min", 30), ("hang_first_step", 600),
+                              ("hang_pause_timeout", 1800)):
+            # Below a second an ordinary pause (a collection, an fsync, a busy host) is a hang:
+            # 0 never meant "off", it killed healthy workers.
+            value = getattr(self, name)
+            _require(math.isfinite(value) and value >= HANG_LEAST_SECONDS, name,
+                     f"must be at least {HANG_LEAST_SECONDS:g} second (such as {example}); to "
+                     "turn hang detection off give --no-hang-detection")
         _require(math.isfinite(self.hang_factor) and self.hang_factor >= 1, "hang_factor",
                  "must be a finite number, 1 or more (such as 5)")
+
+    def _check_rendezvous(self) -> None:
         port = self.master_port
         _require(port is None or 0 < port < 65536, "master_port", "must be between 1 and 65535")
         _require(self.rdzv_backend in (None, *RDZV_BACKENDS), "rdzv_backend",
@@ -178,14 +255,17 @@ class RunOptions:
         _require(self.nnodes == 1 or bool(self.master_addr or self.rdzv_endpoint), "master_addr",
                  "is needed when nnodes > 1: give --master-addr (node 0's host) or "
                  "--rdzv-endpoint")
-        _require(self.preemption_notices in NOTICE_MODES, "preemption_notices",
-                 f"must be one of {', '.join(NOTICE_MODES)}")
-        _require(self.metadata_endpoint is None
-                 or self.metadata_endpoint.startswith(("http://", "https://")),
-                 "metadata_endpoint", "must be an http:// or https:// URL")
-        name = self.checkpoint_name
-        _require(bool(name) and "/" not in name and not name.startswith("."), "checkpoint_name",
-                 "must be a plain file name such as AtomicDirectory")
+
+
+def _is_url(text: str) -> bool:
+    """Whether ``text`` is an http(s) URL with a host and, if it names one, a numeric port."""
+    try:
+        parts = urllib.parse.urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        return False
+    return (parts.scheme in ("http", "https") and bool(parts.hostname)
+            and not any(character.isspace() for character in text))
 
 
 def _require(condition: bool, name: str, fix: str) -> None:
@@ -237,183 +317,14 @@ def parse_signals(value: str | Sequence[str]) -> tuple[str, ...]:
 
 # --- the configuration file -------------------------------------------------------------------
 
-RDZV_BACKENDS = ("c10d", "etcd", "etcd-v2", "static")
-"""The rendezvous backends torchrun ships."""
-
-_CONFIG_TYPES: dict[str, tuple[type, ...]] = {
-    "nproc_per_node": (int, str), "nnodes": (int, str), "node_rank": (int,),
-    "master_addr": (str,), "master_port": (int,), "rdzv_endpoint": (str,),
-    "rdzv_backend": (str,), "rdzv_id": (str, int), "standalone": (bool,), "checkpoint_dir": (str,),
-    "checkpoint_name": (str,), "memory_tier": (str, bool), "persist_every": (int,),
-    "grace": (int, float), "max_restarts": (int,),
-    "restart_delay": (int, float), "node_timeout": (int, float), "start_timeout": (int, float),
-    "requeue": (bool,),
-    "hang_detection": (bool,), "hang_timeout_min": (int, float), "hang_factor": (int, float),
-    "hang_first_step": (int, float), "hang_pause_timeout": (int, float),
-    "max_requeues": (int,),
-    "resume_from": (str, int), "signals": (str, list), "preemption_notices": (str,),
-    "metadata_endpoint": (str,),
-}
-CONFIG_KEYS = tuple(sorted(_CONFIG_TYPES))
+CONFIG_KEYS = tuple(sorted(config_types(RunOptions)))
 """Keys a ``--config`` file may set (dashes and underscores are both accepted)."""
 
 
 def load_config_file(path: Path) -> dict[str, Any]:
-    """The options set in a YAML file, keys normalised to underscores; ConfigError if invalid."""
-    import yaml  # only runs with --config: every start of cycle run would pay for it
-
-    try:
-        loaded = yaml.load(Path(path).read_text(), Loader=_yaml12_loader())
-    except OSError as error:
-        raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"config file {path} is not text (binary?); give a YAML file of "
-                          "option: value lines") from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"config file {path} is not valid YAML: {_one_line(error)}") from None
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"config file {path} must be a mapping of option: value")
-    options = {}
-    for key, value in loaded.items():
-        name = _config_key(path, key)
-        options[name] = _checked_value(path, name, value)
-    return options
-
-
-def _yaml12_loader() -> type:
-    """PyYAML's safe loader with YAML 1.2's integers: ``1:2`` and ``010`` stay strings (YAML
-    1.1 reads them as sexagesimal 62 and octal 8, which no one writing ``nnodes: 1:2`` or
-    ``resume_from: 010`` means)."""
-    import yaml
-
-    class Loader(yaml.SafeLoader):
-        pass
-
-    Loader.yaml_implicit_resolvers = {
-        first: [(tag, regexp) for tag, regexp in resolvers
-                if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
-        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-    Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?(0|[1-9][0-9]*)$"),
-                                 list("-+0123456789"))
-    Loader.add_implicit_resolver(
-        "tag:yaml.org,2002:float",
-        re.compile(r"^[-+]?([0-9]+\.[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$"
-                   r"|^[-+]?[0-9]+[eE][-+]?[0-9]+$"
-                   r"|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$"), list("-+0123456789."))
-    return Loader
-
-
-def _config_key(path: Path, key: object) -> str:
-    name = str(key).replace("-", "_")
-    if name not in _CONFIG_TYPES:
-        raise ConfigError(f"config file {path}: unknown key {key!r}; known keys: "
-                          f"{', '.join(CONFIG_KEYS)}")
-    return name
-
-
-def _checked_value(path: Path, key: str, value: object) -> object:
-    allowed = _CONFIG_TYPES[key]
-    # bool is an int in Python, but ``grace: true`` is a mistake, not one second.
-    if isinstance(value, bool) and bool not in allowed or not isinstance(value, allowed):
-        wanted = " or ".join(kind.__name__ for kind in allowed)
-        raise ConfigError(f"config file {path}: {key} must be {wanted}, not "
-                          f"{type(value).__name__} ({value!r})")
-    if key in ("resume_from", "rdzv_id"):
-        return str(value)
-    return value
-
-
-def _one_line(error: Exception) -> str:
-    return " ".join(str(error).split())
-
-
-# --- the scheduler's environment --------------------------------------------------------------
-
-
-_RANGES = r"\[\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*\]"
-_HOST = rf"(?:[^,\[\]]+|{_RANGES})+"
-_NODELIST = re.compile(rf"{_HOST}(?:,{_HOST})*")
-"""Slurm's host list: names with bracketed numeric ranges, separated by commas."""
-
-
-def expand_nodelist(nodelist: str) -> list[str]:
-    """Slurm's compressed host list (``node[01-03,07],gpu1``) as host names, in order;
-    :class:`ConfigError` naming the variable if it is not one."""
-    hosts: list[str] = []
-    if _NODELIST.fullmatch(nodelist):
-        for part in re.findall(r"(?:[^,\[]+|\[[^\]]*\])+", nodelist):
-            hosts.extend(_expand_host(part))
-    if not hosts:
-        raise ConfigError(f"SLURM_JOB_NODELIST={nodelist!r} is not a Slurm host list (such as "
-                          "node[01-03],gpu1); fix it, or give --master-addr")
-    return hosts
-
-
-def _expand_host(pattern: str) -> list[str]:
-    match = re.search(r"\[([^\]]*)\]", pattern)
-    if match is None:
-        return [pattern]
-    head, tail = pattern[: match.start()], pattern[match.end():]
-    return [head + item + rest for item in _expand_ranges(match.group(1))
-            for rest in _expand_host(tail)]
-
-
-def _expand_ranges(ranges: str) -> list[str]:
-    items = []
-    for piece in ranges.split(","):
-        low, _, high = piece.partition("-")
-        if not high:
-            items.append(low)
-            continue
-        width = len(low)  # node[01-03] keeps its leading zeros
-        items.extend(str(number).zfill(width) for number in range(int(low), int(high) + 1))
-    return items
-
-
-def scheduler_defaults(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Defaults from Slurm/ISC variables: (always applied, applied only to multi-node runs)."""
-    general: dict[str, Any] = {"checkpoint_dir": str(default_checkpoint_root(environ))}
-    _set_int(general, "nnodes", environ, "NNODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
-    _set_int(general, "nproc_per_node", environ, "N_PROC", "SLURM_GPUS_ON_NODE")
-    _set_int(general, "node_rank", environ, "NODE_RANK", "SLURM_NODEID")
-    if "node_rank" not in general and environ.get("NNODES") and not environ.get("LOCAL_RANK"):
-        # ISC's launch commands pass `--node_rank=$RANK`: there RANK is the node's rank. Inside
-        # a torchrun worker (LOCAL_RANK set) RANK is a process rank, so it is not used there.
-        _set_int(general, "node_rank", environ, "RANK")
-    if environ.get("SLURM_JOB_ID"):
-        general["slurm_job_id"] = environ["SLURM_JOB_ID"]
-        general["requeue"] = True
-        _set_int(general, "requeue_count", environ, "SLURM_RESTART_COUNT")
-    return general, _rendezvous_defaults(environ)
-
-
-def _rendezvous_defaults(environ: Mapping[str, str]) -> dict[str, Any]:
-    rendezvous: dict[str, Any] = {}
-    if environ.get("MASTER_ADDR"):
-        rendezvous["master_addr"] = environ["MASTER_ADDR"]
-    elif environ.get("SLURM_JOB_NODELIST"):
-        rendezvous["master_addr"] = expand_nodelist(environ["SLURM_JOB_NODELIST"])[0]
-    _set_int(rendezvous, "master_port", environ, "MASTER_PORT")
-    job_id = environ.get("SLURM_JOB_ID", "")
-    if "master_port" not in rendezvous and job_id.isdigit():
-        # Every node derives the same port from the job id; jobs sharing a host rarely collide.
-        rendezvous["master_port"] = _DEFAULT_MASTER_PORT_BASE + int(job_id) % 20000
-    return rendezvous
-
-
-def _set_int(target: dict[str, Any], key: str, environ: Mapping[str, str], *names: str) -> None:
-    for name in names:
-        text = environ.get(name)
-        if not text:
-            continue
-        try:
-            target[key] = int(text.split("(")[0])  # SLURM_* may read like "2(x3)"
-        except ValueError:
-            raise ConfigError(f"environment variable {name}={text!r} is not a whole number; "
-                              "fix or unset it") from None
-        return
+    """The options a YAML ``--config`` file sets, keys normalised to underscores;
+    :class:`ConfigError` naming the file and key if one is unknown or of the wrong type."""
+    return read_config_file(path, config_types(RunOptions))
 
 
 # --- putting it together ----------------------------------------------------------------------

@@ -11,12 +11,10 @@ other nodes, so the core's clock and theirs must be the same kind.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import queue
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,27 +23,15 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from cycler._fs import atomic_write_bytes
+from cycler.checkpoint import tiers
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import inspect_checkpoint, list_checkpoints
 from cycler.checkpoint.lock import SupervisorLock
-from cycler.checkpoint.replicas import contribute_newest
-from cycler.checkpoint.tiers import persist_newest, remove_memory_root
-from cycler.errors import CyclerError
 from cycler.protocol.control import read_control, stop_requested_since, write_control
 from cycler.protocol.events import EventLog, describe
-from cycler.protocol.exit_codes import EXIT_REQUEUE
 from cycler.protocol.features import announced, clear_announcements
 from cycler.supervisor import core, notices
-from cycler.supervisor.checks import (
-    check_artifact_path,
-    check_resume_from,
-    check_script,
-    prepare_checkpoint_root,
-    record_resume_from,
-    resume_from_for_this_run,
-    say_if_no_checkpoint_is_valid,
-)
+from cycler.supervisor.checks import checked_options, record_resume_from
 from cycler.supervisor.failure import failure_report
 from cycler.supervisor.hangs import HangPolicy, WorkerProgress
 from cycler.supervisor.options import RunOptions
@@ -92,11 +78,7 @@ SlurmReader = Callable[[str], SlurmJob]
 
 def plan_run(options: RunOptions) -> LaunchPlan:
     """Check the script and ``--resume-from``, and return what the first start would run."""
-    check_script(options)
-    check_artifact_path(options)
-    options = resume_from_for_this_run(options)
-    check_resume_from(options)
-    return launch_plan(options)
+    return launch_plan(checked_options(options, prepare_root=False))
 
 
 def run_supervisor(options: RunOptions, *, clock: Callable[[], float] = time.time,
@@ -107,12 +89,7 @@ def run_supervisor(options: RunOptions, *, clock: Callable[[], float] = time.tim
     Raises a :class:`CyclerError` with exit code 2 before anything starts when the script, the
     checkpoint directory, ``--resume-from`` or the lock is not usable.
     """
-    check_script(options)
-    check_artifact_path(options)
-    prepare_checkpoint_root(options)
-    options = resume_from_for_this_run(options)
-    check_resume_from(options)
-    say_if_no_checkpoint_is_valid(options)
+    options = checked_options(options, prepare_root=True)
     return Supervisor(options, clock=clock, starter=starter, requeuer=requeuer).run()
 
 
@@ -192,7 +169,7 @@ class Supervisor:
             stack.callback(self._reap)
             outcome = self._loop(core.SupervisorCore(self._core_config()))
             self._reap()
-            self._finish_memory_tier(outcome)
+            outcome = self._finish_memory_tier(outcome)
         if self.options.nnodes > 1:
             self._heartbeat.finish(outcome.exit_code)
         return outcome
@@ -350,35 +327,29 @@ class Supervisor:
         return [self.layout] if memory is None else [memory, self.layout]
 
     def _announce_memory_tier(self) -> None:
-        """Say where the memory tier is, for ``cycle status`` (on several nodes, node 0's)."""
-        options, memory = self.options, self.options.memory_layout
-        if memory is not None and options.node_rank == 0:  # one record per job: node 0's
-            record = {"root": str(memory.root), "host": socket.gethostname(),
-                      "persist_every": options.persist_every}
-            atomic_write_bytes(self.layout.memory_tier_record_path,
-                               json.dumps(record).encode(), durable=False)
+        memory = self.options.memory_layout
+        if memory is not None and self.options.node_rank == 0:  # one record per job: node 0's
+            tiers.announce(memory, self.layout, self.options.persist_every)
 
-    def _finish_memory_tier(self, outcome: RunOutcome) -> None:
-        """The workers are gone: persist the newest memory checkpoint if the checkpoint root
-        has nothing as new, then remove the memory tier unless the job may rerun here. On
-        several nodes this node contributes what it holds of its newest memory checkpoint; the
-        node whose contribution completes it commits it (:mod:`cycler.checkpoint.replicas`)."""
+    def _finish_memory_tier(self, outcome: RunOutcome) -> RunOutcome:
+        """The workers are gone: :func:`tiers.finish_job`, said in events; the outcome with
+        the exit code that says where the newest state is."""
         memory = self.options.memory_layout
         if memory is None:
-            return
-        try:
-            if self.options.nnodes > 1:
-                persisted = contribute_newest(memory, self.layout)
-            else:
-                persisted = persist_newest(memory, self.layout)
-        except (OSError, CyclerError) as error:
-            self._record("persist_failed", warning=True, error=str(error))
-            return  # the memory tier stays: it holds the newest checkpoint
-        if persisted is not None:
-            self._record("persisted", index=persisted.index, why=f"exit {outcome.exit_code}")
-        if outcome.exit_code != EXIT_REQUEUE and memory.root.exists():
-            remove_memory_root(memory.root)
+            return outcome
+        end = tiers.finish_job(memory, self.layout, several_nodes=self.options.nnodes > 1,
+                               exit_code=outcome.exit_code)
+        if end.persisted is not None:
+            self._record("persisted", index=end.persisted.index, why=f"exit {outcome.exit_code}")
+        if end.removed:
             self._record("memory_tier_removed", root=str(memory.root))
+        code = end.exit_code(outcome.exit_code)
+        if end.failure is None:
+            return outcome
+        fields = {"newest": str(end.newest), "error": end.failure, "code": code,
+                  "planned": outcome.exit_code}
+        self._record("persist_failed", warning=True, **fields)
+        return RunOutcome(code, describe("persist_failed", fields), outcome.failure)
 
     # -- actions ----------------------------------------------------------------------------
 

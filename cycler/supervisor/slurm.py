@@ -21,8 +21,11 @@ requeue) and would duplicate the requeue that preemption does by itself.
 from __future__ import annotations
 
 import datetime
+import re
 import subprocess
 from dataclasses import dataclass
+
+from cycler.errors import ConfigError
 
 REQUEUE_TIMEOUT_SECONDS = 60.0
 QUERY_TIMEOUT_SECONDS = 10.0
@@ -135,3 +138,45 @@ def job_state(job_id: str, scontrol: str = "scontrol",
               timeout: float = REQUEUE_TIMEOUT_SECONDS) -> str | None:
     """The job's ``JobState`` from ``scontrol show job -o``, or ``None`` if unreadable."""
     return _key_values(_run([scontrol, "show", "job", "-o", job_id], timeout)).get("JobState")
+
+
+# --- the job's host list ----------------------------------------------------------------------
+
+_RANGES = r"\[\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*\]"
+_HOST = rf"(?:[^,\[\]]+|{_RANGES})+"
+_NODELIST = re.compile(rf"{_HOST}(?:,{_HOST})*")
+"""Slurm's host list: names with bracketed numeric ranges, separated by commas."""
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Slurm's compressed host list (``node[01-03,07],gpu1``) as host names, in order;
+    :class:`ConfigError` naming the variable if it is not one."""
+    hosts: list[str] = []
+    if _NODELIST.fullmatch(nodelist):
+        for part in re.findall(r"(?:[^,\[]+|\[[^\]]*\])+", nodelist):
+            hosts.extend(_expand_host(part))
+    if not hosts:
+        raise ConfigError(f"SLURM_JOB_NODELIST={nodelist!r} is not a Slurm host list (such as "
+                          "node[01-03],gpu1); fix it, or give --master-addr")
+    return hosts
+
+
+def _expand_host(pattern: str) -> list[str]:
+    match = re.search(r"\[([^\]]*)\]", pattern)
+    if match is None:
+        return [pattern]
+    head, tail = pattern[: match.start()], pattern[match.end():]
+    return [head + item + rest for item in _expand_ranges(match.group(1))
+            for rest in _expand_host(tail)]
+
+
+def _expand_ranges(ranges: str) -> list[str]:
+    items = []
+    for piece in ranges.split(","):
+        low, _, high = piece.partition("-")
+        if not high:
+            items.append(low)
+            continue
+        width = len(low)  # node[01-03] keeps its leading zeros
+        items.extend(str(number).zfill(width) for number in range(int(low), int(high) + 1))
+    return items

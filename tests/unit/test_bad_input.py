@@ -4,6 +4,7 @@ end in one clear error (or the value the user meant), never a traceback or a sil
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,8 @@ from cycler import (
     StateMismatch,
 )
 from cycler.errors import ConfigError
-from cycler.supervisor.options import expand_nodelist, load_config_file, resolve_run_options
+from cycler.supervisor.options import load_config_file, resolve_run_options
+from cycler.supervisor.slurm import expand_nodelist
 from cycler_cli.main import app
 
 runner = CliRunner()
@@ -125,3 +127,64 @@ def test_cycle_version_and_exit_codes_in_every_commands_help() -> None:
 def test_cycle_status_of_a_missing_root_exits_1_for_scripts(tmp_path: Path) -> None:
     assert runner.invoke(app, ["status", str(tmp_path / "nowhere"), "--json"]).exit_code == 1
     assert torch  # the CLI never needed torch for this
+
+
+# --- issue 25's configuration traps: each ends in one line naming the option and the fix -----
+
+
+def run_error(*arguments: str, script: Path) -> str:
+    """``cycle run --dry-run ... SCRIPT``'s one-line error; fails unless it exits 2."""
+    result = runner.invoke(app, ["run", "--dry-run", *arguments, str(script)])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    return lines[0]
+
+
+@pytest.mark.parametrize(("text", "key", "value"), [
+    ("preemption_notices: off\n", "preemption_notices", "off"),
+    ("preemption_notices: Off\n", "preemption_notices", "Off"),
+    ("hang_detection: off\n", "hang_detection", False),
+    ("requeue: yes\n", "requeue", True),
+    ("memory_tier: off\n", "memory_tier", False),
+    ("memory_tier: on\n", "memory_tier", True),
+])
+def test_yaml_on_off_yes_no_mean_what_the_option_takes(tmp_path: Path, text: str, key: str,
+                                                       value: object) -> None:
+    assert load_config_file(config(tmp_path, text)) == {key: value}
+
+
+@pytest.mark.parametrize("text", ["grace: ~\n", "grace:\n", "memory_tier: null\n",
+                                  "resume_from: ~\n"])
+def test_a_yaml_null_is_one_line_saying_the_option_has_no_value(tmp_path: Path,
+                                                                text: str) -> None:
+    key = text.split(":")[0]
+    with pytest.raises(ConfigError, match=rf"{key} has no value .*remove the line"):
+        load_config_file(config(tmp_path, text))
+
+
+@pytest.mark.parametrize(("arguments", "fix"), [
+    (("--memory-dir", ""), "memory-dir is empty"),
+    (("--memory-dir", "  "), "memory-dir is empty"),
+    (("--checkpoint-dir", ""), "checkpoint-dir is empty"),
+    (("--metadata-endpoint", "http://"), "metadata-endpoint must be an http:// or https:// URL"),
+    (("--metadata-endpoint", "http://host:port"), "metadata-endpoint must be an http"),
+    (("--metadata-endpoint", "http://[::1"), "metadata-endpoint must be an http"),
+    (("--metadata-endpoint", "http://a b"), "metadata-endpoint must be an http"),
+    (("--hang-timeout-min", "0"), "hang-timeout-min must be at least 1 second.*"
+                                  "--no-hang-detection"),
+    (("--hang-timeout-min", "0.2"), "hang-timeout-min must be at least 1 second"),
+    (("--hang-first-step", "0"), "hang-first-step must be at least 1 second"),
+    (("--hang-pause-timeout", "0"), "hang-pause-timeout must be at least 1 second"),
+])
+def test_a_configuration_trap_is_one_line_and_exit_2(tmp_path: Path, arguments: tuple[str, ...],
+                                                     fix: str) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    assert re.search(fix, run_error(*arguments, script=script))
+
+
+def test_an_empty_memory_tier_in_the_config_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="memory-tier is empty"):
+        resolve_run_options(script="t.py", config_file=config(tmp_path, 'memory_tier: ""\n'),
+                            environ={})

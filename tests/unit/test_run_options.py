@@ -15,11 +15,11 @@ from cycler.protocol.environment import (
 )
 from cycler.supervisor.options import (
     RunOptions,
-    expand_nodelist,
     load_config_file,
     parse_signals,
     resolve_run_options,
 )
+from cycler.supervisor.slurm import expand_nodelist
 from cycler.supervisor.torchrun import (
     full_environment,
     launch_plan,
