@@ -210,13 +210,13 @@ def _replica_rank(rank: int, size_mb: int, repeats: int, port: int, base: str,
         torch.save(half, directory / f"rank-{rank}.pt")
         saver.symlink_latest(directory, metadata={"step": repeat})
         committed = time.perf_counter()
-        saver._persist_waiter.wait()
+        saver.wait_for_persisting()
         commits.append(committed - started)
         copies.append(time.perf_counter() - committed)
     if rank == 0:
         results.put((statistics.median(bare[1:]), statistics.median(plain[1:]),
                      statistics.median(commits[1:]), statistics.median(copies[1:])))
-    saver._persist_waiter.wait()
+    saver.wait_for_persisting()
     dist.destroy_process_group()
 
 

@@ -49,7 +49,7 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 
 from cycler import AtomicDirectory, atomic_torch_save
-from cycler.checkpoint.sharded import default_stager
+from cycler.checkpoint.dcp import default_stager
 
 
 def timing_copies(stager: Any, copies: list[float]) -> None:
@@ -114,7 +114,7 @@ def stall(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
     names = list(variants)
     for repeat in range(repeats + 1):  # the first is a warm-up (staging buffers allocated)
         if repeat == 1:  # the saver's stager exists from the warm-up on
-            timing_copies(saver._stager, copies["cycler"])
+            timing_copies(saver._dcp.stager, copies["cycler"])
         for name in names[repeat % 3:] + names[:repeat % 3]:  # each goes first in turn
             os.sync()  # no variant pays for another's dirty pages
             blocked, durable = variants[name]()

@@ -11,7 +11,8 @@ import importlib
 import os
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from cycler._version import __version__
+
 IS_TORCH_CYCLER = True
 """Marker that tells torch-cycler apart from matplotlib's ``cycler`` package of the same name."""
 
@@ -28,6 +29,7 @@ if os.environ.get("CYCLER_CONTROL_FILE") and os.environ.get("LOCAL_RANK"):
 
 if TYPE_CHECKING:
     from cycler.checkpoint.atomic_directory import AtomicDirectory
+    from cycler.checkpoint.in_flight import SaveHandle
     from cycler.checkpoint.listing import (
         Checkpoint,
         CheckpointState,
@@ -38,7 +40,6 @@ if TYPE_CHECKING:
     )
     from cycler.checkpoint.manifest import Manifest, read_manifest
     from cycler.checkpoint.saving import atomic_torch_save
-    from cycler.checkpoint.sharded import SaveHandle
     from cycler.data.datasets import DistributedShardedDataset
     from cycler.data.grouped_sampler import InterruptableDistributedGroupedBatchSampler
     from cycler.data.samplers import (
@@ -99,7 +100,7 @@ _PUBLIC = {
     "Manifest": "cycler.checkpoint.manifest",
     "MetricsTracker": "cycler.training.metrics",
     "RngRestoreWarning": "cycler.training.rng",
-    "SaveHandle": "cycler.checkpoint.sharded",
+    "SaveHandle": "cycler.checkpoint.in_flight",
     "StateMismatch": "cycler.errors",
     "StepControl": "cycler.training.step_control",
     "StepDecision": "cycler.training.step_control",

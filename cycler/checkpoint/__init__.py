@@ -3,14 +3,17 @@
 - :mod:`.layout`: names, the root's entries, ``.cycler/`` (the one owner of naming);
 - :mod:`.manifest` and :mod:`.checksum`: what a committed checkpoint holds, and its checksums;
 - :mod:`.saving`: ``atomic_torch_save``, one file at a time;
-- :mod:`.atomic_directory`: the saver and its commit across ranks;
-- :mod:`.sharded`: torch.distributed.checkpoint saves, synchronous and asynchronous, and the
-  saves in flight that a stop and the interpreter's exit wait for;
-- :mod:`.coordination`: the rounds in which ranks agree through the process group's store;
-- :mod:`.resume`: the one checkpoint every rank resumes from;
-- :mod:`.tiers`: the memory tier (``cycle run --memory-tier``) and persisting to the root;
-- :mod:`.replicas`: the memory tier on several nodes (node manifests, the partner copy,
-  assembling a checkpoint from what the nodes hold);
+- :mod:`.atomic_directory`: the saver, a facade over the parts below;
+- :mod:`.placement`: which tier and index the next checkpoint gets;
+- :mod:`.commit`: the prepare and commit rounds across ranks, and the commit's last step;
+- :mod:`.retainer`: retention carried out after a commit;
+- :mod:`.persisting`: the memory tier's background copies to the checkpoint root;
+- :mod:`.dcp`: torch.distributed.checkpoint saves, synchronous and asynchronous;
+- :mod:`.in_flight`: the saves in flight, and the stop's, exit's and teardown's waits for them;
+- :mod:`.tiers`: the memory tier and persisting to the checkpoint root;
+- :mod:`.nodes`: the memory tier on several nodes (partner copy, contribution, assembly);
+- :mod:`.resume` and :mod:`.coordination`: which checkpoint every rank resumes from, and the
+  store rounds in which one rank decides and every rank learns;
 - :mod:`.listing` and :mod:`.verification`: what is on disk, which checkpoint is the latest
   valid one, and which ones failed their checksums;
 - :mod:`.retention`: which checkpoints to keep (a pure function);

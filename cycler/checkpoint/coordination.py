@@ -1,6 +1,7 @@
 """Agreement between ranks through the process group's key-value store.
 
-AtomicDirectory needs one rank to act and every rank to learn the outcome. Doing that through
+AtomicDirectory needs one rank to act and every rank to learn the outcome
+(:meth:`Coordinator.decide`, the one way every round of the saver is written). Doing that through
 the store rather than collectives gives every wait an explicit timeout, needs no device tensors
 (the same code serves gloo and nccl), and lets no rank list the directory. Keys are numbered per
 rank by a counter kept in the store itself, so several saver objects in one job never collide as
@@ -10,7 +11,7 @@ long as every rank makes the same sequence of calls, which the API requires anyw
 from __future__ import annotations
 
 import datetime
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch.distributed as dist
@@ -128,6 +129,28 @@ class Coordinator:
         if value.startswith(_ERROR_PREFIX):
             raise RankFailed(f"rank 0 failed: {value[len(_ERROR_PREFIX):]}")
         return value
+
+    def decide(self, round_key: str, decision: Callable[[], str]) -> str:
+        """One rank decides, every rank learns: rank 0 runs ``decision()`` (which may gather
+        the ranks' values of the round) and publishes what it returns; every rank returns that.
+        What ``decision`` raises is published first, so every follower raises
+        :class:`RankFailed` with its text at once instead of waiting for a timeout."""
+        if not self.is_creator:
+            return self.outcome(round_key)
+        try:
+            outcome = decision()
+        except BaseException as error:
+            self.publish_error(round_key, error)
+            raise
+        self.publish(round_key, outcome)
+        return outcome
+
+    def decide_from_all(self, round_key: str, mine: str,
+                        decision: Callable[[list[str]], str]) -> str:
+        """Every rank arrives at ``round_key`` with ``mine``; rank 0 decides from every rank's
+        value, in rank order, and every rank returns the decision (see :meth:`decide`)."""
+        self.arrive(round_key, mine)
+        return self.decide(round_key, lambda: decision(self.gather(round_key, mine)))
 
     def _wait(self, keys: Sequence[str], what: str) -> None:
         try:

@@ -173,7 +173,18 @@ def seal(directory: Path, *, index: int, metadata: Mapping[str, Any] | None = No
          world_size: int = 1, version: str = "",
          records: dict[str, FileRecord] | None = None) -> Manifest:
     """Durably write the manifest of ``directory`` from ``records`` (default: fsync and record
-    every file here, as one process does); return it.
+    every file here, as one process does); return it. See :func:`sealed`."""
+    manifest = sealed(directory, index=index, metadata=metadata, world_size=world_size,
+                      version=version, records=records)
+    atomic_write_bytes(Path(directory) / MANIFEST_NAME, manifest.to_json().encode())
+    return manifest
+
+
+def sealed(directory: Path, *, index: int, metadata: Mapping[str, Any] | None = None,
+           world_size: int = 1, version: str = "",
+           records: dict[str, FileRecord] | None = None) -> Manifest:
+    """The manifest of ``directory`` from ``records`` (default: fsync and record every file
+    here, as one process does), every subdirectory fsynced: what the commit writes next.
 
     ``records`` must cover every file of the directory, each already fsynced by whoever
     recorded it: a file the records miss means a rank wrote after the commit began, and the
@@ -193,10 +204,8 @@ def seal(directory: Path, *, index: int, metadata: Mapping[str, Any] | None = No
     # fewer per commit (5-7 ms on a busy disk, as much as checksumming 10 MB).
     for parent in {(directory / name).parent for name in names} - {directory}:
         fsync_directory(parent)
-    manifest = make_manifest(records, index=index, world_size=world_size,
-                             metadata=dict(metadata or {}), version=version)
-    atomic_write_bytes(directory / MANIFEST_NAME, manifest.to_json().encode())
-    return manifest
+    return make_manifest(records, index=index, world_size=world_size,
+                         metadata=dict(metadata or {}), version=version)
 
 
 def make_manifest(records: dict[str, FileRecord], *, index: int, world_size: int,

@@ -36,11 +36,20 @@ from cycler.checkpoint.listing import (
     say_none_is_valid,
     with_record,
 )
-from cycler.checkpoint.manifest import CHECKSUM_MISMATCH, check_files, files_of_rank, read_manifest
+from cycler.checkpoint.manifest import (
+    CHECKSUM_MISMATCH,
+    Manifest,
+    check_files,
+    files_of_rank,
+    read_manifest,
+)
 from cycler.checkpoint.tiers import newest_of
 from cycler.checkpoint.verification import failed_verifications, record_failed_verification
 from cycler.errors import CheckpointNotFound, CorruptCheckpoint, CyclerError
 from cycler.protocol.environment import ENV_RESUME_FROM
+
+VERIFIED = "ok"
+"""A verification round's outcome when every rank's share verified."""
 
 
 def agreed_checkpoint(tiers: Sequence[CheckpointLayout], coordinator: Coordinator,
@@ -104,17 +113,10 @@ def _found_in_a_tier(tiers: Sequence[CheckpointLayout], requested: str) -> Path:
 def _shared_plan(tiers: Sequence[CheckpointLayout], coordinator: Coordinator,
                  requested: str | None) -> dict[str, list[list[object]]]:
     """Rank 0's list of candidates (and of what is not valid), as every rank gets it."""
-    key = coordinator.new_round("resume")
-    if not coordinator.is_creator:
-        plan: dict[str, list[list[object]]] = json.loads(coordinator.outcome(key))
-        return plan
-    try:
-        plan = _candidates(tiers, requested)
-    except BaseException as error:
-        coordinator.publish_error(key, error)
-        raise
-    coordinator.publish(key, json.dumps(plan))
-    return plan
+    plan = coordinator.decide(coordinator.new_round("resume"),
+                              lambda: json.dumps(_candidates(tiers, requested)))
+    shared: dict[str, list[list[object]]] = json.loads(plan)
+    return shared
 
 
 def _candidates(tiers: Sequence[CheckpointLayout], requested: str | None,
@@ -153,31 +155,45 @@ def _in_resume_order(layout: CheckpointLayout, requested: str | None) -> list[Ch
 def _verified_together(layout: CheckpointLayout, coordinator: Coordinator, name: str,
                        legacy: bool) -> str | None:
     """Every rank checks its share of ``name``; ``None`` if all verified, else what failed."""
-    mine = "" if legacy else (_share_problem(layout, name, coordinator) or "")
-    key = coordinator.new_round("resume-check")
-    coordinator.arrive(key, mine)
-    if not coordinator.is_creator:
-        outcome = coordinator.outcome(key)
-    else:
-        outcome = next((v for v in coordinator.gather(key, mine) if v), "ok")
-        if CHECKSUM_MISMATCH in outcome:
-            parsed = layout.parse(name)
-            if parsed is not None:
-                record_failed_verification(layout, parsed, outcome)
-        coordinator.publish(key, outcome)
-    return None if outcome == "ok" else outcome
+    mine = "" if legacy else (_share_of_rank(layout.root / name, coordinator) or "")
+
+    def recorded(problems: list[str]) -> str:
+        outcome = first_problem(problems)
+        parsed = layout.parse(name)
+        if CHECKSUM_MISMATCH in outcome and parsed is not None:
+            record_failed_verification(layout, parsed, outcome)
+        return outcome
+
+    outcome = coordinator.decide_from_all(coordinator.new_round("resume-check"), mine, recorded)
+    return None if outcome == VERIFIED else outcome
 
 
-def _share_problem(layout: CheckpointLayout, name: str, coordinator: Coordinator) -> str | None:
-    path = layout.root / name
+def first_problem(problems: list[str]) -> str:
+    """Rank 0's decision of a round where every rank reports what failed (``""``: nothing):
+    the first rank's problem, or :data:`VERIFIED`."""
+    return next((problem for problem in problems if problem), VERIFIED)
+
+
+def _share_of_rank(path: Path, coordinator: Coordinator) -> str | None:
     try:
         manifest = read_manifest(path)
-        share = files_of_rank(sorted(manifest.files), coordinator.rank, coordinator.world_size)
-        mine = replace(manifest, files={file: manifest.files[file] for file in share})
-        problem = check_files(path, mine, checksums=True)
     except (OSError, CyclerError) as error:
         return f"rank {coordinator.rank}: {error}"
-    return None if problem is None else f"rank {coordinator.rank}: {problem}"
+    return share_problem(path, manifest, coordinator.rank, coordinator.world_size,
+                         f"rank {coordinator.rank}")
+
+
+def share_problem(directory: Path, manifest: Manifest, rank: int, ranks: int,
+                  who: str) -> str | None:
+    """The checksums of ``rank``'s share (of ``ranks``) of ``directory``'s files under
+    ``manifest``, the same share it records at a commit; what failed, said as ``who``'s."""
+    share = files_of_rank(sorted(manifest.files), rank, ranks)
+    try:
+        problem = check_files(directory, replace(manifest, files={
+            file: manifest.files[file] for file in share}), checksums=True)
+    except (OSError, CyclerError) as error:
+        problem = str(error)
+    return None if problem is None else f"{who}: {problem}"
 
 
 def _say_fell_back(layout: CheckpointLayout, chosen: str, problems: dict[str, str]) -> None:

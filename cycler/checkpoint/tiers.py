@@ -14,7 +14,7 @@ first on a tie: it reads faster).
 
 On several nodes each node's memory holds only its own ranks' files: the node manifests, the
 partner copy, persisting by contribution and the resume that assembles a checkpoint from the
-nodes are in :mod:`cycler.checkpoint.replicas`.
+nodes are in :mod:`cycler.checkpoint.nodes`.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cycler import _fs
+from cycler.checkpoint.commit import finalize, link_forward
 from cycler.checkpoint.layout import MANIFEST_NAME, CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import Checkpoint, inspect_checkpoint, list_checkpoints
 from cycler.checkpoint.manifest import check_files, read_manifest
@@ -120,7 +121,7 @@ def persist(memory: CheckpointLayout, durable: CheckpointLayout, name: Checkpoin
     target = durable.path_of(name)
     if os.path.lexists(target):
         if inspect_checkpoint(durable, name).valid:  # persisted before (a stop's, then the
-            _link_forward(durable, name)  # job's end), or killed between manifest and link
+            link_forward(durable)  # job's end), or killed between manifest and link
             return target
         _fs.discard_directory(target)  # a copy cut short by a kill
     durable.record_index(name.index)
@@ -134,19 +135,12 @@ def persist(memory: CheckpointLayout, durable: CheckpointLayout, name: Checkpoin
             raise CorruptCheckpoint(f"{source} cannot be persisted: its copy's {problem}")
         for parent in {(target / file).parent for file in manifest.files} - {target}:
             _fs.fsync_directory(parent)
-        _fs.atomic_write_bytes(target / MANIFEST_NAME, (source / MANIFEST_NAME).read_bytes())
+        finalize(durable, name, manifest, forward=True)
     except BaseException:
-        _fs.remove_logged(_fs.discard_directory, target, "unfinished persisted copy")
+        if not os.path.lexists(target / MANIFEST_NAME):  # committed, only the link may lag
+            _fs.remove_logged(_fs.discard_directory, target, "unfinished persisted copy")
         raise
-    _link_forward(durable, name)
     return target
-
-
-def _link_forward(durable: CheckpointLayout, name: CheckpointName) -> None:
-    """Point the durable link at ``name`` unless it names a newer checkpoint."""
-    linked = durable.link_target_name()
-    if linked is None or linked.index < name.index:
-        _fs.atomic_symlink(durable.path_of(name), durable.link_path)
 
 
 def persist_newest(memory: CheckpointLayout, durable: CheckpointLayout,
@@ -265,7 +259,8 @@ def finish_job(memory: CheckpointLayout, durable: CheckpointLayout, *, several_n
     persist failed). Never raises for a failed persist: the returned :class:`JobEnd` says it."""
     try:
         if several_nodes:
-            from cycler.checkpoint.replicas import contribute_newest  # it imports this module
+            # Imported here: nodes.contribution imports this module.
+            from cycler.checkpoint.nodes.contribution import contribute_newest
 
             persisted = contribute_newest(memory, durable)
         else:

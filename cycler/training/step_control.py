@@ -51,7 +51,7 @@ from typing import Any
 import torch.distributed as dist
 
 from cycler._distributed import in_process_group, settle_gloo_threads_at_exit
-from cycler.checkpoint.sharded import stop_decided, wait_for_saves
+from cycler.checkpoint.in_flight import stop_decided, wait_for_saves
 from cycler.errors import ConfigError, CyclerError, StateMismatch
 from cycler.protocol.control import Action, ControlFileWatcher, ControlRequest
 from cycler.protocol.environment import ENV_CONTROL_FILE

@@ -119,7 +119,7 @@ def test_prune_of_a_read_only_root_is_one_line_with_exit_two(read_only_root: Pat
 def test_a_failed_async_save_the_script_was_told_of_is_not_raised_again(small_disk: Path) -> None:
     """The handle's wait() raised it: destroy_process_group's wait, a stop's and the exit's
     must not raise it again (the script handled it), and the saver goes on."""
-    from cycler.checkpoint.sharded import wait_for_saves
+    from cycler.checkpoint.in_flight import wait_for_saves
 
     saver = AtomicDirectory(small_disk)
     handle = saver.save({"w": torch.randn(1 << 20)}, asynchronous=True)  # 4 MB on a 4 MB disk

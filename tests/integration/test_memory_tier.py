@@ -34,11 +34,11 @@ def tier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
     """(durable root, this job's memory root), the memory tier on with K = 3."""
     import threading
 
-    from cycler.checkpoint import sharded
+    from cycler.checkpoint import in_flight
 
     # A stop decided by an earlier test of this process (StepControl sets it for good) would
     # make every commit here a stop's, persisted.
-    monkeypatch.setattr(sharded, "_stopping", threading.Event())
+    monkeypatch.setattr(in_flight, "_stopping", threading.Event())
     durable, base = tmp_path / "durable", tmp_path / "shm"
     monkeypatch.setenv(ENV_MEMORY_TIER, str(base))
     monkeypatch.setenv(ENV_PERSIST_EVERY, "3")
@@ -57,7 +57,7 @@ def saved(durable: Path, count: int) -> AtomicDirectory:
     saver = AtomicDirectory(durable)
     for step in range(count):
         save_files(saver, step)
-    saver._finish_persisting()
+    saver.wait_for_persisting()
     return saver
 
 
@@ -71,7 +71,7 @@ def test_every_checkpoint_lands_in_memory_and_every_kth_is_persisted(
     saver = AtomicDirectory(durable, keep_last=2)
     for step in range(8):
         assert save_files(saver, step).parent == memory
-    saver._finish_persisting()
+    saver.wait_for_persisting()
     assert indices(memory) == [6, 7]  # the newest two stay in memory
     assert indices(durable) == [3, 6]  # 0, 3, 6 persisted; keep_last=2 on disk
     assert os.readlink(durable / "AtomicDirectory.latest_checkpoint") == str(
@@ -115,7 +115,7 @@ def test_dcp_saves_and_loads_through_the_memory_tier(tier: tuple[Path, Path]) ->
                             asynchronous=step % 2 == 1)
         handle.wait()
     saver.wait()
-    saver._finish_persisting()
+    saver.wait_for_persisting()
     assert indices(durable) == [0, 3] and indices(memory) == [3, 4]
     state = {"w": torch.zeros(100)}
     assert AtomicDirectory(durable).load(state) == {"step": 4}  # from memory
@@ -125,15 +125,15 @@ def test_dcp_saves_and_loads_through_the_memory_tier(tier: tuple[Path, Path]) ->
 
 def test_a_stop_checkpoint_is_persisted_before_the_commit_returns(
         tier: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    from cycler.checkpoint import sharded
+    from cycler.checkpoint import in_flight
 
     durable, _ = tier
     saver = AtomicDirectory(durable)
     save_files(saver, 0)
     save_files(saver, 1)
-    monkeypatch.setattr(sharded, "_stopping", _Set())  # what StepControl sets at a stop
+    monkeypatch.setattr(in_flight, "_stopping", _Set())  # what StepControl sets at a stop
     save_files(saver, 2)
-    assert saver._persisting is None and not saver._busy  # waited for
+    assert saver._persister.queued is None and not saver._persister.busy  # waited for
     assert indices(durable) == [0, 2]
 
 
@@ -254,7 +254,7 @@ def test_kill_9_during_a_persist_leaves_the_durable_root_at_its_previous_checkpo
     directory = Path(saver.prepare_checkpoint_directory())
     torch.save({"w": torch.zeros(10)}, directory / "model.pt")
     saver.symlink_latest(directory, metadata={"step": 0})  # index 0: persisted
-    saver._finish_persisting()
+    saver.wait_for_persisting()
     for step in (1, 2):  # two memory-only checkpoints of 64 MB in 8 files
         directory = Path(saver.prepare_checkpoint_directory())
         for part in range(8):

@@ -20,12 +20,9 @@ from cycler.checkpoint.atomic_directory import AtomicDirectory
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import CheckpointWarning, inspect_checkpoint
 from cycler.checkpoint.manifest import check_files, read_manifest
-from cycler.checkpoint.replicas import (
-    JOB_MANIFEST_NAME,
-    assembly_plan,
-    node_files,
-    replica_path,
-)
+from cycler.checkpoint.nodes.assembly import assembly_plan
+from cycler.checkpoint.nodes.node_commit import JOB_MANIFEST_NAME, node_files
+from cycler.checkpoint.nodes.partner_copy import replica_path
 from cycler.checkpoint.saving import atomic_torch_save
 from cycler.checkpoint.tiers import memory_root
 from cycler.protocol.environment import ENV_MEMORY_TIER, ENV_PERSIST_EVERY
@@ -87,7 +84,7 @@ def check_each_node_commits_its_files_keeps_its_partners_and_every_kth_is_persis
     saver = _saver(durable)
     for step in range(5):
         _save(saver, step)
-    saver._persist_waiter.wait()
+    saver.wait_for_persisting()
     dist.barrier()
     memory, node = _memory(durable), _node()
     if dist.get_rank() % PER_NODE == 0:
@@ -121,7 +118,7 @@ def _saved(durable: Path, steps: int) -> CheckpointLayout:
     saver = _saver(durable)
     for step in range(steps):
         _save(saver, step)
-    saver._persist_waiter.wait()
+    saver.wait_for_persisting()
     del saver
     dist.barrier()
     return _memory(durable)
@@ -144,7 +141,7 @@ def check_a_node_whose_memory_was_wiped_resumes_from_its_partners_copy(root: Pat
     assert sorted(read_manifest(Path(latest)).files) == sorted(NODE_FILES[0] + NODE_FILES[1])
     # Training goes on above it, on both nodes.
     assert Path(_save(saver, 3)).name == str(_name(3))
-    saver._persist_waiter.wait()
+    saver.wait_for_persisting()
     dist.barrier()
 
 
@@ -188,7 +185,7 @@ def check_dcp_saves_sync_and_async_resume_on_a_node_whose_memory_was_wiped(root:
     saver.save(_state(0))
     saver.save(_state(1), {"step": 1}, asynchronous=True).wait()
     saver.save(_state(2), {"step": 2}, asynchronous=True).wait()
-    saver._persist_waiter.wait()
+    saver.wait_for_persisting()
     del saver
     dist.barrier()
     memory = _memory(durable)
@@ -263,7 +260,7 @@ def test_the_plan_takes_an_older_checkpoint_when_a_file_is_nowhere_and_none_olde
 CONTRIBUTOR = """
 import sys
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
-from cycler.checkpoint.replicas import contribute
+from cycler.checkpoint.nodes.contribution import contribute
 memory, durable, index = sys.argv[1], sys.argv[2], int(sys.argv[3])
 print("copying", flush=True)
 contribute(CheckpointLayout(memory), CheckpointLayout(durable),
@@ -274,8 +271,9 @@ contribute(CheckpointLayout(memory), CheckpointLayout(durable),
 def _node_checkpoints(memories: list[CheckpointLayout], index: int, mb: int) -> None:
     """Checkpoint ``index`` as two nodes commit it: each node's memory root holds its own
     files (four of ``mb`` MB each) under its node manifest, with the job's manifest."""
+    from cycler.checkpoint.commit import finalize
     from cycler.checkpoint.manifest import make_manifest, record_files
-    from cycler.checkpoint.replicas import seal_node
+    from cycler.checkpoint.nodes.node_commit import node_manifest
 
     files: dict[int, list[str]] = {}
     records = {}
@@ -289,7 +287,8 @@ def _node_checkpoints(memories: list[CheckpointLayout], index: int, mb: int) -> 
     job = make_manifest(records, index=index, world_size=2, metadata={"step": index},
                         version="")
     for node, memory in enumerate(memories):
-        seal_node(memory.path_of(_name(index)), job, files[node])
+        directory = memory.path_of(_name(index))
+        finalize(memory, _name(index), node_manifest(directory, job, files[node]))
 
 
 def test_kill_9_of_both_nodes_contributions_never_commits_a_partial_checkpoint(
@@ -304,7 +303,7 @@ def test_kill_9_of_both_nodes_contributions_never_commits_a_partial_checkpoint(
     import time
 
     from cycler.checkpoint.listing import list_checkpoints
-    from cycler.checkpoint.replicas import contribute
+    from cycler.checkpoint.nodes.contribution import contribute
 
     memories = [CheckpointLayout(tmp_path / f"memory-node{node}") for node in (0, 1)]
     durable = CheckpointLayout(tmp_path / "checkpoints")
@@ -351,7 +350,7 @@ def test_at_the_job_end_each_node_contributes_and_the_newest_whole_checkpoint_is
     """What each node's `cycle run` does when its workers are gone: node 1 committed checkpoint
     1 but died before committing 2, which only node 0 holds. Node 1 contributes its half of 1;
     node 0 tries 2 (never whole: nothing is committed) and then 1, which its half completes."""
-    from cycler.checkpoint.replicas import contribute_newest
+    from cycler.checkpoint.nodes.contribution import contribute_newest
 
     memories = [CheckpointLayout(tmp_path / f"memory-node{node}") for node in (0, 1)]
     durable = CheckpointLayout(tmp_path / "checkpoints")

@@ -103,13 +103,13 @@ TIMEOUT = datetime.timedelta(seconds=60)
 
 
 def check_an_error_on_rank_1_inside_the_commit_fails_rank_0_at_once(root: Path) -> None:
-    import cycler.checkpoint.atomic_directory as atomic_directory
+    import cycler.checkpoint.commit as commit
 
     saver = AtomicDirectory(root, timeout=TIMEOUT)
     if dist.get_rank() == 1:
         def broken(*args: object) -> None:
             raise KeyError("a bug on rank 1")
-        atomic_directory.record_files = broken  # a non-OSError of the library's own
+        commit.record_files = broken  # a non-OSError of the library's own
     path = Path(saver.prepare_checkpoint_directory())
     torch.save({"rank": dist.get_rank()}, path / f"rank-{dist.get_rank()}.pt")
     started = time.monotonic()

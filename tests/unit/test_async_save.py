@@ -58,3 +58,23 @@ def test_a_failure_in_the_background_reaches_the_handle_and_the_next_save_succee
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing torn or corrupt is left to warn about
         assert [c.index for c in list_checkpoints(tmp_path)] == [1]
+
+
+@pytest.mark.parametrize("next_call", ["save", "prepare_checkpoint_directory"])
+def test_a_failed_async_save_the_script_was_told_of_does_not_fail_its_next_save(
+        tmp_path: Path, next_call: str) -> None:
+    """The handle's wait() raised the failure: the script handled it, so the saver's next
+    save (either API) commits instead of raising the same failure again."""
+    saver = AtomicDirectory(tmp_path)
+    handle = saver.save({"weights": torch.ones(10)}, metadata={"bad": object()},
+                        asynchronous=True)
+    with pytest.raises(TypeError, match="JSON-serialisable"):
+        handle.wait()
+    if next_call == "save":
+        saver.save({"weights": torch.ones(10)}, metadata={"step": 1})
+    else:
+        directory = Path(saver.prepare_checkpoint_directory())
+        torch.save({"weights": torch.ones(10)}, directory / "model.pt")
+        saver.symlink_latest(directory, metadata={"step": 1})
+    latest = saver.latest_checkpoint()
+    assert latest is not None and read_manifest(Path(latest)).step == 1

@@ -21,7 +21,7 @@ ALLOWED = {
 """Which other parts each part may import (DESIGN.md, "Layout of the package"). The helpers
 (``_fs``, ``errors``) are below every part; ``errors`` reads the exit codes, a leaf module."""
 
-HELPERS = {"_fs", "_distributed", "errors"}
+HELPERS = {"_fs", "_distributed", "_version", "errors"}
 
 
 def module_name(path: Path) -> str:
@@ -39,15 +39,16 @@ def part_of(module: str) -> str:
 def imports_of(path: Path, *, top_level_only: bool) -> set[str]:
     tree = ast.parse(path.read_text())
     nodes = tree.body if top_level_only else list(ast.walk(tree))
+    modules = {module_name(p) for p in PACKAGE.rglob("*.py")}
     found: set[str] = set()
     for node in nodes:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("cycler"):
-            if node.module != "cycler":  # `from cycler import _fs, __version__` reads no part
+            named = {f"{node.module}.{alias.name}" for alias in node.names}
+            found.update(named & modules)
+            if node.module != "cycler" or named - modules:  # `from cycler import X`: the root
                 found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("cycler"))
-    modules = {module_name(p) for p in PACKAGE.rglob("*.py")}
     return {name for name in found if name in modules}
 
 
@@ -74,6 +75,26 @@ def test_each_part_imports_only_the_parts_below_it(part: str) -> None:
             if other == "__init__":
                 wrong.append(f"{module} imports the package root (cycler) from inside")
     assert not wrong, "\n".join(wrong)
+
+
+def test_only_the_package_root_imports_the_saver_facade_and_training_only_the_in_flight_saves(
+        ) -> None:
+    facade, in_flight = "cycler.checkpoint.atomic_directory", "cycler.checkpoint.in_flight"
+    wrong = []
+    for module, path in all_modules().items():
+        imported = imports_of(path, top_level_only=False)
+        if facade in imported and module != "cycler":
+            wrong.append(f"{module} imports the saver's facade: its parts must not know it")
+        reached = {m for m in imported if part_of(m) == "checkpoint"}
+        if part_of(module) == "training" and reached - {in_flight}:
+            wrong.append(f"{module} reaches {sorted(reached - {in_flight})}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_from_cycler_import_a_name_counts_as_importing_the_package_root(tmp_path: Path) -> None:
+    source = tmp_path / "module.py"
+    source.write_text("from cycler import __version__\nfrom cycler import _fs\n")
+    assert imports_of(source, top_level_only=True) == {"cycler", "cycler._fs"}
 
 
 def test_the_helpers_import_no_part_but_the_exit_codes() -> None:

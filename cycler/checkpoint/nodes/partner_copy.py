@@ -1,0 +1,81 @@
+"""The partner copy: after each commit every leader sends its node's files to the next node's
+leader (a ring), which keeps them under ``.replicas/<checkpoint>/``, verified, the sender's node
+manifest written last."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from cycler import _fs
+from cycler.checkpoint.layout import MANIFEST_NAME, CheckpointLayout, CheckpointName
+from cycler.checkpoint.manifest import Manifest, check_files
+from cycler.checkpoint.nodes.node_commit import check_names
+from cycler.checkpoint.nodes.topology import Nodes
+from cycler.checkpoint.nodes.transport import swap_bytes, swap_files
+from cycler.errors import CorruptCheckpoint, CyclerError
+
+log = logging.getLogger(__name__)
+
+REPLICAS = ".replicas"
+"""Where a node's memory root keeps its partner's copies, one directory per checkpoint."""
+
+
+def replica_path(memory: CheckpointLayout, name: CheckpointName | str) -> Path:
+    return memory.root / REPLICAS / str(name)
+
+
+def replicate(memory: CheckpointLayout, name: CheckpointName, nodes: Nodes, group: Any) -> None:
+    """On every leader after a commit: send this node's files of ``name`` to the partner node,
+    and keep the source node's files of it under ``.replicas/``, verified, its node manifest
+    written last. Raises :class:`CorruptCheckpoint` (the copy removed) when what arrived does
+    not match its checksums. Every leader sends and receives all its messages whatever fails
+    on its side: the ring stays in step."""
+    own = memory.path_of(name)
+    try:
+        manifest_bytes = (own / MANIFEST_NAME).read_bytes()
+        mine: Manifest | None = Manifest.from_json(manifest_bytes.decode())
+    except (OSError, ValueError, CyclerError) as error:
+        log.warning("checkpoint %s is not copied to node %d: %s", name, nodes.partner, error)
+        manifest_bytes, mine = b"", None
+    partner, source = nodes.leader_of(nodes.partner), nodes.leader_of(nodes.source)
+    theirs_bytes = swap_bytes(group, manifest_bytes, partner, source)
+    theirs = Manifest.from_json(theirs_bytes.decode()) if theirs_bytes else None
+    outgoing = [] if mine is None else [(own / f, r.size) for f, r in sorted(mine.files.items())]
+    target = replica_path(memory, name)
+    problem = None
+    if theirs is not None:
+        try:
+            check_names(target, theirs)
+            if os.path.lexists(target):
+                _fs.discard_directory(target)
+            target.mkdir(parents=True)
+        except (OSError, CyclerError) as error:
+            problem = str(error)
+    incoming = [] if theirs is None else [(None if problem else target / f, r.size)
+                                          for f, r in sorted(theirs.files.items())]
+    problem = swap_files(group, outgoing, partner, incoming, source) or problem
+    if theirs is None:
+        return
+    try:
+        problem = problem or check_files(target, theirs, checksums=True)
+        if problem is not None:
+            raise CorruptCheckpoint(f"the copy of node {nodes.source}'s {name}: {problem}")
+        _fs.atomic_write_bytes(target / MANIFEST_NAME, theirs_bytes)
+    except BaseException:
+        _fs.remove_logged(_fs.discard_directory, target, "unfinished partner copy")
+        raise
+
+
+def retain_replicas(memory: CheckpointLayout) -> None:
+    """Remove the partner copies of checkpoints this node no longer keeps itself."""
+    kept = {str(name) for name in memory.checkpoint_names()}
+    try:
+        copies = list((memory.root / REPLICAS).iterdir())
+    except OSError:
+        return
+    for copy in copies:
+        if copy.name not in kept and not _fs.is_temporary(copy.name):
+            _fs.remove_logged(_fs.discard_directory, copy, "partner copy")

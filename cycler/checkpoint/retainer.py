@@ -1,0 +1,109 @@
+"""Carrying out retention after a saver's commits, and removing what dead writers left.
+
+Which checkpoints to keep is :mod:`cycler.checkpoint.retention`'s pure decision; :class:`Retainer`
+acts on it for one saver in the root it commits to, and never raises: the commit it follows has
+already succeeded on every rank.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from cycler import _fs
+from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
+from cycler.checkpoint.listing import CheckpointState, list_checkpoints
+from cycler.checkpoint.retention import retention_decisions
+
+log = logging.getLogger(__name__)
+
+
+class Retainer:
+    """Retention of one saver (``keep_last`` committed checkpoints, counting the latest;
+    ``-1``: all; pinned ones always)."""
+
+    def __init__(self, keep_last: int) -> None:
+        self.keep_last = keep_last
+        self._kept: list[int] | None = None
+        """Unpinned committed indices retention keeps, oldest first (``None``: not scanned)."""
+        self._root: Path | None = None
+        """The root ``_kept`` is of (the memory tier's, until the saver leaves it)."""
+        self._uncommitted: list[Path] = []
+        """Directories this process prepared and has not committed (a failed save's)."""
+
+    def prepared(self, path: Path) -> None:
+        """This process made ``path``: removed after the next commit unless it is the one."""
+        self._uncommitted.append(path)
+
+    def committed(self, directory: Path) -> None:
+        """``directory`` is committed: retention never removes it as uncommitted."""
+        self._uncommitted = [p for p in self._uncommitted if p.name != directory.name]
+
+    def after_commit(self, layout: CheckpointLayout, committed: str) -> None:
+        """Remove what retention says may go; a failure is logged and retried at the next
+        commit, never raised.
+
+        The first commit of a saver scans the root (torn directories and temporaries that dead
+        writers left); later ones only drop this saver's own checkpoints beyond ``keep_last``
+        and the directories it prepared without committing, so a commit costs the same with 600
+        checkpoints kept as with one. Any failure makes the next commit scan again.
+        """
+        name = layout.parse(committed)
+        if self._kept is None or name is None or layout.root != self._root:
+            self._kept, self._root = self._scan(layout), layout.root
+            return
+        if not name.pinned:
+            self._kept.append(name.index)
+        doomed, self._uncommitted = self._uncommitted, []
+        if self.keep_last > 0:
+            beyond = max(len(self._kept) - self.keep_last, 0)
+            doomed += [layout.path_of(CheckpointName(layout.prefix, index, False))
+                       for index in self._kept[:beyond]]
+            self._kept = self._kept[beyond:]
+        for path in doomed:
+            if not _fs.remove_logged(_fs.discard_directory, path, "checkpoint"):
+                self._kept = None
+
+    def _scan(self, layout: CheckpointLayout) -> list[int] | None:
+        try:
+            checkpoints = list_checkpoints(layout.root, layout.prefix, commit_state_only=True)
+            decisions = retention_decisions(checkpoints, keep_last=self.keep_last,
+                                            remove_torn=True, writer_active=False)
+            # A writer killed during a removal leaves a renamed, half-deleted checkpoint that
+            # no reader lists: without this, every such kill would leak up to a checkpoint.
+            leftovers = layout.own_temporaries()
+        except OSError as error:
+            log.warning("retention skipped after a commit (%s); it runs again at the next", error)
+            return None
+        removed = [_fs.remove_logged(_fs.discard_directory, d.checkpoint.path, "checkpoint")
+                   for d in decisions if not d.keep]
+        removed += [_fs.remove_logged(_fs.remove_leftover, temporary,
+                                      "leftover of a dead writer") for temporary in leftovers]
+        kept = [d.checkpoint.index for d in decisions
+                if d.keep and d.checkpoint.valid and not d.checkpoint.pinned
+                and d.checkpoint.is_directory]
+        self._uncommitted = []
+        return sorted(kept) if all(removed) else None
+
+    def reclaim_torn(self, layout: CheckpointLayout, *, measure: bool) -> int:
+        """At a saver's first prepare, under the writer lock: every directory without a
+        manifest was left by a writer that died (a crash loop on a full disk leaves one per
+        run), so it goes now, before this run needs the space. With ``measure``, returns twice
+        the largest one's size (the memory tier's prediction of the next checkpoint), else 0."""
+        try:
+            torn = [c for c in list_checkpoints(layout.root, layout.prefix,
+                                                commit_state_only=True)
+                    if c.state is CheckpointState.INCOMPLETE and not c.pinned]
+            if torn:  # indices never repeat, even those of directories removed
+                layout.record_index(max(c.index for c in torn))
+        except OSError:
+            return 0
+        # A checkpoint that did not fit in memory (a plain script's own write failed on the
+        # full tmpfs, and it crashed) left what fitted, about the free space then. Twice that
+        # is predicted for the next one, so it is not tried in memory again, crash after
+        # crash; a directory torn by a kill is a part of one, and twice a part may only send a
+        # large checkpoint to disk early.
+        predicted = max([0, *(2 * _fs.tree_size(c.path) for c in torn)]) if measure else 0
+        for checkpoint in torn:
+            _fs.remove_logged(_fs.discard_directory, checkpoint.path, "torn directory")
+        return predicted
