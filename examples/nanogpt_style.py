@@ -1,8 +1,12 @@
 """A typical hand-written GPT training loop in the style of nanoGPT's train.py: DDP, AdamW, a
-GradScaler, random batches drawn from a token array, a prefetched batch, an evaluation and a
-checkpoint every ``eval_interval`` iterations, ``--resume`` from that checkpoint.
+GradScaler, random batches drawn from a token array, a prefetched batch, an evaluation every
+``eval_interval`` iterations; adopted with :class:`cycler.integrations.loop.LoopState`.
 
-    torchrun --nproc-per-node 2 examples/nanogpt_style.py --out-dir out
+    cycle run --nproc-per-node 2 examples/nanogpt_style.py --out-dir out
+
+Stop it at any moment: it checkpoints at a step every rank agrees on and exits; the same command
+continues from there, bit-identical to a run never stopped (docs/integrations.md shows the diff
+against the loop before adoption).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+from cycler.integrations.loop import LoopState
 
 
 class GPT(nn.Module):
@@ -44,7 +50,6 @@ def main() -> None:
     parser.add_argument("--eval-interval", type=int, default=25)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--block-size", type=int, default=32)
-    parser.add_argument("--resume", action="store_true")
     parser.add_argument("--delay", type=float, default=0.0, help="extra seconds per iteration")
     args = parser.parse_args()
 
@@ -68,16 +73,14 @@ def main() -> None:
     model = GPT(128, args.block_size, 32, 2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    iter_num, best_val_loss, always_save_checkpoint = 0, 1e9, True
-    if args.resume:
-        checkpoint = torch.load(args.out_dir / "ckpt.pt", map_location="cpu")
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
+    always_save_checkpoint = True
+    loop = LoopState(model=model, optimizer=optimizer, scaler=scaler,
+                     every_steps=args.eval_interval)
     torch.manual_seed(1337 + rank)  # each rank's own batches
     raw_model = model
     if ddp:
         model = DDP(model)
+    iter_num, best_val_loss, batch = loop.resume(iter_num=0, best_val_loss=1e9, batch=None)
 
     @torch.no_grad()
     def estimate_loss() -> float:
@@ -89,7 +92,7 @@ def main() -> None:
     def get_lr(it: int) -> float:
         return 1e-3 * 0.5 * (1 + math.cos(math.pi * min(it, args.max_iters) / args.max_iters))
 
-    X, Y = get_batch("train")  # fetch the very first batch
+    X, Y = batch or get_batch("train")  # fetch the very first batch
     while True:
         for group in optimizer.param_groups:
             group["lr"] = get_lr(iter_num)
@@ -98,12 +101,6 @@ def main() -> None:
             print(f"iter {iter_num}: val loss {val_loss:.4f}", flush=True)
             if val_loss < best_val_loss or always_save_checkpoint:
                 best_val_loss = val_loss
-                if iter_num > 0:
-                    args.out_dir.mkdir(parents=True, exist_ok=True)
-                    torch.save({"model": raw_model.state_dict(),
-                                "optimizer": optimizer.state_dict(),
-                                "iter_num": iter_num, "best_val_loss": best_val_loss},
-                               args.out_dir / "ckpt.pt")
         _, loss = model(X, Y)
         X, Y = get_batch("train")  # prefetch the next batch while the GPU works
         scaler.scale(loss).backward()
@@ -115,10 +112,14 @@ def main() -> None:
         time.sleep(args.delay)
         iter_num += 1
         print(f"step {iter_num}", flush=True)
+        if loop.step(iter_num=iter_num, best_val_loss=best_val_loss, batch=(X, Y)):
+            break
         if iter_num >= args.max_iters:
             break
 
-    if master_process:
+    loop.close()
+    if master_process and not loop.stopped:
+        args.out_dir.mkdir(parents=True, exist_ok=True)
         torch.save(raw_model.state_dict(), args.out_dir / "final.pt")
         print("training finished", flush=True)
     if ddp:

@@ -1,9 +1,8 @@
-"""Runs of the stacks' scripts (tests/integration/stack_scripts) under ``cycle run``: stopped by a
-real SIGTERM once a given step is printed, killed with -9 in the middle of a save, resumed, and
-their final weights compared.
+"""Runs of the stacks' scripts under ``cycle run``: stopped by a real SIGTERM once a given step
+is printed, killed with -9 in the middle of a save, resumed, and their final weights compared.
 
-Every script prints ``step S`` after each step, writes ``<out>/final.pt`` at the end of training,
-and, with ``$SLOW_SAVE_MARKER`` set, touches that file in the middle of each save and sleeps.
+Every script prints ``step S`` after each step and writes ``<out>/final.pt`` at the end of
+training; it runs under ``stack_scripts/slow_saves.py``, which makes a save slow on request.
 """
 
 from __future__ import annotations
@@ -30,13 +29,13 @@ STEP_LINE = re.compile(r"^step (\d+)$")
 class StackRun:
     """One ``cycle run`` of a stack script on 2 gloo workers, its output read as it comes."""
 
-    def __init__(self, out: Path, script: str, *script_args: str,
+    def __init__(self, out: Path, script: Path, *script_args: str,
                  env: dict[str, str] | None = None) -> None:
         self.out, self.lines = out, []
         out.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", "2",
                    "--checkpoint-dir", str(out / "ck"), "--grace", "120", "--no-requeue",
-                   str(SCRIPTS / script), "--out", str(out), *script_args]
+                   str(SCRIPTS / "slow_saves.py"), str(script), *script_args]
         environment = {key: value for key, value in os.environ.items()
                        if not key.startswith(("SLURM_", "CYCLER_"))}
         self.process = subprocess.Popen(
@@ -93,14 +92,14 @@ def committed_steps(root: Path) -> list[int]:
                   if c.valid and c.manifest is not None and c.manifest.step is not None)
 
 
-def run_to_the_end(out: Path, script: str, *script_args: str) -> dict[str, torch.Tensor]:
+def run_to_the_end(out: Path, script: Path, *script_args: str) -> dict[str, torch.Tensor]:
     run = StackRun(out, script, *script_args)
     code = run.finish()
     assert code == EXIT_SUCCESS, run.output()
     return torch.load(out / "final.pt", weights_only=True)
 
 
-def stop_kill_and_finish(out: Path, script: str, stop_steps: list[int], save_steps: int,
+def stop_kill_and_finish(out: Path, script: Path, stop_steps: list[int], save_steps: int,
                          *script_args: str) -> list[int]:
     """SIGTERM after each of ``stop_steps``, then kill -9 in the middle of the next periodic save,
     then a run to the end; the exit codes, after checking what each stop committed."""

@@ -2,15 +2,12 @@
 with one line: ``callbacks=[CyclerCallback()]``.
 
 Usage: hf_gpt2.py --out DIR [--cycler] [--epochs N]. Rank 0 writes DIR/final.pt (the weights)
-at the end of training; every rank prints "step S" after each optimizer step. With
-$SLOW_SAVE_MARKER set, every torch.save sleeps after writing and touches that file first, so a
-test can kill -9 the job in the middle of a save.
+at the end of training; every rank prints "step S" after each optimizer step.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from pathlib import Path
 
@@ -46,17 +43,6 @@ class Pace(TrainerCallback):
         print(f"step {state.global_step}", flush=True)
 
 
-def slow_saves(marker: Path) -> None:
-    original = torch.save
-
-    def save(obj, f, *args, **kwargs):
-        original(obj, f, *args, **kwargs)
-        marker.touch()
-        time.sleep(60)
-
-    torch.save = save
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
@@ -66,8 +52,6 @@ def main() -> None:
     parser.add_argument("--save-steps", type=int, default=25)
     parser.add_argument("--delay", type=float, default=0.05)
     args = parser.parse_args()
-    if os.environ.get("SLOW_SAVE_MARKER"):
-        slow_saves(Path(os.environ["SLOW_SAVE_MARKER"]))
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=VOCAB, n_positions=SEQUENCE, n_embd=32, n_layer=2, n_head=2)
     model = GPT2LMHeadModel(config)  # dropout on: exact resume needs every rank's RNG
