@@ -163,6 +163,9 @@ def run(
                                            "azure or off (default: auto)."),
     metadata_endpoint: str = typer.Option(None, "--metadata-endpoint", help="Base URL of "
                                           "the metadata service (default: the cloud's)."),
+    resumable_if: str = typer.Option(None, "--resumable-if", help="Glob of the script's own "
+                                     "checkpoints: after a stop, one that exists means exit 75 "
+                                     "(HF checkpoint-N and Lightning .ckpt are recognised)."),
     config: Path = typer.Option(None, "--config", help="YAML file with any of these options; "
                                 "flags win."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the torchrun "
@@ -211,6 +214,7 @@ def run(
         "hang_first_step": hang_first_step, "hang_pause_timeout": hang_pause_timeout,
         "max_requeues": max_requeues, "resume_from": resume_from, "signals": signals,
         "preemption_notices": preemption_notices, "metadata_endpoint": metadata_endpoint,
+        "resumable_if": resumable_if,
         "launch_mode": _launch_mode(module, no_python, run_path),
         "torchrun_args": _torchrun_arguments(passed),
     }

@@ -115,6 +115,9 @@ class RunOptions:
     this machine's DMI identity names, none elsewhere), ``aws``, ``gcp``, ``azure`` or ``off``."""
     metadata_endpoint: str | None = None
     """The metadata service's base URL (``None``: the cloud's own)."""
+    resumable_if: str | None = None
+    """A glob naming the script's own checkpoints: after a stop with none of cycler's, one that
+    exists makes the exit 75 (Hugging Face and Lightning layouts are recognised without it)."""
     slurm_job_id: str | None = None
     """``SLURM_JOB_ID`` when running under Slurm."""
     requeue_count: int = 0
@@ -252,7 +255,7 @@ _CONFIG_TYPES: dict[str, tuple[type, ...]] = {
     "hang_first_step": (int, float), "hang_pause_timeout": (int, float),
     "max_requeues": (int,),
     "resume_from": (str, int), "signals": (str, list), "preemption_notices": (str,),
-    "metadata_endpoint": (str,),
+    "metadata_endpoint": (str,), "resumable_if": (str,),
 }
 CONFIG_KEYS = tuple(sorted(_CONFIG_TYPES))
 """Keys a ``--config`` file may set (dashes and underscores are both accepted)."""

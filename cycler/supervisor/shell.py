@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -47,6 +48,11 @@ from cycler.supervisor.checks import (
     say_if_no_checkpoint_is_valid,
 )
 from cycler.supervisor.failure import failure_report
+from cycler.supervisor.foreign import (
+    ForeignCheckpoint,
+    find_foreign_checkpoint,
+    requeue_on_foreign_checkpoint,
+)
 from cycler.supervisor.hangs import HangPolicy, WorkerProgress
 from cycler.supervisor.options import RunOptions
 from cycler.supervisor.peers import Heartbeat, PeerWatch
@@ -161,6 +167,7 @@ class Supervisor:
         self._tree: WorkerTree | None = None
         self._watchdog: Watchdog | None = None
         self._outcome: RunOutcome | None = None
+        self._config: core.CoreConfig | None = None
         self._failure: str | None = None
         self._linked = self._links()
         self._started_at = clock()
@@ -202,6 +209,7 @@ class Supervisor:
                      nproc_per_node=self.options.nproc_per_node, nnodes=self.options.nnodes,
                      node_rank=self.options.node_rank, grace=self.options.grace)
         self._announce_memory_tier()
+        self._config = decisions.config
         self._execute(decisions.start(self._clock()))
         while self._outcome is None:
             event = self._next_event(decisions.wake_at)
@@ -383,6 +391,7 @@ class Supervisor:
     # -- actions ----------------------------------------------------------------------------
 
     def _execute(self, actions: list[core.SupervisorAction]) -> None:
+        actions = requeue_on_foreign_checkpoint(actions, self._config, self._foreign_checkpoint)
         for action in actions:
             if isinstance(action, core.Log):
                 self._record(action.event, warning=action.warning, **action.fields)
@@ -426,6 +435,10 @@ class Supervisor:
             self.layout, self.options.node_rank, self._started_at)
         return core.WorkersExited(code, self._clock(), elsewhere,
                                   self._progress.before_first_step())
+
+    def _foreign_checkpoint(self) -> ForeignCheckpoint | None:
+        return find_foreign_checkpoint([Path.cwd(), self.options.checkpoint_dir],
+                                       self.options.resumable_if)
 
     def _signal_tree(self, number: signal.Signals) -> None:
         if self._tree is not None:
