@@ -45,9 +45,9 @@ class Classifier(pl.LightningModule):
         return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)]
 
 
-def data() -> TensorDataset:
+def data(samples: int) -> TensorDataset:
     generator = torch.Generator().manual_seed(0)
-    inputs = torch.randn(320, 16, generator=generator)
+    inputs = torch.randn(samples, 16, generator=generator)
     return TensorDataset(inputs, (inputs @ torch.randn(16, 4, generator=generator)).argmax(1))
 
 
@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--cycler", action="store_true")
     parser.add_argument("--delay", type=float, default=0.0)
     parser.add_argument("--every-steps", type=int, default=None)
+    parser.add_argument("--samples", type=int, default=320)
     args = parser.parse_args()
     warnings.filterwarnings("error", message=".*not resumable")  # Lightning's false warning
     pl.seed_everything(0)
@@ -65,7 +66,7 @@ def main() -> None:
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=3,
                          callbacks=callbacks, logger=False, enable_progress_bar=False,
                          enable_model_summary=False, default_root_dir=str(args.out))
-    trainer.fit(model, DataLoader(data(), batch_size=8, shuffle=True))
+    trainer.fit(model, DataLoader(data(args.samples), batch_size=8, shuffle=True))
     if trainer.global_rank == 0:
         torch.save({k: v.clone() for k, v in model.state_dict().items()}, args.out / "final.pt")
         print("training finished", flush=True)
