@@ -69,8 +69,10 @@ def run(stack: str, adopted: bool, out: Path, stop_at: int | None) -> dict[str, 
     if stop_at is None:
         first, last = 20, max(steps)
         return {"step_ms": 1000 * (steps[last] - steps[first]) / (last - first)}
+    resumable = resumable_step(out, adopted)
+    # A step whose print an exit cut short still counts as done when it was committed.
     return {"stop_s": ended - signalled[0], "code": code,
-            "lost": max(steps) - resumable_step(out, adopted)}
+            "lost": max(max(steps), resumable) - resumable}
 
 
 def resumable_step(out: Path, adopted: bool) -> int:
