@@ -12,8 +12,8 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from cycler import _moved_modules
+from cycler._version import VERSION as __version__
 
-__version__ = "0.1.0"
 IS_TORCH_CYCLER = True
 """Marker that tells torch-cycler apart from matplotlib's ``cycler`` package of the same name."""
 
