@@ -21,11 +21,12 @@ ALLOWED = {
     "checkpoint": {"protocol"},
     "training": {"checkpoint", "data", "protocol"},
     "supervisor": {"checkpoint", "protocol"},
+    "integrations": {"training", "checkpoint", "data", "protocol"},
 }
 """Which other parts each part may import (DESIGN.md, "Layout of the package"). The helpers
 (``_fs``, ``errors``) are below every part; ``errors`` reads the exit codes, a leaf module."""
 
-HELPERS = {"_fs", "_distributed", "errors", "_moved_modules"}
+HELPERS = {"_fs", "_distributed", "errors", "_moved_modules", "_version"}
 
 
 def module_name(path: Path) -> str:
@@ -131,3 +132,16 @@ def test_from_an_old_path_a_name_is_the_same_object_as_from_cycler() -> None:
         warnings.simplefilter("ignore", DeprecationWarning)
         from cycler.samplers import InterruptableDistributedSampler
     assert InterruptableDistributedSampler is cycler.InterruptableDistributedSampler
+
+
+def test_the_core_imports_no_integration_nor_its_stack() -> None:
+    stacks = ("transformers", "lightning", "pytorch_lightning", "cycler.integrations")
+    wrong = []
+    for module, path in all_modules().items():
+        if part_of(module) == "integrations":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            wrong += [f"{module} imports {n}" for n in names if n.startswith(stacks)]
+    assert not wrong, "\n".join(wrong)
