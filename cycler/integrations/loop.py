@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from cycler.checkpoint.atomic_directory import AtomicDirectory
 from cycler.checkpoint.saving import atomic_torch_save
-from cycler.errors import StateMismatch
+from cycler.errors import ConfigError, StateMismatch
 from cycler.protocol.environment import default_checkpoint_root
 from cycler.training.rng import capture_rng_state, restore_rng_state
 from cycler.training.step_control import StepControl
@@ -113,6 +113,8 @@ class LoopState:
 
     def save(self, **values: Any) -> None:
         """Commit a checkpoint now; every rank calls it at the same step."""
+        for name, value in values.items():
+            _check_loadable(name, value)
         directory = Path(self.saver.prepare_checkpoint_directory())
         if self.rank == 0:
             states = {name: obj.state_dict() for name, obj in self.objects.items()}
@@ -125,6 +127,25 @@ class LoopState:
     def close(self) -> None:
         """After the loop, on every rank: waits for the exchange and the saves in flight."""
         self.control.close()
+
+
+_LOADABLE = (torch.Tensor, int, float, bool, str, bytes, type(None))
+
+
+def _check_loadable(name: str, value: Any) -> None:
+    """Refuse, before anything is written, a value ``resume()`` could not load back
+    (``weights_only=True``): a checkpoint that cannot be resumed is worse than none."""
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            _check_loadable(name, item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_loadable(name, key)
+            _check_loadable(name, item)
+    elif not isinstance(value, _LOADABLE):
+        raise ConfigError(f"the value {name}= holds a {type(value).__name__}, which resume() "
+                          f"cannot load safely: pass tensors, numbers, strings, and lists, "
+                          f"tuples or dicts of them (torch.from_numpy for an array)")
 
 
 def _check_names(saved: Mapping[str, Any], expected: Mapping[str, Any], kind: str,

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from cycler.errors import StateMismatch
+from cycler.errors import ConfigError, StateMismatch
 from cycler.integrations.loop import LoopState
 
 
@@ -61,3 +62,14 @@ def test_other_names_than_the_saved_ones_are_a_state_mismatch_naming_both(
         LoopState(tmp_path, model=nn.Linear(3, 2)).resume(iter_num=0, tokens=0)
     with pytest.raises(StateMismatch, match="objects"):
         LoopState(tmp_path, net=nn.Linear(3, 2)).resume(iter_num=0)
+
+
+def test_a_value_resume_could_not_load_is_refused_before_anything_is_written(
+        tmp_path: Path) -> None:
+    loop = LoopState(tmp_path, model=nn.Linear(3, 2))
+    with pytest.raises(ConfigError, match="batch= holds a ndarray"):
+        loop.save(iter_num=1, batch=(np.zeros(3), 1))
+    loop.save(iter_num=1, batch=(torch.zeros(3), {"k": [1.5, None]}))
+    loop.close()
+    assert loop.saver.latest_checkpoint() is not None
+    assert len(list(tmp_path.glob("*_checkpoint_*"))) == 1
