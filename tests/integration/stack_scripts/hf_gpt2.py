@@ -15,8 +15,6 @@ import torch
 from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
-from cycler.integrations.transformers import CyclerCallback
-
 SEQUENCE, VOCAB = 16, 64
 
 
@@ -51,6 +49,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=160)
     parser.add_argument("--save-steps", type=int, default=25)
     parser.add_argument("--delay", type=float, default=0.05)
+    parser.add_argument("--jit", action="store_true",
+                        help="HF's own enable_jit_checkpoint instead of cycler, resuming from "
+                             "the newest checkpoint-N (for the comparison in the docs)")
     args = parser.parse_args()
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=VOCAB, n_positions=SEQUENCE, n_embd=32, n_layer=2, n_head=2)
@@ -59,11 +60,15 @@ def main() -> None:
         output_dir=str(args.out / "hf"), num_train_epochs=args.epochs,
         per_device_train_batch_size=4, learning_rate=1e-3, save_steps=args.save_steps,
         logging_steps=10, seed=0, use_cpu=True, ddp_backend="gloo", report_to=[],
-        disable_tqdm=True, dataloader_num_workers=0)
-    callbacks = [Pace(args.delay)] + ([CyclerCallback()] if args.cycler else [])
+        disable_tqdm=True, dataloader_num_workers=0, enable_jit_checkpoint=args.jit)
+    callbacks: list[TrainerCallback] = [Pace(args.delay)]
+    if args.cycler:  # imported only then: the other variants are scripts that know no cycler
+        from cycler.integrations.transformers import CyclerCallback
+
+        callbacks.append(CyclerCallback())
     trainer = Trainer(model=model, args=training, train_dataset=Tokens(args.samples),
                       callbacks=callbacks)
-    trainer.train()
+    trainer.train(resume_from_checkpoint=args.jit and any((args.out / "hf").glob("checkpoint-*")))
     if trainer.is_world_process_zero():
         torch.save({k: v.clone() for k, v in trainer.model.state_dict().items()},
                    args.out / "final.pt")
