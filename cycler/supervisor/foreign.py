@@ -63,6 +63,13 @@ def find_foreign_checkpoint(directories: Iterable[Path],
     return max(found, key=lambda checkpoint: checkpoint.mtime, default=None)
 
 
+def finder_for(workdir: str, options: Any) -> Callable[[], ForeignCheckpoint | None]:
+    """What ``cycle run`` looks through for ``options`` (a ``RunOptions``): the workers' working
+    directory and the checkpoint root, and ``--resumable-if``."""
+    directories = [Path(workdir), Path(options.checkpoint_dir)]
+    return lambda: find_foreign_checkpoint(directories, options.resumable_if)
+
+
 def _matches(directory: Path, pattern: str, kind: str) -> list[ForeignCheckpoint]:
     try:
         paths = list(Path(pattern).parent.glob(Path(pattern).name)) if os.path.isabs(pattern) \

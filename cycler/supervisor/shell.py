@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -48,11 +47,7 @@ from cycler.supervisor.checks import (
     say_if_no_checkpoint_is_valid,
 )
 from cycler.supervisor.failure import failure_report
-from cycler.supervisor.foreign import (
-    ForeignCheckpoint,
-    find_foreign_checkpoint,
-    requeue_on_foreign_checkpoint,
-)
+from cycler.supervisor.foreign import finder_for, requeue_on_foreign_checkpoint
 from cycler.supervisor.hangs import HangPolicy, WorkerProgress
 from cycler.supervisor.options import RunOptions
 from cycler.supervisor.peers import Heartbeat, PeerWatch
@@ -167,10 +162,10 @@ class Supervisor:
         self._tree: WorkerTree | None = None
         self._watchdog: Watchdog | None = None
         self._outcome: RunOutcome | None = None
-        self._config: core.CoreConfig | None = None
         self._failure: str | None = None
         self._linked = self._links()
         self._started_at = clock()
+        self._foreign = finder_for(os.getcwd(), options)  # the workers' cwd, while it exists
         self._cut_short = False
         run = run_token(options)
         self._heartbeat = Heartbeat(self.layout, options.node_rank, run)
@@ -391,7 +386,7 @@ class Supervisor:
     # -- actions ----------------------------------------------------------------------------
 
     def _execute(self, actions: list[core.SupervisorAction]) -> None:
-        actions = requeue_on_foreign_checkpoint(actions, self._config, self._foreign_checkpoint)
+        actions = requeue_on_foreign_checkpoint(actions, self._config, self._foreign)
         for action in actions:
             if isinstance(action, core.Log):
                 self._record(action.event, warning=action.warning, **action.fields)
@@ -435,10 +430,6 @@ class Supervisor:
             self.layout, self.options.node_rank, self._started_at)
         return core.WorkersExited(code, self._clock(), elsewhere,
                                   self._progress.before_first_step())
-
-    def _foreign_checkpoint(self) -> ForeignCheckpoint | None:
-        return find_foreign_checkpoint([Path.cwd(), self.options.checkpoint_dir],
-                                       self.options.resumable_if)
 
     def _signal_tree(self, number: signal.Signals) -> None:
         if self._tree is not None:
