@@ -23,9 +23,9 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
-        from cycler import __version__
+        from cycler._version import VERSION
 
-        print(f"cycle (torch-cycler) {__version__}")
+        print(f"cycle (torch-cycler) {VERSION}")
         raise typer.Exit()
 
 

@@ -161,6 +161,11 @@ class RunOptions:
     metadata_endpoint: str | None = option(None, "--metadata-endpoint", yaml=(str,),
                                            shown="the cloud's",
                                            help="Base URL of the metadata service")
+    resumable_if: str | None = option(
+        None, "--resumable-if", yaml=(str,),
+        help="Glob of the script's own checkpoints: after a stop with none of cycler's, one "
+             "that exists means exit 75 (HF checkpoint-N and Lightning .ckpt are recognised)")
+    """Relative globs are read from the directory ``cycle run`` started in."""
     slurm_job_id: str | None = None
     """``SLURM_JOB_ID`` when running under Slurm."""
     requeue_count: int = 0

@@ -33,6 +33,7 @@ from cycler.protocol.features import announced, clear_announcements
 from cycler.supervisor import core, notices
 from cycler.supervisor.checks import checked_options, record_resume_from
 from cycler.supervisor.failure import failure_report
+from cycler.supervisor.foreign import finder_for, requeue_on_foreign_checkpoint
 from cycler.supervisor.hangs import HangPolicy, WorkerProgress
 from cycler.supervisor.options import RunOptions
 from cycler.supervisor.peers import Heartbeat, PeerWatch
@@ -141,6 +142,7 @@ class Supervisor:
         self._failure: str | None = None
         self._linked = self._links()
         self._started_at = clock()
+        self._foreign = finder_for(os.getcwd(), options)  # the workers' cwd, while it exists
         self._cut_short = False
         run = run_token(options)
         self._heartbeat = Heartbeat(self.layout, options.node_rank, run)
@@ -179,6 +181,7 @@ class Supervisor:
                      nproc_per_node=self.options.nproc_per_node, nnodes=self.options.nnodes,
                      node_rank=self.options.node_rank, grace=self.options.grace)
         self._announce_memory_tier()
+        self._config = decisions.config
         self._execute(decisions.start(self._clock()))
         while self._outcome is None:
             event = self._next_event(decisions.wake_at)
@@ -354,6 +357,7 @@ class Supervisor:
     # -- actions ----------------------------------------------------------------------------
 
     def _execute(self, actions: list[core.SupervisorAction]) -> None:
+        actions = requeue_on_foreign_checkpoint(actions, self._config, self._foreign)
         for action in actions:
             if isinstance(action, core.Log):
                 self._record(action.event, warning=action.warning, **action.fields)

@@ -17,6 +17,7 @@ ALLOWED = {
     "checkpoint": {"protocol"},
     "training": {"checkpoint", "data", "protocol"},
     "supervisor": {"checkpoint", "protocol"},
+    "integrations": {"training", "checkpoint", "data", "protocol"},
 }
 """Which other parts each part may import (DESIGN.md, "Layout of the package"). The helpers
 (``_fs``, ``errors``) are below every part; ``errors`` reads the exit codes, a leaf module."""
@@ -79,11 +80,12 @@ def test_each_part_imports_only_the_parts_below_it(part: str) -> None:
 
 def test_only_the_package_root_imports_the_saver_facade_and_training_only_the_in_flight_saves(
         ) -> None:
+    """The integrations sit above every part (they use the saver as a script does)."""
     facade, in_flight = "cycler.checkpoint.atomic_directory", "cycler.checkpoint.in_flight"
     wrong = []
     for module, path in all_modules().items():
         imported = imports_of(path, top_level_only=False)
-        if facade in imported and module != "cycler":
+        if facade in imported and module != "cycler" and part_of(module) != "integrations":
             wrong.append(f"{module} imports the saver's facade: its parts must not know it")
         reached = {m for m in imported if part_of(m) == "checkpoint"}
         if part_of(module) == "training" and reached - {in_flight}:
@@ -129,3 +131,16 @@ def test_the_protocol_never_imports_torch_at_import_time() -> None:
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             assert not any(n.split(".")[0] == "torch" for n in names), path
+
+
+def test_the_core_imports_no_integration_nor_its_stack() -> None:
+    stacks = ("transformers", "lightning", "pytorch_lightning", "cycler.integrations")
+    wrong = []
+    for module, path in all_modules().items():
+        if part_of(module) == "integrations":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            wrong += [f"{module} imports {n}" for n in names if n.startswith(stacks)]
+    assert not wrong, "\n".join(wrong)

@@ -1,0 +1,79 @@
+"""A tiny GPT-2 (from GPT2Config) trained by a Hugging Face Trainer on synthetic tokens, adopted
+with one line: ``callbacks=[CyclerCallback()]``.
+
+Usage: hf_gpt2.py --out DIR [--cycler] [--epochs N]. Rank 0 writes DIR/final.pt (the weights)
+at the end of training; every rank prints "step S" after each optimizer step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+SEQUENCE, VOCAB = 16, 64
+
+
+class Tokens(Dataset):
+    def __init__(self, samples: int) -> None:
+        generator = torch.Generator().manual_seed(7)
+        self.tokens = torch.randint(0, VOCAB, (samples, SEQUENCE), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.tokens[index], "labels": self.tokens[index]}
+
+
+class Pace(TrainerCallback):
+    """Prints each step (the tests wait for them) and keeps a step long enough to stop at."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(self.delay)
+        print(f"step {state.global_step}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--cycler", action="store_true")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=160)
+    parser.add_argument("--save-steps", type=int, default=25)
+    parser.add_argument("--delay", type=float, default=0.05)
+    parser.add_argument("--jit", action="store_true",
+                        help="HF's own enable_jit_checkpoint instead of cycler, resuming from "
+                             "the newest checkpoint-N (for the comparison in the docs)")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=VOCAB, n_positions=SEQUENCE, n_embd=32, n_layer=2, n_head=2)
+    model = GPT2LMHeadModel(config)  # dropout on: exact resume needs every rank's RNG
+    training = TrainingArguments(
+        output_dir=str(args.out / "hf"), num_train_epochs=args.epochs,
+        per_device_train_batch_size=4, learning_rate=1e-3, save_steps=args.save_steps,
+        logging_steps=10, seed=0, use_cpu=True, ddp_backend="gloo", report_to=[],
+        disable_tqdm=True, dataloader_num_workers=0, enable_jit_checkpoint=args.jit)
+    callbacks: list[TrainerCallback] = [Pace(args.delay)]
+    if args.cycler:  # imported only then: the other variants are scripts that know no cycler
+        from cycler.integrations.transformers import CyclerCallback
+
+        callbacks.append(CyclerCallback())
+    trainer = Trainer(model=model, args=training, train_dataset=Tokens(args.samples),
+                      callbacks=callbacks)
+    trainer.train(resume_from_checkpoint=args.jit and any((args.out / "hf").glob("checkpoint-*")))
+    if trainer.is_world_process_zero():
+        torch.save({k: v.clone() for k, v in trainer.model.state_dict().items()},
+                   args.out / "final.pt")
+        print("training finished", flush=True)
+
+
+if __name__ == "__main__":
+    main()
