@@ -1,0 +1,200 @@
+"""``cycle verify``: run the script uninterrupted and interrupted, compare, name the cause.
+
+1. The reference: ``cycle run`` of the user's command to its end, every commit kept.
+2. The interrupted run: the same command, stopped (and killed) at planned steps after the
+   reference's first checkpoint, started again after each stop as a requeue would.
+3. Its first segment, before any interruption, is the script run twice: a checkpoint that
+   differs there means the script is not deterministic, and no resume is blamed (checked as
+   soon as that segment ends, so a nondeterministic script costs one segment more, not a run).
+4. Every step both runs committed is compared, oldest first; the first that differs is
+   reported relative to the resume before it, with the part most likely not restored.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cycler.errors import ConfigError, CyclerError
+from cycler.protocol.exit_codes import EXIT_USAGE
+from cycler.verify.capture import Captured
+from cycler.verify.causes import Cause, name_cause, part_of
+from cycler.verify.compare import CheckpointDiff, compare_checkpoints
+from cycler.verify.plan import ReferenceShape, plan_interruptions
+from cycler.verify.result import (
+    DIFFERENT,
+    IDENTICAL,
+    NONDETERMINISTIC,
+    FirstDifference,
+    VerifyResult,
+)
+from cycler.verify.runner import Progress, Runner, RunRecord
+from cycler.verify.scratch import make_scratch
+
+NEEDS = ("verify compares the checkpoints a run commits with cycler's savers: save with "
+         "AtomicDirectory(default_checkpoint_root()) (or save_checkpoint) and commit at least "
+         "two checkpoints during the run")
+
+
+class NothingToVerify(CyclerError):
+    """The script commits too few cycler checkpoints for verify to compare anything."""
+
+    exit_code = EXIT_USAGE
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyOptions:
+    """What ``cycle verify`` runs and how it interrupts it."""
+
+    run_args: list[str]
+    """``cycle run`` options, then SCRIPT and its arguments (passed through unchanged)."""
+    stops: int = 3
+    """Stops (the stop signal, then a fresh start) of the interrupted run."""
+    kills: int = 0
+    """kill -9 of a worker (cycle run restarts it) in the interrupted run."""
+    seed: int | None = None
+    """Seed of the choice of interruption steps (``None``: a random one, reported)."""
+    determinism_check: bool = True
+    """Report differences before the first interruption as nondeterminism, not as a resume's."""
+    scratch_dir: Path | None = None
+    """A private directory (0700) to keep the runs in (default: one under the system's tmp)."""
+    keep: bool = False
+    """Keep the runs' checkpoints even when identical."""
+
+    def __post_init__(self) -> None:
+        if not self.run_args:
+            raise ConfigError("cycle verify needs the script to run: cycle verify [OPTIONS] "
+                              "SCRIPT [ARGS]...")
+        if self.stops < 0 or self.kills < 0 or self.stops + self.kills == 0:
+            raise ConfigError(f"--stops ({self.stops}) and --kills ({self.kills}) must not be "
+                              "negative and at least one must be positive")
+
+
+Compared = Callable[[int, int], None]
+
+
+def verify(options: VerifyOptions, progress: Progress = lambda name, step, kept: None,
+           compared: Compared = lambda done, total: None) -> VerifyResult:
+    """Run, interrupt, compare (see the module's docstring). The scratch directory is removed
+    when the runs are identical (unless ``options.keep``) and kept, and named, otherwise."""
+    seed = options.seed if options.seed is not None else random.randrange(1 << 31)
+    scratch = make_scratch(options.scratch_dir)
+    runner = Runner(options.run_args, scratch, progress=progress)
+    result = _verify(options, runner, seed, compared)
+    result.scratch = scratch
+    if result.verdict == IDENTICAL and not options.keep:
+        shutil.rmtree(scratch, ignore_errors=True)
+        result.scratch = None
+    return result
+
+
+def _verify(options: VerifyOptions, runner: Runner, seed: int,
+            compared: Compared) -> VerifyResult:
+    reference = runner.run("reference")
+    kept = reference.capture.kept
+    if len(kept) < 2:
+        raise NothingToVerify(f"the script committed {len(kept)} cycler checkpoint"
+                              f"{'' if len(kept) == 1 else 's'} ({NEEDS}); its runs are in "
+                              f"{runner.scratch}")
+    shape = ReferenceShape([c.step for c in kept], [c.manifest.epoch for c in kept],
+                           reference.last_step)
+    plan = plan_interruptions(shape, stops=options.stops, kills=options.kills, seed=seed)
+    gaps = [b.manifest.created_at - a.manifest.created_at for a, b in itertools.pairwise(kept)]
+    result = VerifyResult(IDENTICAL, [reference], seed, runner.scratch)
+
+    def deterministic_so_far(interrupted: RunRecord) -> bool:
+        if not options.determinism_check or interrupted.capture.segment != 1:
+            return True
+        _compare(reference, interrupted, result, compared, segments=1)
+        return result.verdict == IDENTICAL
+
+    interrupted = runner.run("interrupted", plan, count_delay=sum(gaps) / len(gaps) / 2,
+                             go_on=deterministic_so_far)
+    result.runs.append(interrupted)
+    if result.verdict == IDENTICAL:
+        _compare(reference, interrupted, result, compared)
+    if result.verdict == IDENTICAL and not any(segment > 0 for _, segment, _ in result.compared):
+        raise NothingToVerify("no checkpoint after a resume could be compared with the "
+                              "reference's: commit more often or run longer (the runs are in "
+                              f"{runner.scratch})")
+    _note(result, reference, interrupted, plan_size=len(plan))
+    return result
+
+
+def _pairs(reference: RunRecord, interrupted: RunRecord) -> list[tuple[Captured, Captured]]:
+    """Checkpoints of the two runs at equal steps (by commit order where steps are unknown)."""
+    mine, theirs = reference.capture.kept, interrupted.capture.kept
+    if all(c.step is not None for c in [*mine, *theirs]):
+        by_step = {c.step: c for c in theirs}  # a step committed twice: the later one
+        return [(c, by_step[c.step]) for c in mine if c.step in by_step]
+    return list(zip(mine, theirs, strict=False))
+
+
+def _compare(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
+             compared: Compared, segments: int | None = None) -> None:
+    """Compare the pairs not compared yet (of the first ``segments`` only), oldest first,
+    until the first difference."""
+    done = len(result.compared)
+    pairs = _pairs(reference, interrupted)[done:]
+    if segments is not None:
+        pairs = [(a, b) for a, b in pairs if b.segment < segments]
+    for number, (mine, theirs) in enumerate(pairs, start=done + 1):
+        compared(number, done + len(pairs))
+        files = sorted({*mine.manifest.files, *theirs.manifest.files})
+        diff = compare_checkpoints(mine.path, theirs.path, files, trusted=True)
+        result.compared.append((theirs.step, theirs.segment, diff.identical))
+        if theirs.segment == 0:
+            result.determinism_checked += 1
+        if not diff.identical:
+            _differs(result, interrupted, theirs, diff, determinism_check=segments == 1)
+            return
+
+
+def _differs(result: VerifyResult, interrupted: RunRecord, theirs: Captured,
+             diff: CheckpointDiff, determinism_check: bool) -> None:
+    before_any = theirs.segment == 0
+    result.verdict = NONDETERMINISTIC if before_any and determinism_check else DIFFERENT
+    if result.verdict == NONDETERMINISTIC:
+        cause = nondeterminism(diff)
+    else:
+        cause = name_cause(diff, world_size=theirs.manifest.world_size,
+                           files=theirs.manifest.files)
+    resume = None if before_any else interrupted.resumes[theirs.segment - 1]
+    result.first = FirstDifference(theirs.step, theirs.name, diff, cause, resume,
+                                   theirs.segment)
+
+
+def nondeterminism(diff: CheckpointDiff) -> Cause:
+    """Which kind of nondeterminism two uninterrupted runs show."""
+    parts = {part_of(d.file, d.key) for d in diff.differences}
+    if parts & {"rng", "data"}:
+        return Cause("unseeded", "unseeded randomness", "the RNG state or the data order "
+                     "differs between two runs that were never interrupted",
+                     "seed every generator from a fixed seed (torch.manual_seed(seed), the "
+                     "sampler's seed=, the DataLoader's generator=) "
+                     "(docs/verify.md#a-nondeterministic-script)")
+    return Cause("kernels", "nondeterministic kernels", "the RNG and data are equal but the "
+                 "tensors differ between two runs that were never interrupted",
+                 "torch.use_deterministic_algorithms(True) and CUBLAS_WORKSPACE_CONFIG=:4096:8 "
+                 "make kernels deterministic (docs/verify.md#a-nondeterministic-script)")
+
+
+def _note(result: VerifyResult, reference: RunRecord, interrupted: RunRecord,
+          plan_size: int) -> None:
+    for run in (reference, interrupted):
+        if run.capture.missed:
+            result.notes.append(f"{run.name}: {len(run.capture.missed)} checkpoint(s) removed "
+                                "by the script's retention before verify kept them")
+    if interrupted.finished and len(interrupted.resumes) < plan_size:
+        result.notes.append(f"{plan_size - len(interrupted.resumes)} interruption(s) came after "
+                            "the run ended: fewer were tested")
+    if any(c.step is None for c in reference.capture.kept):
+        result.notes.append("the manifests carry no step: checkpoints were matched by commit "
+                            'order (pass metadata={"step": ...} to the commit)')
+    final = reference.capture.kept[-1].step, interrupted.capture.kept[-1].step
+    if result.verdict == IDENTICAL and interrupted.finished and final[0] != final[1]:
+        result.notes.append(f"the runs' last checkpoints are at steps {final[0]} and {final[1]}")
