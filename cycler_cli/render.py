@@ -203,7 +203,8 @@ def verify_progress(enabled: bool) -> Iterator[tuple[Callable[[str, int, int], N
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True, highlight=False)) as progress:
+    with Progress(*columns, console=Console(stderr=True, highlight=False),
+                  transient=True) as progress:
         tasks: dict[str, Any] = {}
 
         def task(name: str, text: str) -> None:
@@ -232,9 +233,10 @@ def render_verify(result: VerifyResult) -> None:
     console.print(f"compared {len(result.compared)} steps: {result.determinism_checked} before "
                   f"the first interruption, {after} after a resume (seed {result.seed})")
     for note in result.notes:
-        console.print(f"note: {escape(note)}", style="yellow")
+        console.print(f"note: {escape(note)}", style="yellow", soft_wrap=True)
     for line in verify_lines(result):
-        console.print(escape(line), style=_VERDICT_STYLES.get(result.verdict, ""))
+        console.print(escape(line), style=_VERDICT_STYLES.get(result.verdict, ""),
+                      soft_wrap=True)
 
 
 _VERDICT_STYLES = {"identical": "bold green", "different": "bold red",

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import click
 import typer
 
 from cycler.errors import ConfigError
@@ -70,8 +69,7 @@ def register(app: typer.Typer) -> None:
 def _refuse_own_root(app: typer.Typer, ctx: typer.Context, run_args: list[str]) -> None:
     """verify gives each run its own checkpoint root: a --checkpoint-dir among cycle run's
     options would make both runs share the user's (and the later flag would win)."""
-    group = typer.main.get_command(app)
-    assert isinstance(group, click.Group)
+    group: Any = typer.main.get_command(app)  # a click group (typer vendors its click)
     run = group.get_command(ctx, "run")
     if run is None:
         return

@@ -59,7 +59,8 @@ class CheckpointDiff:
 
     differences: list[Difference]
     keys: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
-    """Every (file, key path) of a leaf in the reference: what the checkpoint saves at all."""
+    """Every (file, key path) of a leaf in the reference that is not ``None``: what the
+    checkpoint saves at all."""
     tensors: int = 0
     """How many tensors the reference holds."""
 
@@ -70,6 +71,11 @@ class CheckpointDiff:
     @property
     def tensors_differing(self) -> int:
         return sum(1 for d in self.differences if d.is_tensor)
+
+    def without(self, ignored: set[tuple[str, tuple[str, ...]]]) -> CheckpointDiff:
+        """The same comparison with the differences at ``ignored`` (file, key) leaves left out."""
+        kept = [d for d in self.differences if (d.file, d.key) not in ignored]
+        return CheckpointDiff(kept, self.keys, self.tensors)
 
     @property
     def largest(self) -> float | None:
@@ -88,7 +94,8 @@ def compare_checkpoints(reference: Path, resumed: Path, files: list[str], *,
     for name in _units(files):
         left, right = load_unit(reference, name, trusted), load_unit(resumed, name, trusted)
         for key, value in leaves(left):
-            keys.append((name, key))
+            if value is not None:  # a None holds no state: "rng": None saves no RNG
+                keys.append((name, key))
             tensors += isinstance(value, torch.Tensor)
         differences.extend(diff_objects(name, left, right))
     return CheckpointDiff(differences, keys, tensors)
