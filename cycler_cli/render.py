@@ -254,7 +254,7 @@ def verify_lines(result: VerifyResult) -> list[str]:
     if first is None:
         return ["cycle verify: IDENTICAL: every checkpoint after each resume matches the "
                 "uninterrupted run's, bit for bit"]
-    head = first.diff.differences[0]
+    head = first.headline
     largest = first.diff.largest
     lines = [_headline(result, first),
              f"  first difference: {head.where()} ({first.diff.tensors_differing} of "

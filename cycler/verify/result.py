@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cycler.verify.causes import Cause
-from cycler.verify.compare import CheckpointDiff
+from cycler.verify.causes import Cause, part_of
+from cycler.verify.compare import CheckpointDiff, Difference
 from cycler.verify.runner import Resume, RunRecord
 
 IDENTICAL, DIFFERENT, NONDETERMINISTIC = "identical", "different", "nondeterministic"
@@ -41,13 +41,25 @@ class FirstDifference:
     """Its number, from 1 (0: before any)."""
 
     @property
+    def headline(self) -> Difference:
+        """The difference to show first: one in the part named as the cause, else the first in
+        the model, else any but the metrics (which follow from everything)."""
+        ranked = sorted(self.diff.differences, key=self._rank)
+        return ranked[0]
+
+    def _rank(self, difference: Difference) -> int:
+        part = part_of(difference.file, difference.key)
+        order = [self.cause.name, "model", "optimizer"]
+        return order.index(part) if part in order else 3 + (part == "metrics")
+
+    @property
     def steps_after_resume(self) -> int | None:
         if self.resume is None or self.step is None or self.resume.from_step is None:
             return None
         return self.step - self.resume.from_step
 
     def as_dict(self) -> dict[str, Any]:
-        first = self.diff.differences[0]
+        first = self.headline
         return {
             "step": self.step, "checkpoint": self.checkpoint, "where": first.where(),
             "file": first.file, "key": ".".join(first.key),
