@@ -99,16 +99,19 @@ def _upstream(differences: list[Difference], differing: set[str]) -> tuple[str, 
             return "dataloader_seed", ("the resumed run's global RNG is exactly one seed draw "
                                        "ahead: a DataLoader without a generator drew its "
                                        "workers' seed from it when iterated after the resume")
-        return "rng", "the saved RNG state differs from the uninterrupted run's"
-    for part, why in (("data", "the data position differs"),
-                      ("scheduler", "the scheduler's state differs"),
-                      ("scaler", "the scaler's state differs"),
-                      ("counters", "the step or epoch counters differ")):
+        first = next(d for d in differences if part_of(d.file, d.key) == "rng")
+        return "rng", f"the saved RNG state differs from the uninterrupted run's " \
+                      f"({first.where()})"
+    for part in ("data", "scheduler", "scaler", "counters"):
         if part in differing:
-            return part, why
-    if any(_is_learning_rate(d) for d in differences):
-        return "scheduler", "the learning rate in the optimizer's param_groups differs"
-    if any(part_of(d.file, d.key) == "optimizer" and not d.is_tensor for d in differences):
+            first = next(d for d in differences if part_of(d.file, d.key) == part)
+            return part, f"{first.where()} differs from the uninterrupted run's"
+    rate = next((d for d in differences if _is_learning_rate(d)), None)
+    if rate is not None:
+        return "scheduler", f"the learning rate differs ({rate.where()}) and no scheduler " \
+                            "state explains it"
+    if any(part_of(d.file, d.key) == "optimizer" and (not d.is_tensor or d.key[-1] == "step")
+           for d in differences):
         return "optimizer", "the optimizer's own bookkeeping (param_groups, step) differs"
     return None
 

@@ -79,7 +79,8 @@ class CheckpointDiff:
 
     @property
     def largest(self) -> float | None:
-        sizes = [d.largest for d in self.differences if d.largest is not None]
+        """The largest absolute difference of any tensor (``inf`` with a NaN)."""
+        sizes = [d.largest for d in self.differences if d.is_tensor and d.largest is not None]
         return max(sizes) if sizes else None
 
 
@@ -156,12 +157,19 @@ def _load_torch(path: Path, trusted: bool, data: bytes) -> Any:
 
 def _load_dcp(directory: Path) -> Any:
     """A DCP save as one state dict, read without a process group."""
-    from torch.distributed.checkpoint import FileSystemReader, load
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    import warnings
 
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    # As torch's own dcp_to_torch_save reads one: the public load() fills only the keys of the
+    # state dict it is given, and verify has none to give.
     state: dict[str, Any] = {}
-    load(state, storage_reader=FileSystemReader(str(directory)),
-         planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "assuming ... a single process"
+        _load_state_dict(state, storage_reader=FileSystemReader(str(directory)),
+                         planner=_EmptyStateDictLoadPlanner(), no_dist=True)
     return state
 
 

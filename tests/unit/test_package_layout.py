@@ -21,6 +21,7 @@ ALLOWED = {
     "checkpoint": {"protocol"},
     "training": {"checkpoint", "data", "protocol"},
     "supervisor": {"checkpoint", "protocol"},
+    "verify": {"checkpoint", "protocol"},
 }
 """Which other parts each part may import (DESIGN.md, "Layout of the package"). The helpers
 (``_fs``, ``errors``) are below every part; ``errors`` reads the exit codes, a leaf module."""
