@@ -13,7 +13,7 @@ or one file for several ranks. Parts are recognised by the names the script give
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from cycler.verify.compare import CheckpointDiff, Difference
@@ -31,6 +31,8 @@ class Cause:
     """The part in the user's words: ``the RNG streams``."""
     why: str
     fix: str
+    evidence: Difference | None = None
+    """The difference that shows it, where one does."""
 
     def as_dict(self) -> dict[str, str]:
         return {"name": self.name, "part": self.part, "why": self.why, "fix": self.fix}
@@ -86,33 +88,42 @@ def name_cause(diff: CheckpointDiff, *, world_size: int, files: Iterable[str]) -
     """The likely cause of ``diff``, the first differences after a resume."""
     differing = {part_of(d.file, d.key) for d in diff.differences}
     saved = {part_of(file, key) for file, key in diff.keys}
-    name, why = _upstream(diff.differences, differing) or _unsaved(differing, saved, world_size,
-                                                                   list(files))
+    upstream = _upstream(diff.differences, differing)
+    if upstream is not None:
+        name, why, evidence = upstream
+    else:
+        (name, why), evidence = _unsaved(differing, saved, world_size, list(files)), None
     part, fix = CAUSES[name]
-    return Cause(name, part, why, fix)
+    return Cause(name, part, why, fix, evidence)
 
 
-def _upstream(differences: list[Difference], differing: set[str]) -> tuple[str, str] | None:
-    """The most upstream part that differs, with the reason."""
+def _upstream(differences: list[Difference],
+              differing: set[str]) -> tuple[str, str, Difference] | None:
+    """The most upstream part that differs, the reason, and the difference that shows it."""
+    def first(test: Callable[[Difference], bool]) -> Difference | None:
+        return next((d for d in differences if test(d)), None)
+
     if "rng" in differing:
-        if any(d.one_draw_ahead for d in differences):
+        drawn = first(lambda d: d.one_draw_ahead)
+        if drawn is not None:
             return "dataloader_seed", ("the resumed run's global RNG is exactly one seed draw "
                                        "ahead: a DataLoader without a generator drew its "
-                                       "workers' seed from it when iterated after the resume")
-        first = next(d for d in differences if part_of(d.file, d.key) == "rng")
-        return "rng", f"the saved RNG state differs from the uninterrupted run's " \
-                      f"({first.where()})"
+                                       "workers' seed from it when iterated after the "
+                                       "resume"), drawn
+        shown = first(lambda d: part_of(d.file, d.key) == "rng")
+        assert shown is not None
+        return "rng", "the saved RNG state differs from the uninterrupted run's", shown
     for part in ("data", "scheduler", "scaler", "counters"):
-        if part in differing:
-            first = next(d for d in differences if part_of(d.file, d.key) == part)
-            return part, f"{first.where()} differs from the uninterrupted run's"
-    rate = next((d for d in differences if _is_learning_rate(d)), None)
-    if rate is not None:
-        return "scheduler", f"the learning rate differs ({rate.where()}) and no scheduler " \
-                            "state explains it"
-    if any(part_of(d.file, d.key) == "optimizer" and (not d.is_tensor or d.key[-1] == "step")
-           for d in differences):
-        return "optimizer", "the optimizer's own bookkeeping (param_groups, step) differs"
+        shown = next((d for d in differences if part_of(d.file, d.key) == part), None)
+        if shown is not None:
+            return part, "it differs from the uninterrupted run's", shown
+    shown = first(_is_learning_rate)
+    if shown is not None:
+        return "scheduler", "the learning rate differs and no saved scheduler explains it", shown
+    shown = first(lambda d: part_of(d.file, d.key) == "optimizer" and (
+        not d.is_tensor or d.key[-1] == "step"))
+    if shown is not None:
+        return "optimizer", "the optimizer's own bookkeeping (param_groups, step) differs", shown
     return None
 
 

@@ -42,10 +42,12 @@ class FirstDifference:
 
     @property
     def headline(self) -> Difference:
-        """The difference to show first: one in the part named as the cause, else the first in
-        the model, else any but the metrics (which follow from everything)."""
-        ranked = sorted(self.diff.differences, key=self._rank)
-        return ranked[0]
+        """The difference to show first: the one that named the cause, else one in the part
+        named, else the first in the model, else any but the metrics (which follow from
+        everything)."""
+        if self.cause.evidence is not None:
+            return self.cause.evidence
+        return sorted(self.diff.differences, key=self._rank)[0]
 
     def _rank(self, difference: Difference) -> int:
         part = part_of(difference.file, difference.key)
