@@ -29,6 +29,16 @@ from cycler.verify.capture import Capture
 from cycler.verify.plan import KILL, Interruption
 
 POLL_SECONDS = 0.01
+# cycle run runs in a session of its own (a Ctrl-C is verify's to handle), so it must still
+# stop when verify dies, even by SIGKILL: the kernel sends it the stop signal then
+# (PR_SET_PDEATHSIG, set in the child before exec: verify's progress display runs a thread,
+# which rules out a preexec_fn).
+_STOPPED_WITH_VERIFY = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[1]): sys.exit(1)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
 _ABORT_GRACE = 30.0
 # Names in the environment that would send a run's checkpoints elsewhere or make it a part of
 # the caller's own job (a Slurm allocation's node count, an outer cycle run's control file).
@@ -124,7 +134,8 @@ class Runner:
                    str(record.capture.root), *self.run_args]
         log.write(f"$ {' '.join(command)}\n".encode())
         log.flush()
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+        guarded = [sys.executable, "-c", _STOPPED_WITH_VERIFY, str(os.getpid()), *command]
+        process = subprocess.Popen(guarded, stdout=log, stderr=subprocess.STDOUT,
                                    env=self.environ, start_new_session=True)
         try:
             return self._watch(process, record, pending, count_delay)
