@@ -225,7 +225,8 @@ def render_verify(result: VerifyResult) -> None:
     for column in ("run", "starts", "checkpoints", "interruptions", "seconds"):
         table.add_column(column, justify="left" if column in ("run", "interruptions") else "right")
     for run in result.runs:
-        events = ", ".join(_interruption(r) for r in run.resumes) or "none"
+        events = ", ".join(_interruption(r, resumed=run.finished or r is not run.resumes[-1])
+                           for r in run.resumes) or "none"
         table.add_row(run.name, str(run.starts), str(len(run.capture.kept)), events,
                       f"{run.seconds:.1f}")
     console.print(table)
@@ -243,9 +244,10 @@ _VERDICT_STYLES = {"identical": "bold green", "different": "bold red",
                    "nondeterministic": "bold yellow"}
 
 
-def _interruption(resume: Resume) -> str:
+def _interruption(resume: Resume, resumed: bool) -> str:
     where = f"step {resume.from_step}" if resume.from_step is not None else "?"
-    return f"{resume.interruption.kind} at step {resume.sent_at_step} -> resumed from {where}"
+    went_on = f"resumed from {where}" if resumed else f"checkpoint at {where}, not resumed"
+    return f"{resume.interruption.kind} at step {resume.sent_at_step}: {went_on}"
 
 
 def verify_lines(result: VerifyResult) -> list[str]:

@@ -87,6 +87,8 @@ class VerifyResult:
     notes: list[str] = field(default_factory=list)
     determinism_checked: int = 0
     """Checkpoints compared before the first interruption (the determinism check)."""
+    determinism_check: bool = True
+    """Whether a difference before the first interruption is judged nondeterminism."""
 
     @property
     def exit_code(self) -> int:
@@ -96,6 +98,7 @@ class VerifyResult:
         return {
             "verdict": self.verdict, "exit_code": self.exit_code, "seed": self.seed,
             "scratch": str(self.scratch) if self.scratch else None,
+            "determinism_check": self.determinism_check,
             "determinism_checked_on": self.determinism_checked,
             "compared": [{"step": s, "segment": g, "identical": same}
                          for s, g, same in self.compared],

@@ -104,7 +104,8 @@ def _verify(options: VerifyOptions, runner: Runner, seed: int,
                            reference.last_step)
     plan = plan_interruptions(shape, stops=options.stops, kills=options.kills, seed=seed)
     gaps = [b.manifest.created_at - a.manifest.created_at for a, b in itertools.pairwise(kept)]
-    result = VerifyResult(IDENTICAL, [reference], seed, runner.scratch)
+    result = VerifyResult(IDENTICAL, [reference], seed, runner.scratch,
+                          determinism_check=options.determinism_check)
     idle = idle_streams(kept[0], kept[-1])
 
     def deterministic_so_far(interrupted: RunRecord) -> bool:
@@ -164,14 +165,14 @@ def _compare(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
         if theirs.segment == 0:
             result.determinism_checked += 1
         if not diff.identical:
-            _differs(result, interrupted, theirs, diff, determinism_check=segments == 1)
+            _differs(result, interrupted, theirs, diff)
             return
 
 
 def _differs(result: VerifyResult, interrupted: RunRecord, theirs: Captured,
-             diff: CheckpointDiff, determinism_check: bool) -> None:
+             diff: CheckpointDiff) -> None:
     before_any = theirs.segment == 0
-    result.verdict = NONDETERMINISTIC if before_any and determinism_check else DIFFERENT
+    result.verdict = NONDETERMINISTIC if before_any and result.determinism_check else DIFFERENT
     if result.verdict == NONDETERMINISTIC:
         cause = nondeterminism(diff)
     else:
@@ -184,13 +185,14 @@ def _differs(result: VerifyResult, interrupted: RunRecord, theirs: Captured,
 
 def nondeterminism(diff: CheckpointDiff) -> Cause:
     """Which kind of nondeterminism two uninterrupted runs show."""
-    parts = {part_of(d.file, d.key) for d in diff.differences}
-    if parts & {"rng", "data"}:
+    shown = next((d for d in diff.differences if part_of(d.file, d.key) in ("rng", "data")),
+                 None)
+    if shown is not None:
         return Cause("unseeded", "unseeded randomness", "the RNG state or the data order "
                      "differs between two runs that were never interrupted",
                      "seed every generator from a fixed seed (torch.manual_seed(seed), the "
                      "sampler's seed=, the DataLoader's generator=) "
-                     "(docs/verify.md#a-nondeterministic-script)")
+                     "(docs/verify.md#a-nondeterministic-script)", shown)
     return Cause("kernels", "nondeterministic kernels", "the RNG and data are equal but the "
                  "tensors differ between two runs that were never interrupted",
                  "torch.use_deterministic_algorithms(True) and CUBLAS_WORKSPACE_CONFIG=:4096:8 "
