@@ -24,7 +24,7 @@ from cycler.protocol.exit_codes import EXIT_USAGE
 from cycler.verify.capture import Captured
 from cycler.verify.causes import Cause, name_cause, part_of
 from cycler.verify.compare import CheckpointDiff, compare_checkpoints
-from cycler.verify.plan import ReferenceShape, plan_interruptions
+from cycler.verify.plan import Interruption, ReferenceShape, plan_interruptions
 from cycler.verify.result import (
     DIFFERENT,
     IDENTICAL,
@@ -100,10 +100,7 @@ def _verify(options: VerifyOptions, runner: Runner, seed: int,
         raise NothingToVerify(f"the script committed {len(kept)} cycler checkpoint"
                               f"{'' if len(kept) == 1 else 's'} ({NEEDS}); its runs are in "
                               f"{runner.scratch}")
-    shape = ReferenceShape([c.step for c in kept], [c.manifest.epoch for c in kept],
-                           reference.last_step)
-    plan = plan_interruptions(shape, stops=options.stops, kills=options.kills, seed=seed)
-    gaps = [b.manifest.created_at - a.manifest.created_at for a, b in itertools.pairwise(kept)]
+    plan, count_delay = _plan(reference, options, seed)
     result = VerifyResult(IDENTICAL, [reference], seed, runner.scratch,
                           determinism_check=options.determinism_check)
     idle = idle_streams(kept[0], kept[-1])
@@ -114,7 +111,7 @@ def _verify(options: VerifyOptions, runner: Runner, seed: int,
         _compare(reference, interrupted, result, compared, idle, segments=1)
         return result.verdict == IDENTICAL
 
-    interrupted = runner.run("interrupted", plan, count_delay=sum(gaps) / len(gaps) / 2,
+    interrupted = runner.run("interrupted", plan, count_delay=count_delay,
                              go_on=deterministic_so_far)
     result.runs.append(interrupted)
     if result.verdict == IDENTICAL:
@@ -125,6 +122,18 @@ def _verify(options: VerifyOptions, runner: Runner, seed: int,
                               f"{runner.scratch})")
     _note(result, reference, interrupted, plan_size=len(plan))
     return result
+
+
+def _plan(reference: RunRecord, options: VerifyOptions,
+          seed: int) -> tuple[list[Interruption], float]:
+    """The interruptions, and the delay after a commit for those planned by commit count (half
+    the reference's mean interval between commits)."""
+    kept = reference.capture.kept
+    shape = ReferenceShape([c.step for c in kept], [c.manifest.epoch for c in kept],
+                           reference.last_step)
+    plan = plan_interruptions(shape, stops=options.stops, kills=options.kills, seed=seed)
+    gaps = [b.manifest.created_at - a.manifest.created_at for a, b in itertools.pairwise(kept)]
+    return plan, sum(gaps) / len(gaps) / 2
 
 
 def idle_streams(first: Captured, last: Captured) -> set[tuple[str, tuple[str, ...]]]:
