@@ -168,7 +168,7 @@ class Runner:
         resume = Resume(planned, record.last_step, None, None)
         if planned.kind == KILL:
             record.capture.poll()  # the restart resumes from the newest commit: know it
-            victim = max(readings, key=lambda r: r.rank)  # the last rank: not the committer
+            victim = max(readings, key=lambda r: r.rank)  # not rank 0 (it commits), if others
             with contextlib.suppress(ProcessLookupError):
                 os.kill(victim.pid, signal.SIGKILL)
             record.resumes.append(_resumed_from(resume, record.capture))

@@ -7,7 +7,8 @@ catch and name.
 --forget sampler      the sampler's position is saved but not restored
 --forget optimizer    the optimizer's state is saved but not restored
 --forget scheduler    a learning-rate scheduler, stepped every step, is never saved
---forget rank-state   only rank 0's own file is saved, and every rank restores it
+--forget rank-state   each rank draws its own dropout masks, but only rank 0's own file (its
+                      RNG) is saved, and every rank restores it
 --forget loader-seed  the DataLoader has no generator of its own (iter() draws from the
                       global RNG after the resume), with one worker process
 --forget determinism  not a resume bug: dropout is reseeded from the OS, so no two runs agree
@@ -57,7 +58,12 @@ def forget_scheduler() -> None:
 
 
 def forget_rank_state() -> None:
-    save, load = train.atomic_torch_save, train.torch.load
+    save, load, make_model = train.atomic_torch_save, train.torch.load, train.make_model
+
+    def own_dropout_per_rank(hidden: int) -> torch.nn.Module:
+        model = make_model(hidden)  # identical initial weights; then each rank its own masks
+        torch.manual_seed(1000 + train.dist.get_rank())
+        return model
 
     def save_rank_zero_only(obj: Any, path: Path) -> None:
         if not Path(path).name.startswith("rank-") or Path(path).name == "rank-0.pt":
@@ -68,6 +74,7 @@ def forget_rank_state() -> None:
         return load(path.with_name("rank-0.pt") if path.name.startswith("rank-") else path,
                     **kwargs)
 
+    train.make_model = own_dropout_per_rank
     train.atomic_torch_save = save_rank_zero_only
     train.torch.load = load_rank_zero
 
