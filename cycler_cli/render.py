@@ -231,8 +231,8 @@ def render_verify(result: VerifyResult) -> None:
                       f"{run.seconds:.1f}")
     console.print(table)
     after = sum(1 for _, segment, _ in result.compared if segment > 0)
-    console.print(f"compared {len(result.compared)} steps: {result.determinism_checked} before "
-                  f"the first interruption, {after} after a resume (seed {result.seed})")
+    console.print(f"compared {len(result.compared)} checkpoints: {result.determinism_checked} "
+                  f"before the first interruption, {after} after a resume (seed {result.seed})")
     for note in result.notes:
         console.print(f"note: {escape(note)}", style="yellow", soft_wrap=True)
     for line in verify_lines(result):
@@ -245,9 +245,12 @@ _VERDICT_STYLES = {"identical": "bold green", "different": "bold red",
 
 
 def _interruption(resume: Resume, resumed: bool) -> str:
-    where = f"step {resume.from_step}" if resume.from_step is not None else "?"
+    where = f"step {resume.from_step}" if resume.from_step is not None else resume.from_name
     went_on = f"resumed from {where}" if resumed else f"checkpoint at {where}, not resumed"
-    return f"{resume.interruption.kind} at step {resume.sent_at_step}: {went_on}"
+    planned = resume.interruption
+    when = (f"step {resume.sent_at_step}" if resume.sent_at_step >= 0
+            else f"commit {planned.after_checkpoints}")
+    return f"{planned.kind} at {when}: {went_on}"
 
 
 def verify_lines(result: VerifyResult) -> list[str]:
@@ -272,10 +275,12 @@ def verify_lines(result: VerifyResult) -> list[str]:
 def _headline(result: VerifyResult, first: FirstDifference) -> str:
     if first.resume is None:
         what = "NOT DETERMINISTIC" if result.verdict == "nondeterministic" else "DIFFERENT"
-        return (f"cycle verify: {what}: two runs differ at step {first.step}, before any "
+        return (f"cycle verify: {what}: two runs differ at {first.moment}, before any "
                 "interruption (no resume is to blame)")
     total = len(result.runs[-1].resumes)
-    return (f"cycle verify: DIFFERENT at step {first.step}, {first.steps_after_resume} steps "
-            f"after the resume from step {first.resume.from_step} "
-            f"({first.resume.interruption.kind} {first.interruption} of {total}, sent at step "
-            f"{first.resume.sent_at_step})")
+    resume = first.resume
+    since = (f"{first.steps_after_resume} steps after the resume from step {resume.from_step}"
+             if first.steps_after_resume is not None else f"after the resume from "
+             f"{resume.from_name}")
+    return (f"cycle verify: DIFFERENT at {first.moment}, {since} "
+            f"({resume.interruption.kind} {first.interruption} of {total})")

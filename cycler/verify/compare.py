@@ -92,7 +92,7 @@ def compare_checkpoints(reference: Path, resumed: Path, files: list[str], *,
     differences: list[Difference] = []
     keys: list[tuple[str, tuple[str, ...]]] = []
     tensors = 0
-    for name in _units(files):
+    for name in units(files):
         left, right = load_unit(reference, name, trusted), load_unit(resumed, name, trusted)
         for key, value in leaves(left):
             if value is not None:  # a None holds no state: "rng": None saves no RNG
@@ -102,7 +102,7 @@ def compare_checkpoints(reference: Path, resumed: Path, files: list[str], *,
     return CheckpointDiff(differences, keys, tensors)
 
 
-def _units(files: list[str]) -> list[str]:
+def units(files: list[str]) -> list[str]:
     """The files to load: a DCP save's directory once (``dir/``), every other file itself."""
     units: list[str] = []
     for name in sorted(files):

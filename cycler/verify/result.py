@@ -31,6 +31,8 @@ class FirstDifference:
     """The first checkpoint both runs committed at one step that differs."""
 
     step: int | None
+    moment: str
+    """The step in words (``step 24``), or the data position where checkpoints carry none."""
     checkpoint: str
     """The interrupted run's checkpoint (its name in its root)."""
     diff: CheckpointDiff
@@ -63,7 +65,8 @@ class FirstDifference:
     def as_dict(self) -> dict[str, Any]:
         first = self.headline
         return {
-            "step": self.step, "checkpoint": self.checkpoint, "where": first.where(),
+            "step": self.step, "moment": self.moment, "checkpoint": self.checkpoint,
+            "where": first.where(),
             "file": first.file, "key": ".".join(first.key),
             "tensors_differing": self.diff.tensors_differing, "tensors": self.diff.tensors,
             "largest_difference": self.diff.largest,
@@ -81,8 +84,8 @@ class VerifyResult:
     seed: int
     scratch: Path | None
     """Where the runs are kept (``None``: removed, they were identical)."""
-    compared: list[tuple[int | None, int, bool]] = field(default_factory=list)
-    """Every step compared: (step, the interrupted run's segment, identical)."""
+    compared: list[tuple[str, int, bool]] = field(default_factory=list)
+    """Every moment compared: (``step 24``, the interrupted run's segment, identical)."""
     first: FirstDifference | None = None
     notes: list[str] = field(default_factory=list)
     determinism_checked: int = 0
@@ -100,8 +103,8 @@ class VerifyResult:
             "scratch": str(self.scratch) if self.scratch else None,
             "determinism_check": self.determinism_check,
             "determinism_checked_on": self.determinism_checked,
-            "compared": [{"step": s, "segment": g, "identical": same}
-                         for s, g, same in self.compared],
+            "compared": [{"moment": moment, "segment": g, "identical": same}
+                         for moment, g, same in self.compared],
             "first_difference": self.first.as_dict() if self.first else None,
             "runs": [_run_dict(run) for run in self.runs], "notes": self.notes,
         }

@@ -24,6 +24,7 @@ from cycler.protocol.exit_codes import EXIT_USAGE
 from cycler.verify.capture import Captured
 from cycler.verify.causes import Cause, name_cause, part_of
 from cycler.verify.compare import CheckpointDiff, compare_checkpoints
+from cycler.verify.matching import Pair, pair_checkpoints
 from cycler.verify.plan import Interruption, ReferenceShape, plan_interruptions
 from cycler.verify.result import (
     DIFFERENT,
@@ -148,38 +149,31 @@ def idle_streams(first: Captured, last: Captured) -> set[tuple[str, tuple[str, .
             if part_of(file, key) == "rng" and (file, key) not in changed}
 
 
-def _pairs(reference: RunRecord, interrupted: RunRecord) -> list[tuple[Captured, Captured]]:
-    """Checkpoints of the two runs at equal steps (by commit order where steps are unknown)."""
-    mine, theirs = reference.capture.kept, interrupted.capture.kept
-    if all(c.step is not None for c in [*mine, *theirs]):
-        by_step = {c.step: c for c in theirs}  # a step committed twice: the later one
-        return [(c, by_step[c.step]) for c in mine if c.step in by_step]
-    return list(zip(mine, theirs, strict=False))
-
-
 def _compare(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
              compared: Compared, idle: set[tuple[str, tuple[str, ...]]],
              segments: int | None = None) -> None:
     """Compare the pairs not compared yet (of the first ``segments`` only), oldest first,
     until the first difference."""
     done = len(result.compared)
-    pairs = _pairs(reference, interrupted)[done:]
+    pairs = pair_checkpoints(reference.capture.kept, interrupted.capture.kept)[done:]
     if segments is not None:
-        pairs = [(a, b) for a, b in pairs if b.segment < segments]
-    for number, (mine, theirs) in enumerate(pairs, start=done + 1):
+        pairs = [pair for pair in pairs if pair.interrupted.segment < segments]
+    for number, pair in enumerate(pairs, start=done + 1):
         compared(number, done + len(pairs))
+        mine, theirs = pair.reference, pair.interrupted
         files = sorted({*mine.manifest.files, *theirs.manifest.files})
         diff = compare_checkpoints(mine.path, theirs.path, files, trusted=True).without(idle)
-        result.compared.append((theirs.step, theirs.segment, diff.identical))
+        result.compared.append((pair.moment, theirs.segment, diff.identical))
         if theirs.segment == 0:
             result.determinism_checked += 1
         if not diff.identical:
-            _differs(result, interrupted, theirs, diff)
+            _differs(result, interrupted, pair, diff)
             return
 
 
-def _differs(result: VerifyResult, interrupted: RunRecord, theirs: Captured,
+def _differs(result: VerifyResult, interrupted: RunRecord, pair: Pair,
              diff: CheckpointDiff) -> None:
+    theirs = pair.interrupted
     before_any = theirs.segment == 0
     result.verdict = NONDETERMINISTIC if before_any and result.determinism_check else DIFFERENT
     if result.verdict == NONDETERMINISTIC:
@@ -188,7 +182,7 @@ def _differs(result: VerifyResult, interrupted: RunRecord, theirs: Captured,
         cause = name_cause(diff, world_size=theirs.manifest.world_size,
                            files=theirs.manifest.files)
     resume = None if before_any else interrupted.resumes[theirs.segment - 1]
-    result.first = FirstDifference(theirs.step, theirs.name, diff, cause, resume,
+    result.first = FirstDifference(theirs.step, pair.moment, theirs.name, diff, cause, resume,
                                    theirs.segment)
 
 
@@ -218,8 +212,9 @@ def _note(result: VerifyResult, reference: RunRecord, interrupted: RunRecord,
         result.notes.append(f"{plan_size - len(interrupted.resumes)} interruption(s) came after "
                             "the run ended: fewer were tested")
     if any(c.step is None for c in reference.capture.kept):
-        result.notes.append("the manifests carry no step: checkpoints were matched by commit "
-                            'order (pass metadata={"step": ...} to the commit)')
+        result.notes.append("the manifests carry no step: checkpoints were matched by the "
+                            "data position they hold, else by commit order (pass "
+                            'metadata={"step": ...} to the commit)')
     final = reference.capture.kept[-1].step, interrupted.capture.kept[-1].step
     if result.verdict == IDENTICAL and interrupted.finished and final[0] != final[1]:
         result.notes.append(f"the runs' last checkpoints are at steps {final[0]} and {final[1]}")
