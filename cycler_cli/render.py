@@ -197,14 +197,14 @@ def prune_as_dict(result: PruneResult) -> dict[str, Any]:
 def verify_progress(enabled: bool) -> Iterator[tuple[Callable[[str, int, int], None],
                                                      Callable[[int, int], None]]]:
     """A live line per phase of ``cycle verify`` (on stderr), and the callbacks that move it."""
-    if not enabled:
+    stderr = Console(stderr=True, highlight=False)
+    if not enabled or not stderr.is_terminal:  # a log file gets the summary only
         yield (lambda name, step, kept: None), (lambda done, total: None)
         return
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True, highlight=False),
-                  transient=True) as progress:
+    with Progress(*columns, console=stderr, transient=True) as progress:
         tasks: dict[str, Any] = {}
 
         def task(name: str, text: str) -> None:

@@ -42,7 +42,8 @@ def check_private(directory: Path) -> None:
                          "runs in a private directory; remove it or pass --scratch-dir")
     if info.st_uid != os.geteuid():
         raise UnsafePath(f"{directory} belongs to another user (uid {info.st_uid}): verify keeps "
-                         "its runs in a private directory; pass --scratch-dir")
+                         "its runs in a private directory; give --scratch-dir one of yours")
     if stat.S_IMODE(info.st_mode) & 0o077:
         raise UnsafePath(f"{directory} is open to other users "
-                         f"({stat.S_IMODE(info.st_mode):o}): chmod 700 it or pass --scratch-dir")
+                         f"({stat.S_IMODE(info.st_mode):o}): chmod 700 it, or give --scratch-dir a "
+                         "private directory")

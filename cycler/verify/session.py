@@ -85,7 +85,11 @@ def verify(options: VerifyOptions, progress: Progress = lambda name, step, kept:
     seed = options.seed if options.seed is not None else random.randrange(1 << 31)
     scratch = make_scratch(options.scratch_dir)
     runner = Runner(options.run_args, scratch, progress=progress)
-    result = _verify(options, runner, seed, compared)
+    try:
+        result = _verify(options, runner, seed, compared)
+    except ConfigError:
+        shutil.rmtree(scratch, ignore_errors=True)  # nothing ran: nothing to look at
+        raise
     result.scratch = scratch
     if result.verdict == IDENTICAL and not options.keep:
         shutil.rmtree(scratch, ignore_errors=True)
