@@ -256,6 +256,9 @@ def _interruption(resume: Resume, resumed: bool) -> str:
 def verify_lines(result: VerifyResult) -> list[str]:
     """The verdict in a few lines: where, what, why, the fix."""
     first = result.first
+    if first is None and result.verdict == "different":
+        return ["cycle verify: DIFFERENT: every step both runs reached matches, but the "
+                "interrupted run ended early (see the note)", f"  runs kept in {result.scratch}"]
     if first is None:
         return ["cycle verify: IDENTICAL: every checkpoint after each resume matches the "
                 "uninterrupted run's, bit for bit"]

@@ -22,7 +22,7 @@ from pathlib import Path
 from cycler.errors import ConfigError, CyclerError
 from cycler.protocol.exit_codes import EXIT_USAGE
 from cycler.verify.capture import Captured
-from cycler.verify.causes import Cause, name_cause, part_of
+from cycler.verify.causes import CAUSES, Cause, name_cause, part_of
 from cycler.verify.compare import CheckpointDiff, compare_checkpoints
 from cycler.verify.matching import Pair, pair_checkpoints
 from cycler.verify.plan import Interruption, ReferenceShape, plan_interruptions
@@ -219,6 +219,11 @@ def _note(result: VerifyResult, reference: RunRecord, interrupted: RunRecord,
         result.notes.append("the manifests carry no step: checkpoints were matched by the "
                             "data position they hold, else by commit order (pass "
                             'metadata={"step": ...} to the commit)')
-    final = reference.capture.kept[-1].step, interrupted.capture.kept[-1].step
-    if result.verdict == IDENTICAL and interrupted.finished and final[0] != final[1]:
-        result.notes.append(f"the runs' last checkpoints are at steps {final[0]} and {final[1]}")
+    ended, stopped = reference.capture.kept[-1].step, interrupted.capture.kept[-1].step
+    # A later last checkpoint may be a stop's; an earlier one means steps were skipped.
+    if result.verdict == IDENTICAL and interrupted.finished and ended is not None \
+            and stopped is not None and stopped < ended:
+        result.verdict = DIFFERENT
+        result.notes.append(f"the interrupted run ended at step {stopped}, before the "
+                            f"uninterrupted run's last checkpoint (step {ended}): "
+                            f"{CAUSES['counters'][1]}")
