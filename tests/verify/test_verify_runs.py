@@ -29,9 +29,11 @@ SMALL = ["--epochs", "2", "--samples", "1024", "--batch-size", "32", "--hidden",
 def cycle_verify(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("CYCLER_", "SLURM_"))}
     environment["TMPDIR"] = str(tmp_path)  # verify's scratch: inside the test's directory
-    return subprocess.run([sys.executable, "-m", "cycler_cli", "verify", *args],
+    done = subprocess.run([sys.executable, "-m", "cycler_cli", "verify", *args],
                           capture_output=True, text=True, cwd=tmp_path, env=environment,
                           timeout=900)
+    print(done.stdout, done.stderr)  # verify's report, in the log of a -rP run
+    return done
 
 
 def test_verify_of_the_example_finds_every_resumed_checkpoint_identical(tmp_path: Path) -> None:
