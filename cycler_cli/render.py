@@ -232,7 +232,8 @@ def render_verify(result: VerifyResult) -> None:
     console.print(table)
     after = sum(1 for _, segment, _ in result.compared if segment > 0)
     console.print(f"compared {len(result.compared)} checkpoints: {result.determinism_checked} "
-                  f"before the first interruption, {after} after a resume (seed {result.seed})")
+                  f"before the first interruption, {after} after a resume (seed {result.seed})",
+                  soft_wrap=True)
     for note in result.notes:
         console.print(f"note: {escape(note)}", style="yellow", soft_wrap=True)
     for line in verify_lines(result):

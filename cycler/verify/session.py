@@ -37,7 +37,7 @@ from cycler.verify.runner import Progress, Runner, RunRecord
 from cycler.verify.scratch import make_scratch
 
 NEEDS = ("verify compares the checkpoints a run commits with cycler's savers: save with "
-         "AtomicDirectory(default_checkpoint_root()) (or save_checkpoint) and commit at least "
+         "AtomicDirectory(default_checkpoint_root()) and commit at least "
          "two checkpoints during the run")
 
 
