@@ -261,8 +261,9 @@ def verify_lines(result: VerifyResult) -> list[str]:
         return ["cycle verify: DIFFERENT: every step both runs reached matches, but the "
                 "interrupted run ended early (see the note)", f"  runs kept in {result.scratch}"]
     if first is None:
+        kept = [f"  runs kept in {result.scratch}"] if result.scratch is not None else []
         return ["cycle verify: IDENTICAL: every checkpoint after each resume matches the "
-                "uninterrupted run's, bit for bit"]
+                "uninterrupted run's, bit for bit", *kept]
     head = first.headline
     largest = first.diff.largest
     lines = [_headline(result, first),
