@@ -21,7 +21,7 @@ HELP = (
 EPILOG = ("Exit codes: 0 identical; 1 a checkpoint after a resume differs (the report names the "
           "file, the key and the likely cause); 2 bad usage, or the script commits no cycler "
           "checkpoints; 3 the script is not deterministic (two uninterrupted runs differ); 4 a "
-          "run of the script failed.")
+          "run of the script failed; 130 interrupted (Ctrl-C).")
 
 
 def register(app: typer.Typer) -> None:

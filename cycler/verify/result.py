@@ -9,6 +9,7 @@ Exit codes (the CLI exits with :attr:`VerifyResult.exit_code`):
 | 2 | bad usage, or a script verify cannot check (no cycler checkpoints) |
 | 3 | the script is not deterministic: two runs differ before any interruption |
 | 4 | a run of the script failed |
+| 130 | interrupted (Ctrl-C) |
 """
 
 from __future__ import annotations

@@ -47,6 +47,12 @@ class NothingToVerify(CyclerError):
     exit_code = EXIT_USAGE
 
 
+class Interrupted(CyclerError):
+    """Ctrl-C: the runs were stopped at once (exit 130, as a shell reports SIGINT)."""
+
+    exit_code = 130
+
+
 @dataclass(frozen=True, kw_only=True)
 class VerifyOptions:
     """What ``cycle verify`` runs and how it interrupts it."""
@@ -90,6 +96,8 @@ def verify(options: VerifyOptions, progress: Progress = lambda name, step, kept:
     except ConfigError:
         shutil.rmtree(scratch, ignore_errors=True)  # nothing ran: nothing to look at
         raise
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted: the runs so far are in {scratch}") from None
     result.scratch = scratch
     if result.verdict == IDENTICAL and not options.keep:
         shutil.rmtree(scratch, ignore_errors=True)
