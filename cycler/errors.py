@@ -40,6 +40,13 @@ class UnreadableCheckpoint(CyclerError, OSError):
     for "not committed", never removed for it."""
 
 
+class UnsafePath(CyclerError, PermissionError):
+    """A path in a shared place that is not private to this user (a symlink, another user's,
+    open to others): refused, never used."""
+
+    exit_code = EXIT_USAGE
+
+
 class CheckpointDirectoryError(CyclerError, OSError):
     """The checkpoint root cannot be used: not a directory, not writable, or on a broken path."""
 

@@ -10,7 +10,7 @@ ensure_torch_cycler()
 
 import typer  # noqa: E402
 
-from cycler_cli import inspect_commands, run_command  # noqa: E402
+from cycler_cli import inspect_commands, run_command, verify_command  # noqa: E402
 
 app = typer.Typer(
     name="cycle",
@@ -43,6 +43,7 @@ def _configure(
 
 inspect_commands.register(app)
 run_command.register(app)
+verify_command.register(app)
 
 
 def main() -> None:

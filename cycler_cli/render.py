@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,8 @@ from cycler.checkpoint.inspection import CheckpointFacts, MemoryTierStatus, Prun
 from cycler.protocol.events import describe
 from cycler.protocol.goodput import Goodput
 from cycler.protocol.timeline import LEGEND
+from cycler.verify.result import FirstDifference, VerifyResult
+from cycler.verify.runner import Resume
 
 console = Console(highlight=False)
 
@@ -187,3 +191,101 @@ def prune_as_dict(result: PruneResult) -> dict[str, Any]:
         "stale_temporaries": [str(p) for p in result.stale_temporaries],
         "removed": [str(p) for p in result.removed],
     }
+
+
+@contextlib.contextmanager
+def verify_progress(enabled: bool) -> Iterator[tuple[Callable[[str, int, int], None],
+                                                     Callable[[int, int], None]]]:
+    """A live line per phase of ``cycle verify`` (on stderr), and the callbacks that move it."""
+    stderr = Console(stderr=True, highlight=False)
+    if not enabled or not stderr.is_terminal:  # a log file gets the summary only
+        yield (lambda name, step, kept: None), (lambda done, total: None)
+        return
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=stderr, transient=True) as progress:
+        tasks: dict[str, Any] = {}
+
+        def task(name: str, text: str) -> None:
+            if name not in tasks:
+                for other in tasks.values():
+                    progress.stop_task(other)
+                tasks[name] = progress.add_task(text)
+            progress.update(tasks[name], description=text)
+
+        yield ((lambda name, step, kept: task(name, f"{name} run: step {max(step, 0)}, "
+                                                    f"{kept} checkpoints kept")),
+               (lambda done, total: task("compare", f"comparing checkpoints: {done}/{total}")))
+
+
+def render_verify(result: VerifyResult) -> None:
+    """The summary table of the runs, then the verdict in a few lines."""
+    table = Table(box=box.SIMPLE, title="cycle verify", title_justify="left")
+    for column in ("run", "starts", "checkpoints", "interruptions", "seconds"):
+        table.add_column(column, justify="left" if column in ("run", "interruptions") else "right")
+    for run in result.runs:
+        events = ", ".join(_interruption(r, resumed=run.finished or r is not run.resumes[-1])
+                           for r in run.resumes) or "none"
+        table.add_row(run.name, str(run.starts), str(len(run.capture.kept)), events,
+                      f"{run.seconds:.1f}")
+    console.print(table)
+    after = sum(1 for _, segment, _ in result.compared if segment > 0)
+    console.print(f"compared {len(result.compared)} checkpoints: {result.determinism_checked} "
+                  f"before the first interruption, {after} after a resume (seed {result.seed})",
+                  soft_wrap=True)
+    for note in result.notes:
+        console.print(f"note: {escape(note)}", style="yellow", soft_wrap=True)
+    for line in verify_lines(result):
+        console.print(escape(line), style=_VERDICT_STYLES.get(result.verdict, ""),
+                      soft_wrap=True)
+
+
+_VERDICT_STYLES = {"identical": "bold green", "different": "bold red",
+                   "nondeterministic": "bold yellow"}
+
+
+def _interruption(resume: Resume, resumed: bool) -> str:
+    where = f"step {resume.from_step}" if resume.from_step is not None else resume.from_name
+    went_on = f"resumed from {where}" if resumed else f"checkpoint at {where}, not resumed"
+    planned = resume.interruption
+    when = (f"step {resume.sent_at_step}" if resume.sent_at_step >= 0
+            else f"commit {planned.after_checkpoints}")
+    return f"{planned.kind} at {when}: {went_on}"
+
+
+def verify_lines(result: VerifyResult) -> list[str]:
+    """The verdict in a few lines: where, what, why, the fix."""
+    first = result.first
+    if first is None and result.verdict == "different":
+        return ["cycle verify: DIFFERENT: every step both runs reached matches, but the "
+                "interrupted run ended early (see the note)", f"  runs kept in {result.scratch}"]
+    if first is None:
+        kept = [f"  runs kept in {result.scratch}"] if result.scratch is not None else []
+        return ["cycle verify: IDENTICAL: every checkpoint after each resume matches the "
+                "uninterrupted run's, bit for bit", *kept]
+    head = first.headline
+    largest = first.diff.largest
+    lines = [_headline(result, first),
+             f"  first difference: {head.where()} ({first.diff.tensors_differing} of "
+             f"{first.diff.tensors} tensors differ"
+             + (f", largest difference {largest:.3g})" if largest is not None else ")"),
+             f"  likely cause: {first.cause.part}: {first.cause.why}",
+             f"  fix: {first.cause.fix}"]
+    if result.scratch is not None:
+        lines.append(f"  runs kept in {result.scratch}")
+    return lines
+
+
+def _headline(result: VerifyResult, first: FirstDifference) -> str:
+    if first.resume is None:
+        what = "NOT DETERMINISTIC" if result.verdict == "nondeterministic" else "DIFFERENT"
+        return (f"cycle verify: {what}: two runs differ at {first.moment}, before any "
+                "interruption (no resume is to blame)")
+    total = len(result.runs[-1].resumes)
+    resume = first.resume
+    since = (f"{first.steps_after_resume} steps after the resume from step {resume.from_step}"
+             if first.steps_after_resume is not None else f"after the resume from "
+             f"{resume.from_name}")
+    return (f"cycle verify: DIFFERENT at {first.moment}, {since} "
+            f"({resume.interruption.kind} {first.interruption} of {total})")

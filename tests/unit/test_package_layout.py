@@ -18,6 +18,7 @@ ALLOWED = {
     "training": {"checkpoint", "data", "protocol"},
     "supervisor": {"checkpoint", "protocol"},
     "integrations": {"training", "checkpoint", "data", "protocol"},
+    "verify": {"checkpoint", "protocol"},
 }
 """Which other parts each part may import (DESIGN.md, "Layout of the package"). The helpers
 (``_fs``, ``errors``) are below every part; ``errors`` reads the exit codes, a leaf module."""

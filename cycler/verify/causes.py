@@ -1,0 +1,152 @@
+"""Name the likely cause of a difference after a resume, from what differs first.
+
+Training state flows one way within a step: the random streams and the data position decide
+what a step computes, the scheduler sets the learning rate, the scaler the loss scale, and the
+optimizer turns gradients into the model's next weights. So the most upstream part that differs
+is the likely cause, and the model differing alone (everything upstream equal) points at the
+model itself. Where nothing upstream differs, what the checkpoint does not save at all is the
+likely cause: a checkpoint without RNG state, without a data position, without the optimizer,
+or one file for several ranks. Parts are recognised by the names the script gives them
+(``rng``, ``sampler``, ``scheduler``, ``scaler``, ``optimizer``...).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from cycler.verify.compare import CheckpointDiff, Difference
+
+DOCS = "docs/verify.md"
+
+
+@dataclass(frozen=True)
+class Cause:
+    """What most likely was not restored, why verify thinks so, and the docs line that fixes it."""
+
+    name: str
+    """One of :data:`CAUSES`' keys."""
+    part: str
+    """The part in the user's words: ``the RNG streams``."""
+    why: str
+    fix: str
+    evidence: Difference | None = None
+    """The difference that shows it, where one does."""
+
+    def as_dict(self) -> dict[str, str]:
+        return {"name": self.name, "part": self.part, "why": self.why, "fix": self.fix}
+
+
+CAUSES: dict[str, tuple[str, str]] = {
+    "rng": ("the RNG streams", "save capture_rng_state() in every rank's own file and call "
+            f"restore_rng_state() after loading it ({DOCS}#rng-streams)"),
+    "dataloader_seed": ("an unseeded DataLoader", "give the DataLoader its own generator, "
+                        "DataLoader(..., generator=torch.Generator().manual_seed(seed)), so "
+                        "iter() draws nothing from the saved global RNG "
+                        f"({DOCS}#an-unseeded-dataloader)"),
+    "data": ("the data position", "save sampler.state_dict() (InterruptableDistributedSampler, "
+             "advanced per batch) and load it on resume "
+             f"({DOCS}#the-data-position)"),
+    "scheduler": ("the learning-rate scheduler", "save scheduler.state_dict() and load it on "
+                  f"resume ({DOCS}#the-scheduler)"),
+    "scaler": ("the gradient scaler", "save scaler.state_dict() (torch.amp.GradScaler) and load "
+               f"it on resume ({DOCS}#the-scaler)"),
+    "optimizer": ("the optimizer", "save optimizer.state_dict() and load it on resume, after "
+                  f"building the optimizer over the same parameters ({DOCS}#the-optimizer)"),
+    "rank_state": ("a rank's own state", "every rank saves its own file (rank-{rank}.pt: its RNG "
+                   "and anything else that differs by rank) and loads its own on resume "
+                   f"({DOCS}#a-ranks-own-state)"),
+    "counters": ("the step and epoch counters", "save StepControl's and EpochLoop's "
+                 f"state_dict() and load them on resume ({DOCS}#the-counters)"),
+    "model": ("the model alone", "save model.state_dict() and load it on resume; a buffer "
+              "registered with persistent=False or a plain attribute is not in it "
+              f"({DOCS}#the-model-alone)"),
+}
+_PARTS: list[tuple[str, re.Pattern[str]]] = [
+    ("rng", re.compile(r"rng|random|generator")),
+    ("data", re.compile(r"sampler|loader|dataset|data_?position|data_?state")),
+    ("scheduler", re.compile(r"sched")),
+    ("scaler", re.compile(r"scaler")),
+    ("optimizer", re.compile(r"optim")),
+    ("metrics", re.compile(r"metric|loss|logs?$|history")),
+    ("counters", re.compile(r"^(control|epochs?|steps?|global_step|progress|trainer_state)$")),
+]
+_RANK_FILE = re.compile(r"rank[-_]?(\d+)")
+
+
+def part_of(file: str, key: tuple[str, ...]) -> str:
+    """Which part of the training state a leaf belongs to (``model`` when nothing else fits)."""
+    words = [word.lower() for word in (*key, file.rsplit(".", 1)[0])]
+    for part, pattern in _PARTS:
+        if any(pattern.search(word) for word in words):
+            return part
+    return "model"
+
+
+def name_cause(diff: CheckpointDiff, *, world_size: int, files: Iterable[str]) -> Cause:
+    """The likely cause of ``diff``, the first differences after a resume."""
+    differing = {part_of(d.file, d.key) for d in diff.differences}
+    saved = {part_of(file, key) for file, key in diff.keys}
+    upstream = _upstream(diff.differences, differing)
+    if upstream is not None:
+        name, why, evidence = upstream
+    else:
+        (name, why), evidence = _unsaved(differing, saved, world_size, list(files)), None
+    part, fix = CAUSES[name]
+    return Cause(name, part, why, fix, evidence)
+
+
+def _upstream(differences: list[Difference],
+              differing: set[str]) -> tuple[str, str, Difference] | None:
+    """The most upstream part that differs, the reason, and the difference that shows it."""
+    def first(test: Callable[[Difference], bool]) -> Difference | None:
+        return next((d for d in differences if test(d)), None)
+
+    if "rng" in differing:
+        drawn = first(lambda d: d.one_draw_ahead)
+        if drawn is not None:
+            return "dataloader_seed", ("the resumed run's global RNG is exactly one seed draw "
+                                       "ahead: a DataLoader without a generator drew its "
+                                       "workers' seed from it when iterated after the "
+                                       "resume"), drawn
+        shown = first(lambda d: part_of(d.file, d.key) == "rng")
+        assert shown is not None
+        return "rng", "the saved RNG state differs from the uninterrupted run's", shown
+    for part in ("data", "scheduler", "scaler", "counters"):
+        shown = next((d for d in differences if part_of(d.file, d.key) == part), None)
+        if shown is not None:
+            return part, "it differs from the uninterrupted run's", shown
+    shown = first(_is_learning_rate)
+    if shown is not None:
+        return "scheduler", "the learning rate differs and no saved scheduler explains it", shown
+    shown = first(lambda d: part_of(d.file, d.key) == "optimizer" and (
+        not d.is_tensor or d.key[-1] == "step"))
+    if shown is not None:
+        return "optimizer", "the optimizer's own bookkeeping (param_groups, step) differs", shown
+    return None
+
+
+def _unsaved(differing: set[str], saved: set[str], world_size: int,
+             files: list[str]) -> tuple[str, str]:
+    """With nothing upstream differing: the part the checkpoint does not save at all."""
+    if "rng" not in saved:
+        return "rng", "the checkpoint holds no RNG state, so dropout and augmentation draw " \
+                      "differently after a resume"
+    ranks = {int(m.group(1)) for f in files if (m := _RANK_FILE.search(f.lower()))}
+    if world_size > 1 and len(ranks) < world_size:
+        return "rank_state", (f"{world_size} ranks ran but the checkpoint holds files of "
+                              f"{len(ranks)} of them: the others' own state (RNG) is lost")
+    if "data" not in saved:
+        return "data", "the checkpoint holds no sampler or data position"
+    if "optimizer" not in saved:
+        return "optimizer", "the checkpoint holds no optimizer state"
+    if differing & {"optimizer"}:
+        return "optimizer", ("the optimizer's state differs with every input to it (RNG, data "
+                             "position, learning rate) equal")
+    return "model", "only the model's tensors differ"
+
+
+def _is_learning_rate(d: Difference) -> bool:
+    return part_of(d.file, d.key) == "optimizer" and bool(d.key) and d.key[-1] in (
+        "lr", "initial_lr")

@@ -1,0 +1,284 @@
+"""Compare two committed checkpoints file by file: every tensor bit for bit, every other object
+by value (RNG states included), and say where they first differ.
+
+A file is loaded the way its writer saved it: ``torch.save`` files with
+``torch.load(weights_only=True)`` (and, only for checkpoints inside verify's own private scratch
+directory, the full unpickler where a file holds more than tensors and plain containers); a
+torch.distributed.checkpoint save (its ``.metadata`` and ``*.distcp`` shards) as one state dict
+per directory; JSON by value; anything else byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DCP_METADATA = ".metadata"
+_DCP_SHARD_SUFFIX = ".distcp"
+_TORCH_RNG_STATE_SIZE = 5056
+"""Bytes of a CPU torch.Generator's state."""
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One place where the two checkpoints differ."""
+
+    file: str
+    """The file (or DCP directory, ending in ``/``) as the manifest names it."""
+    key: tuple[str, ...]
+    """The path of keys and indices inside the file's object (empty: the file as a whole)."""
+    what: str
+    """``values`` (a tensor's bits or an object's value), ``shape``, ``type``, ``only in the
+    reference``, ``only in the resumed run``."""
+    largest: float | None = None
+    """The largest absolute difference of a numeric tensor or number (``inf`` with a NaN)."""
+    elements: int = 0
+    """How many elements of a tensor differ."""
+    one_draw_ahead: bool = False
+    """A CPU generator state that is the reference's advanced by exactly one int64 draw."""
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.elements > 0
+
+    def where(self) -> str:
+        """``train.pt: optimizer.state.3.exp_avg``"""
+        return f"{self.file}: {'.'.join(self.key)}" if self.key else self.file
+
+
+@dataclass(frozen=True)
+class CheckpointDiff:
+    """Every difference between two checkpoints, and what the reference holds."""
+
+    differences: list[Difference]
+    keys: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
+    """Every (file, key path) of a leaf in the reference that is not ``None``: what the
+    checkpoint saves at all."""
+    tensors: int = 0
+    """How many tensors the reference holds."""
+
+    @property
+    def identical(self) -> bool:
+        return not self.differences
+
+    @property
+    def tensors_differing(self) -> int:
+        return sum(1 for d in self.differences if d.is_tensor)
+
+    def without(self, ignored: set[tuple[str, tuple[str, ...]]]) -> CheckpointDiff:
+        """The same comparison with the differences at ``ignored`` (file, key) leaves left out."""
+        kept = [d for d in self.differences if (d.file, d.key) not in ignored]
+        return CheckpointDiff(kept, self.keys, self.tensors)
+
+    @property
+    def largest(self) -> float | None:
+        """The largest absolute difference of any tensor (``inf`` with a NaN)."""
+        sizes = [d.largest for d in self.differences if d.is_tensor and d.largest is not None]
+        return max(sizes) if sizes else None
+
+
+def compare_checkpoints(reference: Path, resumed: Path, files: list[str], *,
+                        trusted: bool = False) -> CheckpointDiff:
+    """The differences between two checkpoint directories over ``files`` (the manifest's names,
+    relative). ``trusted``: both lie in verify's own private scratch, so a file that
+    ``weights_only`` refuses may be unpickled."""
+    differences: list[Difference] = []
+    keys: list[tuple[str, tuple[str, ...]]] = []
+    tensors = 0
+    for name in units(files):
+        left, right = load_unit(reference, name, trusted), load_unit(resumed, name, trusted)
+        for key, value in leaves(left):
+            if value is not None:  # a None holds no state: "rng": None saves no RNG
+                keys.append((name, key))
+            tensors += isinstance(value, torch.Tensor)
+        differences.extend(diff_objects(name, left, right))
+    return CheckpointDiff(differences, keys, tensors)
+
+
+def units(files: list[str]) -> list[str]:
+    """The files to load: a DCP save's directory once (``dir/``), every other file itself."""
+    units: list[str] = []
+    for name in sorted(files):
+        path = Path(name)
+        if path.name == DCP_METADATA or path.suffix == _DCP_SHARD_SUFFIX:
+            unit = "./" if str(path.parent) == "." else f"{path.parent}/"
+            if unit not in units:
+                units.append(unit)
+        else:
+            units.append(name)
+    return units
+
+
+def load_unit(directory: Path, name: str, trusted: bool) -> Any:
+    """The object one unit holds (see the module's docstring); ``MISSING`` when absent."""
+    path = directory / name
+    if name.endswith("/"):
+        return _load_dcp(path) if (path / DCP_METADATA).exists() else MISSING
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return MISSING
+    if name.endswith(".json"):
+        try:
+            return json.loads(data)
+        except ValueError:
+            return data
+    return _load_torch(path, trusted, data)
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+MISSING: Any = _Missing()
+
+
+def _load_torch(path: Path, trusted: bool, data: bytes) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        if not trusted:
+            return data
+        try:
+            return torch.load(path, map_location="cpu", weights_only=False)
+        except Exception:  # noqa: BLE001 (not a torch file after all: compared byte for byte)
+            return data
+    except Exception:  # noqa: BLE001 (not a torch file: compared byte for byte)
+        return data
+
+
+def _load_dcp(directory: Path) -> Any:
+    """A DCP save as one state dict, read without a process group."""
+    import warnings
+
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    # As torch's own dcp_to_torch_save reads one: the public load() fills only the keys of the
+    # state dict it is given, and verify has none to give.
+    state: dict[str, Any] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "assuming ... a single process"
+        _load_state_dict(state, storage_reader=FileSystemReader(str(directory)),
+                         planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    return state
+
+
+def leaves(value: Any, key: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """Every leaf of a nested object with its key path."""
+    children = _children(value)
+    if children is None:
+        yield key, value
+        return
+    for name, child in children.items():
+        yield from leaves(child, (*key, name))
+
+
+def _children(value: Any) -> dict[str, Any] | None:
+    if isinstance(value, Mapping):
+        return {str(k): v for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return {str(i): v for i, v in enumerate(value)}
+    return None
+
+
+def diff_objects(file: str, left: Any, right: Any,
+                 key: tuple[str, ...] = ()) -> Iterator[Difference]:
+    """The differences between two loaded objects, in key order."""
+    if left is MISSING or right is MISSING:
+        if left is not right:
+            yield Difference(file, key, "only in the resumed run" if left is MISSING
+                             else "only in the reference")
+        return
+    if isinstance(left, torch.Tensor) or isinstance(right, torch.Tensor):
+        yield from _diff_tensors(file, key, left, right)
+        return
+    mine, theirs = _children(left), _children(right)
+    if mine is None or theirs is None:
+        if type(left) is not type(right) and (mine is not None or theirs is not None):
+            yield Difference(file, key, "type")
+        elif not _same_value(left, right):
+            yield Difference(file, key, "values", largest=_number_gap(left, right))
+        return
+    for name in [*mine, *(k for k in theirs if k not in mine)]:
+        yield from diff_objects(file, mine.get(name, MISSING), theirs.get(name, MISSING),
+                                (*key, name))
+
+
+def _same_value(left: Any, right: Any) -> bool:
+    if isinstance(left, float) and isinstance(right, float):
+        return left == right or (math.isnan(left) and math.isnan(right))
+    try:
+        return bool(left == right) and type(left) is type(right)
+    except Exception:  # noqa: BLE001 (an object without a usable ==: compared by its repr)
+        return repr(left) == repr(right)
+
+
+def _number_gap(left: Any, right: Any) -> float | None:
+    numbers = (int, float)
+    if isinstance(left, numbers) and isinstance(right, numbers):
+        gap = abs(float(left) - float(right))
+        return math.inf if math.isnan(gap) else gap
+    return None
+
+
+def _diff_tensors(file: str, key: tuple[str, ...], left: Any, right: Any) -> Iterator[Difference]:
+    if not (isinstance(left, torch.Tensor) and isinstance(right, torch.Tensor)):
+        yield Difference(file, key, "type")
+        return
+    if left.dtype != right.dtype or left.shape != right.shape:
+        yield Difference(file, key, "shape", elements=max(left.numel(), right.numel(), 1))
+        return
+    a, b = _bytes_of(left), _bytes_of(right)
+    if torch.equal(a, b):
+        return
+    yield Difference(file, key, "values", largest=_largest(left, right),
+                     elements=_elements_differing(left, right),
+                     one_draw_ahead=one_draw_ahead(left, right))
+
+
+def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's bits as bytes: -0.0 differs from 0.0 and a NaN equals the same NaN."""
+    dense = tensor.detach().cpu()
+    if dense.layout != torch.strided:
+        dense = dense.to_dense()
+    return dense.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _elements_differing(left: torch.Tensor, right: torch.Tensor) -> int:
+    size = left.element_size()
+    a, b = _bytes_of(left).reshape(-1, size), _bytes_of(right).reshape(-1, size)
+    return max(int((a != b).any(dim=1).sum()), 1)
+
+
+def _largest(left: torch.Tensor, right: torch.Tensor) -> float | None:
+    if not left.is_floating_point() or left.numel() == 0:
+        return None  # an RNG state's bytes or an index: their gap means nothing
+    try:
+        gap = (left.detach().cpu().double() - right.detach().cpu().double()).abs()
+    except (RuntimeError, TypeError):
+        return None
+    return math.inf if bool(gap.isnan().any()) else float(gap.max())
+
+
+def one_draw_ahead(reference: torch.Tensor, resumed: torch.Tensor) -> bool:
+    """Whether ``resumed`` is the CPU generator state ``reference`` advanced by one int64 draw:
+    what ``iter(DataLoader)`` takes from the global generator when it has none of its own."""
+    if reference.dtype != torch.uint8 or reference.numel() != _TORCH_RNG_STATE_SIZE:
+        return False
+    generator = torch.Generator()
+    try:
+        generator.set_state(reference.clone())
+    except RuntimeError:
+        return False
+    torch.empty((), dtype=torch.int64).random_(generator=generator)
+    return torch.equal(generator.get_state(), resumed)

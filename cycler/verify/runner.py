@@ -1,0 +1,214 @@
+"""Drive real ``cycle run`` processes: one run uninterrupted, one stopped and killed at chosen
+steps and started again after each stop, as a scheduler would requeue it.
+
+Each run has its own checkpoint root and log under the scratch directory; the user's
+``cycle run`` options and script arguments go through unchanged after ``--checkpoint-dir``. A
+stop is the stop signal sent to ``cycle run`` (it exits 75 after the stop checkpoint, and is
+started again); a kill is ``kill -9`` of one worker (``cycle run`` restarts the workers itself).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from cycler._fs import pid_alive
+from cycler.checkpoint.layout import CheckpointLayout
+from cycler.errors import ConfigError, CyclerError
+from cycler.protocol.exit_codes import EXIT_REQUEUE, EXIT_SUCCESS, EXIT_USAGE
+from cycler.protocol.progress import Reading, read_beacons
+from cycler.verify.capture import Capture
+from cycler.verify.plan import KILL, Interruption
+
+POLL_SECONDS = 0.01
+# cycle run runs in a session of its own (a Ctrl-C is verify's to handle), so it must still
+# stop when verify dies, even by SIGKILL: the kernel sends it the stop signal then
+# (PR_SET_PDEATHSIG, set in the child before exec: verify's progress display runs a thread,
+# which rules out a preexec_fn).
+_STOPPED_WITH_VERIFY = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[1]): sys.exit(1)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+_ABORT_GRACE = 30.0
+# Names in the environment that would send a run's checkpoints elsewhere or make it a part of
+# the caller's own job (a Slurm allocation's node count, an outer cycle run's control file).
+_NOT_PASSED = ("CYCLER_", "SLURM_", "CHECKPOINT_ARTIFACT_PATH", "LOSSY_ARTIFACT_PATH")
+
+
+class RunFailed(CyclerError):
+    """A run of the script failed (``cycle run`` exited neither 0 nor 75 where it should have)."""
+
+    exit_code = 4
+
+
+@dataclass(frozen=True)
+class Resume:
+    """One interruption as it happened, and the checkpoint the run went on from."""
+
+    interruption: Interruption
+    sent_at_step: int
+    from_step: int | None
+    from_name: str | None
+
+    def as_dict(self) -> dict[str, object]:
+        return {**self.interruption.as_dict(), "sent_at_step": self.sent_at_step,
+                "resumed_from_step": self.from_step, "resumed_from": self.from_name}
+
+
+@dataclass
+class RunRecord:
+    """One run of the script: its checkpoints, its interruptions, its cost."""
+
+    name: str
+    capture: Capture
+    log: Path
+    seconds: float = 0.0
+    starts: int = 0
+    last_step: int = -1
+    resumes: list[Resume] = field(default_factory=list)
+    finished: bool = False
+    """Whether the script ran to its end (``cycle run`` exited 0)."""
+
+
+Progress = Callable[[str, int, int], None]
+"""Called with (run name, last step seen, checkpoints kept) while a run goes on."""
+
+
+class Runner:
+    """Starts ``cycle run`` with the user's options, in a scratch directory of its own."""
+
+    def __init__(self, run_args: list[str], scratch: Path, *,
+                 environ: Mapping[str, str] | None = None,
+                 progress: Progress = lambda name, step, kept: None) -> None:
+        self.run_args = run_args
+        self.scratch = scratch
+        source = os.environ if environ is None else environ
+        self.environ = {k: v for k, v in source.items() if not k.startswith(_NOT_PASSED)}
+        self.progress = progress
+
+    def run(self, name: str, interruptions: Sequence[Interruption] = (), *,
+            count_delay: float = 0.0,
+            go_on: Callable[[RunRecord], bool] = lambda record: True) -> RunRecord:
+        """Run the script to its end, interrupted as planned; raises :class:`RunFailed`.
+
+        ``go_on`` is asked after each stop whether to start the run again (``False``: the run
+        is left there, ``record.finished`` false)."""
+        directory = self.scratch / name
+        directory.mkdir(mode=0o700)
+        record = RunRecord(name, Capture(directory / "checkpoints", directory / "kept"),
+                           directory / "cycle-run.log")
+        pending = list(interruptions)
+        started = time.monotonic()
+        with open(record.log, "ab") as log:
+            while True:
+                record.starts += 1
+                code = self._one_start(record, pending, log, count_delay)
+                if code == EXIT_SUCCESS:
+                    record.finished = True
+                    break
+                if code == EXIT_USAGE:
+                    raise ConfigError(f"cycle run refused the command: {_last_line(record.log)}")
+                if code != EXIT_REQUEUE or not record.resumes:
+                    raise RunFailed(f"the {name} run's cycle run exited {code} (its output: "
+                                    f"{record.log})")
+                record.capture.segment += 1
+                if not go_on(record):
+                    break
+        record.seconds = time.monotonic() - started
+        return record
+
+    def _one_start(self, record: RunRecord, pending: list[Interruption], log: IO[bytes],
+                   count_delay: float) -> int:
+        """One ``cycle run`` until it exits; a planned stop ends it, a planned kill does not."""
+        command = [sys.executable, "-m", "cycler_cli", "run", "--checkpoint-dir",
+                   str(record.capture.root), *self.run_args]
+        log.write(f"$ {' '.join(command)}\n".encode())
+        log.flush()
+        guarded = [sys.executable, "-c", _STOPPED_WITH_VERIFY, str(os.getpid()), *command]
+        process = subprocess.Popen(guarded, stdout=log, stderr=subprocess.STDOUT,
+                                   env=self.environ, start_new_session=True)
+        try:
+            return self._watch(process, record, pending, count_delay)
+        except BaseException:
+            _abort(process)
+            raise
+
+    def _watch(self, process: subprocess.Popen[bytes], record: RunRecord,
+               pending: list[Interruption], count_delay: float) -> int:
+        capture, beacons = record.capture, CheckpointLayout(record.capture.root).progress_dir()
+        stopping, shown = False, 0.0
+        while (code := process.poll()) is None:
+            capture.poll()
+            readings = [r for r in read_beacons(beacons) if pid_alive(r.pid)]
+            record.last_step = max([record.last_step, *(r.step for r in readings)])
+            if pending and not stopping and _due(pending[0], record, readings, count_delay):
+                stopping = self._interrupt(process, record, pending.pop(0), readings)
+            if time.monotonic() - shown > 0.2:
+                self.progress(record.name, record.last_step, len(capture.kept))
+                shown = time.monotonic()
+            time.sleep(POLL_SECONDS)
+        capture.poll()
+        if stopping and record.resumes:
+            record.resumes[-1] = _resumed_from(record.resumes[-1], capture)
+        return code
+
+    def _interrupt(self, process: subprocess.Popen[bytes], record: RunRecord,
+                   planned: Interruption, readings: list[Reading]) -> bool:
+        """Send it; True when it is a stop (the process will exit)."""
+        resume = Resume(planned, record.last_step, None, None)
+        if planned.kind == KILL:
+            record.capture.poll()  # the restart resumes from the newest commit: know it
+            victim = max(readings, key=lambda r: r.rank)  # not rank 0 (it commits), if others
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim.pid, signal.SIGKILL)
+            record.resumes.append(_resumed_from(resume, record.capture))
+            record.capture.segment += 1
+            return False
+        process.send_signal(signal.SIGTERM)
+        record.resumes.append(resume)
+        return True
+
+
+def _due(planned: Interruption, record: RunRecord, readings: list[Reading],
+         count_delay: float) -> bool:
+    if not readings or not record.capture.kept:
+        return False  # no worker to kill yet, or nothing committed to resume from
+    if planned.step is not None:
+        return record.last_step >= planned.step
+    kept = record.capture.kept
+    return len(kept) >= (planned.after_checkpoints or 1) and \
+        time.time() - kept[-1].manifest.created_at >= count_delay
+
+
+def _resumed_from(resume: Resume, capture: Capture) -> Resume:
+    latest = capture.kept[-1] if capture.kept else None
+    return Resume(resume.interruption, resume.sent_at_step,
+                  latest.step if latest else None, latest.name if latest else None)
+
+
+def _abort(process: subprocess.Popen[bytes]) -> None:
+    """Stop a run at once (a second SIGINT), then kill it if it does not go."""
+    for _ in range(2):
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGINT)
+        time.sleep(0.1)
+    try:
+        process.wait(_ABORT_GRACE)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _last_line(log: Path) -> str:
+    lines = log.read_text(errors="replace").strip().splitlines()
+    return lines[-1].removeprefix("cycle: error: ") if lines else "(no output)"

@@ -1,0 +1,237 @@
+"""``cycle verify``: run the script uninterrupted and interrupted, compare, name the cause.
+
+1. The reference: ``cycle run`` of the user's command to its end, every commit kept.
+2. The interrupted run: the same command, stopped (and killed) at planned steps after the
+   reference's first checkpoint, started again after each stop as a requeue would.
+3. Its first segment, before any interruption, is the script run twice: a checkpoint that
+   differs there means the script is not deterministic, and no resume is blamed (checked as
+   soon as that segment ends, so a nondeterministic script costs one segment more, not a run).
+4. Every step both runs committed is compared, oldest first; the first that differs is
+   reported relative to the resume before it, with the part most likely not restored.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cycler.errors import ConfigError, CyclerError
+from cycler.protocol.exit_codes import EXIT_USAGE
+from cycler.verify.capture import Captured
+from cycler.verify.causes import CAUSES, Cause, name_cause, part_of
+from cycler.verify.compare import CheckpointDiff, compare_checkpoints
+from cycler.verify.matching import Pair, pair_checkpoints
+from cycler.verify.plan import Interruption, ReferenceShape, plan_interruptions
+from cycler.verify.result import (
+    DIFFERENT,
+    IDENTICAL,
+    NONDETERMINISTIC,
+    FirstDifference,
+    VerifyResult,
+)
+from cycler.verify.runner import Progress, Runner, RunRecord
+from cycler.verify.scratch import make_scratch
+
+NEEDS = ("verify compares the checkpoints a run commits with cycler's savers: save with "
+         "AtomicDirectory(default_checkpoint_root()) and commit at least "
+         "two checkpoints during the run")
+
+
+class NothingToVerify(CyclerError):
+    """The script commits too few cycler checkpoints for verify to compare anything."""
+
+    exit_code = EXIT_USAGE
+
+
+class Interrupted(CyclerError):
+    """Ctrl-C: the runs were stopped at once (exit 130, as a shell reports SIGINT)."""
+
+    exit_code = 130
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyOptions:
+    """What ``cycle verify`` runs and how it interrupts it."""
+
+    run_args: list[str]
+    """``cycle run`` options, then SCRIPT and its arguments (passed through unchanged)."""
+    stops: int = 3
+    """Stops (the stop signal, then a fresh start) of the interrupted run."""
+    kills: int = 0
+    """kill -9 of a worker (cycle run restarts it) in the interrupted run."""
+    seed: int | None = None
+    """Seed of the choice of interruption steps (``None``: a random one, reported)."""
+    determinism_check: bool = True
+    """Report differences before the first interruption as nondeterminism, not as a resume's."""
+    scratch_dir: Path | None = None
+    """A private directory (0700) to keep the runs in (default: one under the system's tmp)."""
+    keep: bool = False
+    """Keep the runs' checkpoints even when identical."""
+
+    def __post_init__(self) -> None:
+        if not self.run_args:
+            raise ConfigError("cycle verify needs the script to run: cycle verify [OPTIONS] "
+                              "SCRIPT [ARGS]...")
+        if self.stops < 0 or self.kills < 0 or self.stops + self.kills == 0:
+            raise ConfigError(f"--stops ({self.stops}) and --kills ({self.kills}) must not be "
+                              "negative and at least one must be positive")
+
+
+Compared = Callable[[int, int], None]
+
+
+def verify(options: VerifyOptions, progress: Progress = lambda name, step, kept: None,
+           compared: Compared = lambda done, total: None) -> VerifyResult:
+    """Run, interrupt, compare (see the module's docstring). The scratch directory is removed
+    when the runs are identical (unless ``options.keep``) and kept, and named, otherwise."""
+    seed = options.seed if options.seed is not None else random.randrange(1 << 31)
+    scratch = make_scratch(options.scratch_dir)
+    runner = Runner(options.run_args, scratch, progress=progress)
+    try:
+        result = _verify(options, runner, seed, compared)
+    except ConfigError:
+        shutil.rmtree(scratch, ignore_errors=True)  # nothing ran: nothing to look at
+        raise
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted: the runs so far are in {scratch}") from None
+    result.scratch = scratch
+    if result.verdict == IDENTICAL and not options.keep:
+        shutil.rmtree(scratch, ignore_errors=True)
+        result.scratch = None
+    return result
+
+
+def _verify(options: VerifyOptions, runner: Runner, seed: int,
+            compared: Compared) -> VerifyResult:
+    reference = runner.run("reference")
+    kept = reference.capture.kept
+    if len(kept) < 2:
+        raise NothingToVerify(f"the script committed {len(kept)} cycler checkpoint"
+                              f"{'' if len(kept) == 1 else 's'} ({NEEDS}); its runs are in "
+                              f"{runner.scratch}")
+    plan, count_delay = _plan(reference, options, seed)
+    result = VerifyResult(IDENTICAL, [reference], seed, runner.scratch,
+                          determinism_check=options.determinism_check)
+    idle = idle_streams(kept[0], kept[-1])
+
+    def deterministic_so_far(interrupted: RunRecord) -> bool:
+        if not options.determinism_check or interrupted.capture.segment != 1:
+            return True
+        _compare(reference, interrupted, result, compared, idle, segments=1)
+        return result.verdict == IDENTICAL
+
+    interrupted = runner.run("interrupted", plan, count_delay=count_delay,
+                             go_on=deterministic_so_far)
+    result.runs.append(interrupted)
+    if result.verdict == IDENTICAL:
+        _compare(reference, interrupted, result, compared, idle)
+    if result.verdict == IDENTICAL and not any(segment > 0 for _, segment, _ in result.compared):
+        raise NothingToVerify("no checkpoint after a resume could be compared with the "
+                              "reference's: commit more often or run longer (the runs are in "
+                              f"{runner.scratch})")
+    _note(result, reference, interrupted, plan_size=len(plan))
+    return result
+
+
+def _plan(reference: RunRecord, options: VerifyOptions,
+          seed: int) -> tuple[list[Interruption], float]:
+    """The interruptions, and the delay after a commit for those planned by commit count (half
+    the reference's mean interval between commits)."""
+    kept = reference.capture.kept
+    shape = ReferenceShape([c.step for c in kept], [c.manifest.epoch for c in kept],
+                           reference.last_step)
+    plan = plan_interruptions(shape, stops=options.stops, kills=options.kills, seed=seed)
+    gaps = [b.manifest.created_at - a.manifest.created_at for a, b in itertools.pairwise(kept)]
+    return plan, sum(gaps) / len(gaps) / 2
+
+
+def idle_streams(first: Captured, last: Captured) -> set[tuple[str, tuple[str, ...]]]:
+    """The RNG state leaves that never change during the reference run: streams the script
+    never draws from (Python's ``random`` and numpy's, seeded by the OS at start-up, are saved
+    by ``capture_rng_state`` whether used or not). They differ between any two runs and do not
+    matter, so they are left out of every comparison."""
+    files = sorted({*first.manifest.files, *last.manifest.files})
+    diff = compare_checkpoints(first.path, last.path, files, trusted=True)
+    changed = {(d.file, d.key) for d in diff.differences}
+    return {(file, key) for file, key in diff.keys
+            if part_of(file, key) == "rng" and (file, key) not in changed}
+
+
+def _compare(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
+             compared: Compared, idle: set[tuple[str, tuple[str, ...]]],
+             segments: int | None = None) -> None:
+    """Compare the pairs not compared yet (of the first ``segments`` only), oldest first,
+    until the first difference."""
+    done = len(result.compared)
+    pairs = pair_checkpoints(reference.capture.kept, interrupted.capture.kept)[done:]
+    if segments is not None:
+        pairs = [pair for pair in pairs if pair.interrupted.segment < segments]
+    for number, pair in enumerate(pairs, start=done + 1):
+        compared(number, done + len(pairs))
+        mine, theirs = pair.reference, pair.interrupted
+        files = sorted({*mine.manifest.files, *theirs.manifest.files})
+        diff = compare_checkpoints(mine.path, theirs.path, files, trusted=True).without(idle)
+        result.compared.append((pair.moment, theirs.segment, diff.identical))
+        if theirs.segment == 0:
+            result.determinism_checked += 1
+        if not diff.identical:
+            _differs(result, interrupted, pair, diff)
+            return
+
+
+def _differs(result: VerifyResult, interrupted: RunRecord, pair: Pair,
+             diff: CheckpointDiff) -> None:
+    theirs = pair.interrupted
+    before_any = theirs.segment == 0
+    result.verdict = NONDETERMINISTIC if before_any and result.determinism_check else DIFFERENT
+    if result.verdict == NONDETERMINISTIC:
+        cause = nondeterminism(diff)
+    else:
+        cause = name_cause(diff, world_size=theirs.manifest.world_size,
+                           files=theirs.manifest.files)
+    resume = None if before_any else interrupted.resumes[theirs.segment - 1]
+    result.first = FirstDifference(theirs.step, pair.moment, theirs.name, diff, cause, resume,
+                                   theirs.segment)
+
+
+def nondeterminism(diff: CheckpointDiff) -> Cause:
+    """Which kind of nondeterminism two uninterrupted runs show."""
+    shown = next((d for d in diff.differences if part_of(d.file, d.key) in ("rng", "data")),
+                 None)
+    if shown is not None:
+        return Cause("unseeded", "unseeded randomness", "the RNG state or the data order "
+                     "differs between two runs that were never interrupted",
+                     "seed every generator from a fixed seed (torch.manual_seed(seed), the "
+                     "sampler's seed=, the DataLoader's generator=) "
+                     "(docs/verify.md#a-nondeterministic-script)", shown)
+    return Cause("kernels", "nondeterministic kernels", "the RNG and data are equal but the "
+                 "tensors differ between two runs that were never interrupted",
+                 "torch.use_deterministic_algorithms(True) and CUBLAS_WORKSPACE_CONFIG=:4096:8 "
+                 "make kernels deterministic (docs/verify.md#a-nondeterministic-script)")
+
+
+def _note(result: VerifyResult, reference: RunRecord, interrupted: RunRecord,
+          plan_size: int) -> None:
+    for run in (reference, interrupted):
+        if run.capture.missed:
+            result.notes.append(f"{run.name}: {len(run.capture.missed)} checkpoint(s) removed "
+                                "by the script's retention before verify kept them")
+    if interrupted.finished and len(interrupted.resumes) < plan_size:
+        result.notes.append(f"{plan_size - len(interrupted.resumes)} interruption(s) came after "
+                            "the run ended: fewer were tested")
+    if any(c.step is None for c in reference.capture.kept):
+        result.notes.append("the manifests carry no step: checkpoints were matched by the "
+                            "data position they hold, else by commit order (pass "
+                            'metadata={"step": ...} to the commit)')
+    ended, stopped = reference.capture.kept[-1].step, interrupted.capture.kept[-1].step
+    # A later last checkpoint may be a stop's; an earlier one means steps were skipped.
+    if result.verdict == IDENTICAL and interrupted.finished and ended is not None \
+            and stopped is not None and stopped < ended:
+        result.verdict = DIFFERENT
+        result.notes.append(f"the interrupted run ended at step {stopped}, before the "
+                            f"uninterrupted run's last checkpoint (step {ended}): "
+                            f"{CAUSES['counters'][1]}")

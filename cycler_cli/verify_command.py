@@ -1,0 +1,83 @@
+"""``cycle verify``: parse, call :func:`cycler.verify.verify`, render, exit with its code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from cycler.errors import ConfigError
+from cycler_cli import render
+from cycler_cli.errors import exit_on_cycler_error
+
+HELP = (
+    "Prove that a stopped and resumed run of SCRIPT ends identical to an uninterrupted one. "
+    "Runs it as cycle run would, to the end, then again with stops (and kill -9s) at random "
+    "steps after its first checkpoint, and compares every checkpoint both runs committed at the "
+    "same step, bit for bit. Put verify's options first; cycle run's options, SCRIPT and its "
+    "arguments follow, passed to cycle run unchanged."
+)
+EPILOG = ("Exit codes: 0 identical; 1 a checkpoint after a resume differs (the report names the "
+          "file, the key and the likely cause); 2 bad usage, or the script commits no cycler "
+          "checkpoints; 3 the script is not deterministic (two uninterrupted runs differ); 4 a "
+          "run of the script failed; 130 interrupted (Ctrl-C).")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``verify`` command to ``app``."""
+
+    def verify_command(
+        ctx: typer.Context,
+        command: list[str] = typer.Argument(None, metavar="[CYCLE RUN OPTIONS] SCRIPT [ARGS]...",
+                                            show_default=False),
+        stops: int = typer.Option(3, "--stops", min=0, help="Stops (stop signal, then a "
+                                  "fresh cycle run) of the interrupted run."),
+        kills: int = typer.Option(0, "--kills", min=0, help="kill -9s of a worker (cycle run "
+                                  "restarts it) of the interrupted run."),
+        seed: int = typer.Option(None, "--seed", help="Seed of the interruption steps "
+                                 "(default: random, reported)."),
+        determinism_check: bool = typer.Option(True, "--determinism-check/"
+                                               "--no-determinism-check", help="Report a "
+                                               "difference before the first interruption as "
+                                               "nondeterminism (exit 3), not as a resume's."),
+        scratch_dir: Path = typer.Option(None, "--scratch-dir", help="A private directory "
+                                         "(0700) for the runs (default: one under $TMPDIR)."),
+        keep: bool = typer.Option(False, "--keep", help="Keep the runs even when identical."),
+        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    ) -> None:
+        from cycler.verify import VerifyOptions, verify
+
+        run_args = list(command or [])
+        with exit_on_cycler_error():
+            _refuse_own_root(app, ctx, run_args)
+            options = VerifyOptions(run_args=run_args, stops=stops, kills=kills, seed=seed,
+                                    determinism_check=determinism_check,
+                                    scratch_dir=scratch_dir, keep=keep)
+            with render.verify_progress(enabled=not as_json) as (progress, compared):
+                result = verify(options, progress, compared)
+        if as_json:
+            render.print_json(result.as_dict())
+        else:
+            render.render_verify(result)
+        raise typer.Exit(result.exit_code)
+
+    app.command("verify", help=HELP, epilog=EPILOG, context_settings={
+        "allow_interspersed_args": False, "ignore_unknown_options": True})(verify_command)
+
+
+def _refuse_own_root(app: typer.Typer, ctx: typer.Context, run_args: list[str]) -> None:
+    """verify gives each run its own checkpoint root: a --checkpoint-dir among cycle run's
+    options would make both runs share the user's (and the later flag would win)."""
+    group: Any = typer.main.get_command(app)  # a click group (typer vendors its click)
+    run = group.get_command(ctx, "run")
+    if run is None:
+        return
+    parsed: dict[str, Any] = run.make_context("run", list(run_args), resilient_parsing=True,
+                                              parent=ctx.parent).params
+    if not parsed.get("script"):
+        raise ConfigError("cycle verify needs the script to run: cycle verify [OPTIONS] "
+                          "[CYCLE RUN OPTIONS] SCRIPT [ARGS]...")
+    if parsed.get("checkpoint_dir") is not None:
+        raise ConfigError("cycle verify gives each run its own checkpoint root in its scratch "
+                          "directory: leave out --checkpoint-dir")

@@ -1,0 +1,150 @@
+"""cycle verify names the likely cause from what differs first, on checkpoint pairs built by
+hand: a reference state and the state a resume that forgot one thing would have saved."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from cycler.verify.causes import name_cause, part_of
+from cycler.verify.compare import compare_checkpoints
+from cycler.verify.session import nondeterminism
+
+
+def rng_state(draws: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(draws):
+        torch.empty((), dtype=torch.int64).random_(generator=generator)
+    return generator.get_state()
+
+
+def train_state(model: float = 1.0, momentum: float = 0.5, progress: int = 64,
+                lr: float = 0.1) -> dict[str, Any]:
+    return {
+        "model": {"0.weight": torch.full((3, 2), model)},
+        "optimizer": {"state": {0: {"momentum_buffer": torch.full((3, 2), momentum)}},
+                      "param_groups": [{"lr": lr, "momentum": 0.9, "params": [0]}]},
+        "sampler": {"epoch": 1, "progress": progress},
+        "control": {"global_step": 16},
+    }
+
+
+def rank_state(rank: int = 0, draws: int = 0) -> dict[str, Any]:
+    return {"rng": {"torch": rng_state(draws)}, "metrics": {"loss": 1.5 + rank}}
+
+
+def cause_of(tmp_path: Path, reference: dict[str, Any], resumed: dict[str, Any],
+             world_size: int = 1) -> str:
+    for name, files in (("a", reference), ("b", resumed)):
+        (tmp_path / name).mkdir()
+        for file, value in files.items():
+            torch.save(value, tmp_path / name / file)
+    diff = compare_checkpoints(tmp_path / "a", tmp_path / "b", sorted(reference))
+    assert not diff.identical
+    return name_cause(diff, world_size=world_size, files=sorted(reference)).name
+
+
+def test_a_checkpoint_without_rng_state_points_at_the_rng_streams(tmp_path: Path) -> None:
+    no_rng = {"metrics": {"loss": 1.0}}
+    assert cause_of(tmp_path, {"train.pt": train_state(), "rank-0.pt": no_rng},
+                    {"train.pt": train_state(model=1.5, momentum=0.7),
+                     "rank-0.pt": {"metrics": {"loss": 1.2}}}) == "rng"
+
+
+def test_a_saved_rng_state_that_differs_points_at_the_rng_streams(tmp_path: Path) -> None:
+    generator = torch.Generator().manual_seed(1)
+    torch.rand(5, generator=generator)
+    assert cause_of(tmp_path, {"rank-0.pt": rank_state(), "train.pt": train_state()},
+                    {"rank-0.pt": {"rng": {"torch": generator.get_state()},
+                                   "metrics": {"loss": 1.5}},
+                     "train.pt": train_state(model=2.0)}) == "rng"
+
+
+def test_a_global_rng_one_seed_draw_ahead_points_at_an_unseeded_dataloader(
+        tmp_path: Path) -> None:
+    assert cause_of(tmp_path, {"rank-0.pt": rank_state(), "train.pt": train_state()},
+                    {"rank-0.pt": rank_state(draws=1),
+                     "train.pt": train_state(model=2.0)}) == "dataloader_seed"
+
+
+def test_a_sampler_state_that_differs_points_at_the_data_position(tmp_path: Path) -> None:
+    assert cause_of(tmp_path, {"train.pt": train_state(), "rank-0.pt": rank_state()},
+                    {"train.pt": train_state(progress=16, model=3.0),
+                     "rank-0.pt": rank_state()}) == "data"
+
+
+def test_a_checkpoint_without_a_sampler_points_at_the_data_position(tmp_path: Path) -> None:
+    def without_sampler(**changes: Any) -> dict[str, Any]:
+        state = train_state(**changes)
+        del state["sampler"]
+        return state
+    assert cause_of(tmp_path, {"train.pt": without_sampler(), "rank-0.pt": rank_state()},
+                    {"train.pt": without_sampler(model=3.0, momentum=0.1),
+                     "rank-0.pt": rank_state()}) == "data"
+
+
+def test_a_learning_rate_no_saved_scheduler_explains_points_at_the_scheduler(
+        tmp_path: Path) -> None:
+    assert cause_of(tmp_path, {"train.pt": train_state(), "rank-0.pt": rank_state()},
+                    {"train.pt": train_state(lr=0.05, model=0.9, momentum=0.4),
+                     "rank-0.pt": rank_state()}) == "scheduler"
+
+
+@pytest.mark.parametrize(("key", "cause"), [("lr_scheduler", "scheduler"),
+                                            ("grad_scaler", "scaler")])
+def test_a_saved_scheduler_or_scaler_that_differs_is_named(tmp_path: Path, key: str,
+                                                           cause: str) -> None:
+    assert cause_of(tmp_path, {"train.pt": {**train_state(), key: {"last": 16}}},
+                    {"train.pt": {**train_state(model=2.0), key: {"last": 2}}}) == cause
+
+
+def test_an_unsaved_optimizer_is_named(tmp_path: Path) -> None:
+    def without_optimizer(**changes: Any) -> dict[str, Any]:
+        state = train_state(**changes)
+        del state["optimizer"]
+        return state
+    assert cause_of(tmp_path, {"train.pt": without_optimizer(), "rank-0.pt": rank_state()},
+                    {"train.pt": without_optimizer(model=1.1),
+                     "rank-0.pt": rank_state()}) == "optimizer"
+
+
+def test_an_optimizer_state_that_differs_with_every_input_equal_is_named(tmp_path: Path) -> None:
+    assert cause_of(tmp_path, {"train.pt": train_state(), "rank-0.pt": rank_state()},
+                    {"train.pt": train_state(momentum=0.1, model=1.1),
+                     "rank-0.pt": rank_state()}) == "optimizer"
+
+
+def test_several_ranks_with_one_rank_file_point_at_a_ranks_own_state(tmp_path: Path) -> None:
+    assert cause_of(tmp_path, {"train.pt": train_state(), "rank-0.pt": rank_state()},
+                    {"train.pt": train_state(model=1.1, momentum=0.6),
+                     "rank-0.pt": rank_state()}, world_size=2) == "rank_state"
+
+
+def test_the_model_differing_alone_is_named(tmp_path: Path) -> None:
+    assert cause_of(tmp_path, {"train.pt": train_state(), "rank-0.pt": rank_state()},
+                    {"train.pt": train_state(model=1.1), "rank-0.pt": rank_state()}) == "model"
+
+
+def test_parts_are_recognised_by_the_names_scripts_give_them() -> None:
+    assert part_of("rank-0.pt", ("rng", "torch")) == "rng"
+    assert part_of("train.pt", ("optimizer", "state", "3", "exp_avg")) == "optimizer"
+    assert part_of("train.pt", ("optimizer", "state", "3", "step")) == "optimizer"
+    assert part_of("train.pt", ("sampler", "progress")) == "data"
+    assert part_of("train.pt", ("model", "0.weight")) == "model"
+    assert part_of("model.pt", ("0.weight",)) == "model"
+    assert part_of("train.pt", ("control", "global_step")) == "counters"
+
+
+def test_two_uninterrupted_runs_that_differ_are_told_apart_by_what_differs(
+        tmp_path: Path) -> None:
+    for name, draws, model in (("a", 0, 1.0), ("b", 1, 1.0), ("c", 0, 2.0)):
+        (tmp_path / name).mkdir()
+        torch.save({**train_state(model=model), **rank_state(draws=draws)},
+                   tmp_path / name / "all.pt")
+    unseeded = compare_checkpoints(tmp_path / "a", tmp_path / "b", ["all.pt"])
+    kernels = compare_checkpoints(tmp_path / "a", tmp_path / "c", ["all.pt"])
+    assert nondeterminism(unseeded).name == "unseeded"
+    assert nondeterminism(kernels).name == "kernels"

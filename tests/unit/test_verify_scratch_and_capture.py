@@ -1,0 +1,79 @@
+"""cycle verify's private scratch directory, and the capture that keeps every commit of a run
+before the script's own retention removes it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from cycler import AtomicDirectory, atomic_torch_save
+from cycler.errors import UnsafePath
+from cycler.verify.capture import Capture
+from cycler.verify.scratch import check_private, make_scratch
+
+
+def test_the_scratch_directory_is_private_to_the_user(tmp_path: Path) -> None:
+    base = tmp_path / "base"
+    base.mkdir(mode=0o700)
+    scratch = make_scratch(base)
+    assert scratch.parent == base
+    assert scratch.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o770, 0o707])
+def test_a_base_open_to_other_users_is_refused(tmp_path: Path, mode: int) -> None:
+    base = tmp_path / "open"
+    base.mkdir()
+    base.chmod(mode)
+    with pytest.raises(UnsafePath, match="open to other users"):
+        make_scratch(base)
+
+
+def test_a_symlink_planted_where_the_base_goes_is_refused_not_followed(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(target)
+    with pytest.raises(UnsafePath, match="not a directory"):
+        check_private(tmp_path / "link")
+    assert not any(target.iterdir())
+
+
+def test_the_default_base_lives_in_the_system_tmp_per_user(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    scratch = make_scratch()
+    assert scratch.parent == tmp_path / f"cycler-verify-{os.geteuid()}"
+
+
+def commit(saver: AtomicDirectory, step: int) -> None:
+    directory = Path(saver.prepare_checkpoint_directory())
+    atomic_torch_save({"w": torch.full((2,), float(step))}, directory / "model.pt")
+    saver.symlink_latest(directory, metadata={"step": step, "epoch": 0})
+
+
+def test_capture_keeps_checkpoints_that_retention_removes_afterwards(tmp_path: Path) -> None:
+    root, capture = tmp_path / "root", Capture(tmp_path / "root", tmp_path / "kept")
+    saver = AtomicDirectory(root, keep_last=1)
+    for step in (4, 8, 12):
+        commit(saver, step)
+        capture.poll()
+    assert [c.step for c in capture.kept] == [4, 8, 12]
+    assert len(list(root.glob("AtomicDirectory_checkpoint_*"))) == 1
+    first = torch.load(capture.kept[0].path / "model.pt", weights_only=True)
+    assert first["w"].tolist() == [4.0, 4.0]
+
+
+def test_capture_skips_a_torn_directory_and_keeps_it_once_committed(tmp_path: Path) -> None:
+    root, capture = tmp_path / "root", Capture(tmp_path / "root", tmp_path / "kept")
+    saver = AtomicDirectory(root)
+    directory = Path(saver.prepare_checkpoint_directory())
+    atomic_torch_save({"w": torch.zeros(1)}, directory / "model.pt")
+    assert capture.poll() == []
+    saver.symlink_latest(directory, metadata={"step": 1})
+    assert [c.step for c in capture.poll()] == [1]
+    assert capture.poll() == []
