@@ -36,11 +36,13 @@ class RestartBudget:
         """Count one failure; ``None`` to restart, else why the job must end instead."""
         self.failures_without_progress += 1
         count = self.failures_without_progress
+        failed = (f"the workers failed {count} times in a row without committing a checkpoint"
+                  " (crash loop)")
         if self.crash_loop_limit is not None and count >= self.crash_loop_limit:
-            return (f"the workers failed {count} times in a row without committing a checkpoint"
-                    " (crash loop)")
+            return failed
+        if count > self.max_restarts == 0:
+            return "the workers failed, and --max-restarts 0 allows no restart"
         if count > self.max_restarts:
-            return (f"the workers failed {count} times in a row without committing a checkpoint"
-                    f" (crash loop): all {self.max_restarts} restarts (--max-restarts) since "
-                    "the last checkpoint are used up")
+            return (f"{failed}: all {self.max_restarts} restarts (--max-restarts) since the last "
+                    "checkpoint are used up")
         return None

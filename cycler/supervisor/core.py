@@ -143,6 +143,10 @@ class SupervisorCore:
         self._starts = 0
         self._failures = 0
         self._start_failures = 0
+        self._start_error: str | None = None
+        """The error of the last failure, when it came before the first step with no
+        checkpoint since: the same one again means the start fails the same way every time."""
+        self._repeated_hang: HangDetected | None = None
         self._budget = RestartBudget(max_restarts=config.max_restarts,
                                      crash_loop_limit=config.crash_loop_limit)
         self._peer_lost: PeerLost | None = None
@@ -297,6 +301,8 @@ class SupervisorCore:
         escalation already bounds the wait."""
         if self.phase is not Phase.RUNNING:
             return []
+        if event.times > 1:
+            self._repeated_hang = event
         log = Log("hang", {**event.fields, "summary": event.summary}, warning=True)
         if self.config.restarts_by_torchrun:
             # Several nodes: torchrun's agent sees its workers fail and restarts every node's
@@ -335,6 +341,7 @@ class SupervisorCore:
             return []
         self.latest_checkpoint = event.index
         self._budget.progress()
+        self._start_error = self._repeated_hang = None
         logged = Log("checkpoint_committed", {"index": event.index})
         if self.phase is Phase.STOPPING and self._stop_path is StopPath.NEXT_COMMIT:
             # The script does not read the control file: this commit is the stop's checkpoint.
@@ -380,16 +387,36 @@ class SupervisorCore:
             self.phase, self.wake_at = Phase.AWAITING_PEERS, (
                 event.now + self.config.peer_verdict_wait)
             return [Log("awaiting_peers", {"seconds": self.config.peer_verdict_wait})]
-        given_up = self._budget.failure()
+        given_up = self._budget.failure() or self._same_start_failure(event)
         if given_up is not None:
-            return said + self._exit(EXIT_FAILURE, given_up + self._start_failures_said(),
-                                     workers_failed=True)
+            return said + self._exit(EXIT_FAILURE, given_up + self._start_failures_said()
+                                     + self._hangs_said(), workers_failed=True)
         delay = self._restart_delay()
         self.phase, self.wake_at = Phase.BACKOFF, event.now + delay
         fields = {"restart": self._budget.failures_without_progress,
                   "of": self.config.max_restarts, "delay": delay, "code": event.code,
                   "restarts_in_job": self._failures, "start_failures": self._start_failures}
         return [*said, Log("restart_scheduled", fields, warning=True)]
+
+    def _same_start_failure(self, event: WorkersExited) -> str | None:
+        """Why to give up on a start that failed before its first step with the same error
+        as the one before it (and no checkpoint in between): a third would fail the same way
+        (a CUDA call on a CPU node, a torn checkpoint of the script's own)."""
+        previous, self._start_error = self._start_error, (
+            event.error if event.before_first_step else None)
+        if previous is None or previous != self._start_error:
+            return None
+        return ("the workers failed twice before their first step with the same error, and "
+                "no checkpoint in between: the start fails the same way each time, so it is "
+                "not tried a third time")
+
+    def _hangs_said(self) -> str:
+        hang = self._repeated_hang
+        if hang is None:
+            return ""
+        count = "twice" if hang.times == 2 else f"{hang.times} times"
+        return (f"; the same hang at step {hang.step} {count}: mark it with control.paused() "
+                "or raise --hang-timeout-min")
 
     def _start_failures_said(self) -> str:
         if not self._start_failures:

@@ -46,7 +46,7 @@ from cycler.supervisor.checks import (
     resume_from_for_this_run,
     say_if_no_checkpoint_is_valid,
 )
-from cycler.supervisor.failure import failure_report
+from cycler.supervisor.failure import failure_report, failure_signature
 from cycler.supervisor.hangs import HangPolicy, WorkerProgress
 from cycler.supervisor.options import RunOptions
 from cycler.supervisor.peers import Heartbeat, PeerWatch
@@ -420,12 +420,14 @@ class Supervisor:
         """The exit event, with what the report and a multi-node stop need (waiter thread)."""
         if self._cut_short:
             code = 0  # every worker had exited after the stop checkpoint; torchrun was killed
+        error = None
         if code != 0:
             self._failure = failure_report(tree.stderr.text(), code)
+            error = failure_signature(tree.stderr.text())
         elsewhere = self.options.nnodes > 1 and stop_requested_elsewhere(
             self.layout, self.options.node_rank, self._started_at)
         return core.WorkersExited(code, self._clock(), elsewhere,
-                                  self._progress.before_first_step())
+                                  self._progress.before_first_step(), error)
 
     def _signal_tree(self, number: signal.Signals) -> None:
         if self._tree is not None:

@@ -94,6 +94,10 @@ class HangDetected:
     summary: str
     now: float
     fields: dict[str, Any] = field(default_factory=dict)
+    step: int | None = None
+    """The step the workers had reached (``None``: they count no steps)."""
+    times: int = 1
+    """How many hangs at ``step`` this one makes."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,9 @@ class WorkersExited:
     before_first_step: bool | None = None
     """Whether the workers failed before their first step (a start that failed: imports,
     ``init_process_group``, loading), not in training; ``None``: unknown (no beacons)."""
+    error: str | None = None
+    """The failing worker's traceback, stripped of what differs between two runs of the same
+    failure (``None``: none was printed, as when a worker was killed)."""
 
 
 @dataclass(frozen=True)
