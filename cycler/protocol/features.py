@@ -17,7 +17,10 @@ USES_CONTROL = "control"
 """The script reads the control file (``StepControl``): it stops at an agreed step."""
 USES_SAVER = "saver"
 """The script commits through cycler's savers: its commits are visible to the supervisor."""
-FEATURES = (USES_CYCLER, USES_CONTROL, USES_SAVER)
+USES_OWN_HANDLER = "handler"
+"""The script has its own SIGTERM handler: it gets the signal at once, whatever else it uses
+but ``StepControl``."""
+FEATURES = (USES_CYCLER, USES_CONTROL, USES_SAVER, USES_OWN_HANDLER)
 _USED_HERE: set[str] = set()
 
 
