@@ -36,7 +36,7 @@ from cycler.checkpoint.listing import (
     say_none_is_valid,
     with_record,
 )
-from cycler.checkpoint.manifest import CHECKSUM_MISMATCH, check_files, files_of_rank, read_manifest
+from cycler.checkpoint.manifest import check_files, files_of_rank, read_manifest
 from cycler.checkpoint.tiers import newest_of
 from cycler.checkpoint.verification import failed_verifications, record_failed_verification
 from cycler.errors import CheckpointNotFound, CorruptCheckpoint, CyclerError
@@ -160,12 +160,16 @@ def _verified_together(layout: CheckpointLayout, coordinator: Coordinator, name:
         outcome = coordinator.outcome(key)
     else:
         outcome = next((v for v in coordinator.gather(key, mine) if v), "ok")
-        if CHECKSUM_MISMATCH in outcome:
+        if DAMAGED in outcome:  # files that fail the manifest, not a read that failed
             parsed = layout.parse(name)
             if parsed is not None:
                 record_failed_verification(layout, parsed, outcome)
         coordinator.publish(key, outcome)
     return None if outcome == "ok" else outcome
+
+
+DAMAGED = "damaged: "
+"""Begins a rank's problem with its share when its files fail the manifest (recorded)."""
 
 
 def _share_problem(layout: CheckpointLayout, name: str, coordinator: Coordinator) -> str | None:
@@ -177,7 +181,7 @@ def _share_problem(layout: CheckpointLayout, name: str, coordinator: Coordinator
         problem = check_files(path, mine, checksums=True)
     except (OSError, CyclerError) as error:
         return f"rank {coordinator.rank}: {error}"
-    return None if problem is None else f"rank {coordinator.rank}: {problem}"
+    return None if problem is None else f"rank {coordinator.rank}: {DAMAGED}{problem}"
 
 
 def _say_fell_back(layout: CheckpointLayout, chosen: str, problems: dict[str, str]) -> None:
