@@ -90,7 +90,8 @@ def epoch_order(order: str, length: int, seed: int, epoch: int, shuffle: bool) -
     if not shuffle:
         return _Materialised(torch.arange(length))
     generator = torch.Generator()
-    generator.manual_seed(seed + epoch)
+    # torch takes seeds in [-2**63, 2**64) and wraps them to 64 bits: the same, for every sum.
+    generator.manual_seed((seed + epoch) % 2**64)
     return _Materialised(torch.randperm(length, generator=generator))
 
 

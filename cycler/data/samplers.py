@@ -35,6 +35,7 @@ all ranks.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator, Mapping, Sized
 from contextlib import contextmanager
 from typing import Any
@@ -158,7 +159,14 @@ class _ResumableSampler:
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose order to yield; moving to another epoch restarts progress at
-        0, setting the same epoch again (as after a resume) keeps it."""
+        0, setting the same epoch again (as after a resume) keeps it. A negative epoch is
+        refused here: a checkpoint holding it could not be resumed."""
+        try:
+            epoch = operator.index(epoch)  # numpy's and torch's integers too
+        except TypeError:
+            epoch = -1
+        if epoch < 0:
+            raise ValueError("set_epoch: the epoch must be an integer of at least 0")
         if epoch != self.epoch:
             self.reset_progress()
         self.epoch = epoch
