@@ -35,7 +35,6 @@ all ranks.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterator, Mapping, Sized
 from contextlib import contextmanager
 from typing import Any
@@ -46,6 +45,7 @@ from torch.utils.data import Dataset, DistributedSampler, Sampler
 from cycler._distributed import in_process_group
 from cycler.data.epoch_order import (
     check_order,
+    checked_epoch,
     epoch_order,
     iterate_share,
     per_rank_length,
@@ -161,12 +161,7 @@ class _ResumableSampler:
         """Select the epoch whose order to yield; moving to another epoch restarts progress at
         0, setting the same epoch again (as after a resume) keeps it. A negative epoch is
         refused here: a checkpoint holding it could not be resumed."""
-        try:
-            epoch = operator.index(epoch)  # numpy's and torch's integers too
-        except TypeError:
-            epoch = -1
-        if epoch < 0:
-            raise ValueError("set_epoch: the epoch must be an integer of at least 0")
+        epoch = checked_epoch(epoch)
         if epoch != self.epoch:
             self.reset_progress()
         self.epoch = epoch
