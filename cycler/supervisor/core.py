@@ -244,15 +244,16 @@ class SupervisorCore:
 
     def _take_path(self, features: frozenset[str], now: float) -> list[SupervisorAction]:
         self._stop_path = path = stop_path(features)
+        own = path is StopPath.SIGNAL and USES_OWN_HANDLER in features
         fields = {"path": path.value, "grace": self.config.grace,
-                  "resume_from": self.latest_checkpoint}
+                  "resume_from": self.latest_checkpoint, "own_handler": own}
         actions: list[SupervisorAction] = [Log("stop_requested", fields)]
         if path is StopPath.SIGNAL:
             # A cloud's preemption notice is no signal: a script that handles none gets TERM,
             # and so does one whose own handler is for TERM, whatever signal came.
             first = self._stop_signals[0]
-            own = USES_OWN_HANDLER in features or not first.startswith("SIG")
-            actions.append(SignalWorkers(signal.SIGTERM if own else signal.Signals[first]))
+            term = own or not first.startswith("SIG")
+            actions.append(SignalWorkers(signal.SIGTERM if term else signal.Signals[first]))
         if path is StopPath.UNDECIDED:
             self.wake_at = min(self._stop_deadline, now + self.config.undecided_wait)
         return actions
