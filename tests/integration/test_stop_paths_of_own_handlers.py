@@ -6,10 +6,12 @@ SIGKILL (finding 18); and a start that fails the same way twice is not tried a t
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from pathlib import Path
 
+import psutil
 from cycle_jobs import Job, assert_all_gone, wait_for
 
 from cycler import list_checkpoints
@@ -119,6 +121,28 @@ def test_cycles_sigterm_after_the_stop_checkpoint_ends_the_loader_workers_too(
     exited = next(e["time"] for e in events if e["event"] == "workers_exited")
     assert exited - committed < 1.5, f"{exited - committed:.2f} s from commit to exit"
     (tmp_path / "commit-to-exit.txt").write_text(f"{exited - committed:.3f}\n")
+    assert_all_gone(tree)
+
+
+def test_a_stray_term_to_every_process_still_waits_for_the_stop_checkpoint(
+        tmp_path: Path) -> None:
+    # Slurm's linuxproc: the TERM reaches the loader workers too, before any commit; they
+    # must live until the stop's commit, and then end with cycle's own TERM.
+    job = Job(tmp_path, "--grace", "30", worker=LOADER)
+    job.wait_ready()
+    wait_for(lambda: any(c.valid for c in list_checkpoints(job.root)), "a commit", job)
+    tree = job.tree()
+    sent = time.time()
+    job.send(signal.SIGTERM)
+    for member in tree:
+        with contextlib.suppress(psutil.Error):
+            member.send_signal(signal.SIGTERM)
+    assert job.wait(60) == EXIT_REQUEUE, job.output()[-3000:]
+    assert [c for c in list_checkpoints(job.root) if c.valid and c.manifest is not None
+            and c.manifest.created_at > sent], "the stray TERM killed a process before the commit"
+    names = job.event_names()
+    assert "stop_after_commit" in names and "kill" not in names, job.output()[-3000:]
+    assert "Traceback" not in job.output()
     assert_all_gone(tree)
 
 
