@@ -52,6 +52,14 @@ def announce(feature: str, control_path: Path | str | None = None) -> None:
             pass
 
 
+def withdraw(feature: str) -> None:
+    """This worker no longer uses ``feature`` (the script gave its SIGTERM handler back)."""
+    _USED_HERE.discard(feature)
+    control = os.environ.get(ENV_CONTROL_FILE)
+    if control:
+        announcement_path(Path(control), feature).unlink(missing_ok=True)
+
+
 def announced(control_path: Path) -> frozenset[str]:
     """The features the workers of this node announced since the last :func:`clear`."""
     return frozenset(feature for feature in FEATURES

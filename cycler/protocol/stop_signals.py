@@ -37,7 +37,7 @@ from types import FrameType
 from typing import Any
 
 from cycler.protocol.environment import ENV_CONTROL_FILE, ENV_STOP_SIGNALS
-from cycler.protocol.features import USES_OWN_HANDLER, announce
+from cycler.protocol.features import USES_OWN_HANDLER, announce, withdraw
 
 _said: set[int] = set()
 _lowered = threading.Event()
@@ -137,17 +137,19 @@ def has_own_handler(number: int = signal.SIGTERM) -> bool:
 def _watch_for_an_own_handler() -> None:
     """Announce an own SIGTERM handler as soon as the script sets one, whenever that is (a
     save-only script may set it after its saver, and tell cycle nothing more until its next
-    commit)."""
+    commit), and withdraw it when the script gives the default back."""
 
-    def look() -> None:
-        while not has_own_handler():
+    def look(said: bool) -> None:
+        while True:
             time.sleep(HANDLER_LOOK_SECONDS)
-        announce(USES_OWN_HANDLER)
+            if has_own_handler() != said:
+                said = not said
+                (announce if said else withdraw)(USES_OWN_HANDLER)
 
-    if has_own_handler():
+    said = has_own_handler()
+    if said:
         announce(USES_OWN_HANDLER)
-        return
-    threading.Thread(target=look, name="cycler-handler-watch", daemon=True).start()
+    threading.Thread(target=look, args=(said,), name="cycler-handler-watch", daemon=True).start()
 
 
 @functools.cache  # once per process
