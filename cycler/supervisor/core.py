@@ -148,7 +148,7 @@ class SupervisorCore:
         self._start_error: str | None = None
         """The error of the last failure, when it came before the first step with no
         checkpoint since: the same one again means the start fails the same way every time."""
-        self._repeated_hang: HangDetected | None = None
+        self._repeated_hang: str | None = None
         self._budget = RestartBudget(max_restarts=config.max_restarts,
                                      crash_loop_limit=config.crash_loop_limit)
         self._peer_lost: PeerLost | None = None
@@ -313,8 +313,8 @@ class SupervisorCore:
         escalation already bounds the wait."""
         if self.phase is not Phase.RUNNING:
             return []
-        if event.times > 1:
-            self._repeated_hang = event
+        if event.repeated:
+            self._repeated_hang = event.repeated
         log = Log("hang", {**event.fields, "summary": event.summary}, warning=True)
         if self.config.restarts_by_torchrun:
             # Several nodes: torchrun's agent sees its workers fail and restarts every node's
@@ -423,12 +423,10 @@ class SupervisorCore:
                 "not tried a third time")
 
     def _hangs_said(self) -> str:
-        hang = self._repeated_hang
-        if hang is None:
+        if self._repeated_hang is None:
             return ""
-        count = "twice" if hang.times == 2 else f"{hang.times} times"
-        return (f"; the same hang at step {hang.step} {count}: mark it with control.paused() "
-                "or raise --hang-timeout-min")
+        return (f"; {self._repeated_hang}: mark it with control.paused() or raise "
+                "--hang-timeout-min")
 
     def _start_failures_said(self) -> str:
         if not self._start_failures:

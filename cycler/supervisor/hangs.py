@@ -292,9 +292,8 @@ def describe_hang(hang: Hang, tops: dict[int, str]) -> tuple[str, dict[str, Any]
                       for r in hang.stalled)
     summary = (f"no progress for {hang.silent_for:.0f} s (over the {hang.why} of "
                f"{hang.allowance:.0f} s): {ranks}")
-    if hang.times > 1:
-        summary += (f"; the same hang at step {hang.step} {times(hang.times)}: the allowance "
-                    "there doubles")
+    if repeated(hang):
+        summary += f"; {repeated(hang)}: the allowance there doubles"
     fields = {"silent_for": round(hang.silent_for, 1), "allowance": round(hang.allowance, 1),
               "why": hang.why, "ranks": [r.rank for r in hang.stalled],
               "steps": [r.step for r in hang.stalled],
@@ -303,9 +302,12 @@ def describe_hang(hang: Hang, tops: dict[int, str]) -> tuple[str, dict[str, Any]
     return summary, fields
 
 
-def times(count: int) -> str:
-    """``twice``, ``3 times``: how often the same thing happened."""
-    return "twice" if count == 2 else f"{count} times"
+def repeated(hang: Hang) -> str:
+    """``the same hang at step 17 twice`` (``3 times``...); empty for a first hang."""
+    if hang.times < 2:
+        return ""
+    return (f"the same hang at step {hang.step} "
+            f"{'twice' if hang.times == 2 else f'{hang.times} times'}")
 
 
 class WorkerProgress:
@@ -363,7 +365,7 @@ class WorkerProgress:
         summary, fields = describe_hang(hang, tops)
         watch.restarted(time.monotonic())
         return HangDetected(f"{summary}; stacks in {dump}", wall, {**fields, "dump": str(dump)},
-                            step=hang.step, times=hang.times)
+                            repeated=repeated(hang))
 
     def before_first_step(self) -> bool | None:
         """Whether no worker made a step (or commit) in this start; ``None``: the workers

@@ -97,10 +97,8 @@ class HangDetected:
     summary: str
     now: float
     fields: dict[str, Any] = field(default_factory=dict)
-    step: int | None = None
-    """The step the workers had reached (``None``: they count no steps)."""
-    times: int = 1
-    """How many hangs at ``step`` this one makes."""
+    repeated: str = ""
+    """``the same hang at step N twice`` when it is not the first hang at that step."""
 
 
 @dataclass(frozen=True)

@@ -460,10 +460,10 @@ def test_the_same_start_failure_after_a_new_checkpoint_is_restarted():
 
 def test_a_crash_loop_of_the_same_hang_says_how_to_get_past_it():
     core = started(replace(CONFIG, max_restarts=1))
-    core.handle(HangDetected("no progress", 150.0, step=17, times=1))
+    core.handle(HangDetected("no progress", 150.0))
     core.handle(WorkersExited(-9, 151.0, before_first_step=False))
     core.handle(Tick(core.wake_at))
-    core.handle(HangDetected("no progress", 250.0, step=17, times=2))
+    core.handle(HangDetected("no progress", 250.0, repeated="the same hang at step 17 twice"))
     reason = exit_of(core.handle(WorkersExited(-9, 251.0, before_first_step=False))).reason
     assert reason.endswith("; the same hang at step 17 twice: mark it with control.paused() "
                            "or raise --hang-timeout-min"), reason
