@@ -145,9 +145,6 @@ class SupervisorCore:
         self._starts = 0
         self._failures = 0
         self._start_failures = 0
-        self._start_error: str | None = None
-        """The error of the last failure, when it came before the first step with no
-        checkpoint since: the same one again means the start fails the same way every time."""
         self._repeated_hang: str | None = None
         self._budget = RestartBudget(max_restarts=config.max_restarts,
                                      crash_loop_limit=config.crash_loop_limit)
@@ -353,7 +350,7 @@ class SupervisorCore:
             return []
         self.latest_checkpoint = event.index
         self._budget.progress()
-        self._start_error = self._repeated_hang = None
+        self._repeated_hang = None
         logged = Log("checkpoint_committed", {"index": event.index})
         if self.phase is Phase.STOPPING and self._stop_path is StopPath.NEXT_COMMIT:
             # The script does not read the control file: this commit is the stop's checkpoint.
@@ -399,7 +396,7 @@ class SupervisorCore:
             self.phase, self.wake_at = Phase.AWAITING_PEERS, (
                 event.now + self.config.peer_verdict_wait)
             return [Log("awaiting_peers", {"seconds": self.config.peer_verdict_wait})]
-        given_up = self._budget.failure() or self._same_start_failure(event)
+        given_up = self._budget.failure(event.error if event.before_first_step else None)
         if given_up is not None:
             return said + self._exit(EXIT_FAILURE, given_up + self._start_failures_said()
                                      + self._hangs_said(), workers_failed=True)
@@ -409,18 +406,6 @@ class SupervisorCore:
                   "of": self.config.max_restarts, "delay": delay, "code": event.code,
                   "restarts_in_job": self._failures, "start_failures": self._start_failures}
         return [*said, Log("restart_scheduled", fields, warning=True)]
-
-    def _same_start_failure(self, event: WorkersExited) -> str | None:
-        """Why to give up on a start that failed before its first step with the same error
-        as the one before it (and no checkpoint in between): a third would fail the same way
-        (a CUDA call on a CPU node, a torn checkpoint of the script's own)."""
-        previous, self._start_error = self._start_error, (
-            event.error if event.before_first_step else None)
-        if previous is None or previous != self._start_error:
-            return None
-        return ("the workers failed twice before their first step with the same error, and "
-                "no checkpoint in between: the start fails the same way each time, so it is "
-                "not tried a third time")
 
     def _hangs_said(self) -> str:
         if self._repeated_hang is None:
