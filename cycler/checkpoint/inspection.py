@@ -62,6 +62,7 @@ class MemoryTierStatus:
     newest: int | None
     newest_persisted: int | None
     lag: int
+    """How many valid checkpoints are newer in memory than the newest persisted one."""
 
     def as_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "root": str(self.root),
@@ -171,7 +172,8 @@ def _memory_tier(layout: CheckpointLayout, on_disk: list[CheckpointFacts], verif
             for checkpoint in list_checkpoints(root, prefix, verify=verify)]
     newest = max((r.index for r in rows if r.problem is None), default=None)
     persisted = max((r.index for r in on_disk if r.problem is None), default=None)
-    lag = 0 if newest is None else newest - (-1 if persisted is None else persisted)
+    floor = -1 if persisted is None else persisted  # what a gap left out is not counted
+    lag = sum(1 for r in rows if r.problem is None and r.index > floor)
     return MemoryTierStatus(root, socket.gethostname(), rows, newest, persisted, lag)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cycler.checkpoint.layout import DEFAULT_PREFIX, MANIFEST_NAME, CheckpointLayout, CheckpointName
-from cycler.checkpoint.manifest import CHECKSUM_MISMATCH, Manifest, check_files, read_manifest
+from cycler.checkpoint.manifest import Manifest, check_files, read_manifest
 from cycler.checkpoint.verification import failed_verifications, record_failed_verification
 from cycler.errors import (
     CheckpointNotFound,
@@ -216,9 +216,16 @@ def _verified(layout: CheckpointLayout, checkpoint: Checkpoint, failed: dict[str
     if not checkpoint.valid or checkpoint.kind == LEGACY:
         return checkpoint
     checked = inspect_checkpoint(layout, checkpoint.name, verify=True)
-    if checked.problem and CHECKSUM_MISMATCH in checked.problem:
-        record_failed_verification(layout, checked.name, checked.problem)
+    record_if_damaged(layout, checked)
     return checked
+
+
+def record_if_damaged(layout: CheckpointLayout, checked: Checkpoint) -> None:
+    """Record a committed checkpoint whose files fail its manifest (a checksum, a size, a file
+    gone): retention lists by commit state alone and would remove it as "beyond keep-last",
+    while status and prune keep it for inspection. Unreadable ones are not: that may pass."""
+    if checked.state is CheckpointState.CORRUPT and checked.manifest is not None:
+        record_failed_verification(layout, checked.name, checked.problem)
 
 
 def with_record(checkpoint: Checkpoint, failed: dict[str, str]) -> Checkpoint:
@@ -322,8 +329,8 @@ def latest_checkpoint(root: str | os.PathLike[str] | None = None, name: str | No
     @functools.cache
     def look(entry: CheckpointName) -> Checkpoint:
         checked = with_record(inspect_checkpoint(layout, entry, verify), failed)
-        if verify and checked.problem and CHECKSUM_MISMATCH in checked.problem:
-            record_failed_verification(layout, checked.name, checked.problem)
+        if str(checked.name) not in failed:
+            record_if_damaged(layout, checked)
         return checked
 
     names = layout.checkpoint_names()

@@ -37,7 +37,6 @@ from cycler.checkpoint.listing import (
     with_record,
 )
 from cycler.checkpoint.manifest import (
-    CHECKSUM_MISMATCH,
     Manifest,
     check_files,
     files_of_rank,
@@ -160,7 +159,7 @@ def _verified_together(layout: CheckpointLayout, coordinator: Coordinator, name:
     def recorded(problems: list[str]) -> str:
         outcome = first_problem(problems)
         parsed = layout.parse(name)
-        if CHECKSUM_MISMATCH in outcome and parsed is not None:
+        if DAMAGED in outcome and parsed is not None:  # files that fail the manifest
             record_failed_verification(layout, parsed, outcome)
         return outcome
 
@@ -192,8 +191,13 @@ def share_problem(directory: Path, manifest: Manifest, rank: int, ranks: int,
         problem = check_files(directory, replace(manifest, files={
             file: manifest.files[file] for file in share}), checksums=True)
     except (OSError, CyclerError) as error:
-        problem = str(error)
-    return None if problem is None else f"{who}: {problem}"
+        return f"{who}: {error}"
+    return None if problem is None else f"{who}: {DAMAGED}{problem}"
+
+
+DAMAGED = "damaged: "
+"""Begins a rank's problem with its share when its files fail the manifest (recorded), as
+opposed to a read that failed (not recorded: it may pass next time)."""
 
 
 def _say_fell_back(layout: CheckpointLayout, chosen: str, problems: dict[str, str]) -> None:

@@ -17,15 +17,17 @@ indices block by block when iterated: see :func:`share_positions`.
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
 from cycler.data.permutation import FeistelPermutation
 from cycler.errors import ConfigError
 
-__all__ = ["ORDERS", "EpochOrder", "epoch_order", "iterate_share", "share_positions"]
+__all__ = ["ORDERS", "EpochOrder", "checked_epoch", "epoch_order", "iterate_share",
+           "share_positions"]
 
 ORDERS = ("torch", "scalable")
 """The values of the samplers' ``order=`` argument."""
@@ -90,8 +92,21 @@ def epoch_order(order: str, length: int, seed: int, epoch: int, shuffle: bool) -
     if not shuffle:
         return _Materialised(torch.arange(length))
     generator = torch.Generator()
-    generator.manual_seed(seed + epoch)
+    # torch takes seeds in [-2**63, 2**64) and wraps them to 64 bits: the same, for every sum.
+    generator.manual_seed((seed + epoch) % 2**64)
     return _Materialised(torch.randperm(length, generator=generator))
+
+
+def checked_epoch(epoch: Any) -> int:
+    """``epoch`` as an ``int`` (numpy's and torch's integers too); a negative one, which no
+    checkpoint could resume, is refused."""
+    try:
+        number = operator.index(epoch)
+    except TypeError:
+        number = -1
+    if number < 0:
+        raise ValueError(f"set_epoch({epoch!r}): the epoch must be an integer of at least 0")
+    return number
 
 
 def per_rank_length(remaining: int, world_size: int, drop_last: bool) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 
 from torch.utils.data import Dataset, DistributedSampler
 
-from cycler.data.epoch_order import epoch_order, per_rank_length, rank_share
+from cycler.data.epoch_order import checked_epoch, epoch_order, per_rank_length, rank_share
 from cycler.data.samplers import AdvancedTooFarError, _default_world, checked_mapping
 from cycler.errors import StateMismatch
 
@@ -112,7 +112,9 @@ class InterruptableDistributedGroupedBatchSampler(DistributedSampler[list[int]])
         self.progress += n
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch; another epoch restarts progress at 0, the same one keeps it."""
+        """Select the epoch; another epoch restarts progress at 0, the same one keeps it. A
+        negative epoch is refused: a checkpoint holding it could not be resumed."""
+        epoch = checked_epoch(epoch)
         if epoch != self.epoch:
             self.reset_progress()
             self._batches = None

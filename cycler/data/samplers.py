@@ -45,6 +45,7 @@ from torch.utils.data import Dataset, DistributedSampler, Sampler
 from cycler._distributed import in_process_group
 from cycler.data.epoch_order import (
     check_order,
+    checked_epoch,
     epoch_order,
     iterate_share,
     per_rank_length,
@@ -158,7 +159,9 @@ class _ResumableSampler:
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose order to yield; moving to another epoch restarts progress at
-        0, setting the same epoch again (as after a resume) keeps it."""
+        0, setting the same epoch again (as after a resume) keeps it. A negative epoch is
+        refused here: a checkpoint holding it could not be resumed."""
+        epoch = checked_epoch(epoch)
         if epoch != self.epoch:
             self.reset_progress()
         self.epoch = epoch

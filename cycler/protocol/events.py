@@ -26,6 +26,9 @@ MESSAGES = {
     "stop_requested.signal": "the workers use neither StepControl nor cycler's savers: "
                              "forwarding the signal to them, as torchrun does; they have "
                              "{grace:g} s to exit",
+    "stop_requested.signal.own_handler": "the workers have their own SIGTERM handler: "
+                                         "sending them SIGTERM at once, as torchrun does; "
+                                         "they have {grace:g} s to exit",
     "stop_requested.undecided": "the workers imported cycler but built no StepControl or saver "
                                 "yet: waiting a few seconds for them to",
     "deadline": "the stop must be over in {seconds_left:g} s, not the {grace:g} s grace: {why}",
@@ -90,7 +93,9 @@ HISTORY = frozenset({
 def describe(event: str, fields: dict[str, Any]) -> str:
     """``event`` with ``fields`` as one sentence (``name key=value ...`` if it has none)."""
     try:
-        template = MESSAGES.get(f"{event}.{fields.get('path')}") or MESSAGES[event]
+        path = f"{event}.{fields.get('path')}"
+        template = (fields.get("own_handler") and MESSAGES.get(f"{path}.own_handler")
+                    or MESSAGES.get(path) or MESSAGES[event])
         return template.format_map(fields)
     except (KeyError, ValueError):
         return " ".join([event, *(f"{key}={value}" for key, value in fields.items()
@@ -120,10 +125,23 @@ def history_counts(events: list[dict[str, Any]]) -> dict[str, int]:
         return sum(1 for record in events if record.get("event") == name)
 
     restarts = count("restart_scheduled") + count("restart_together")
-    counts = {"starts": count("start"), "stops": count("stop_requested"),
+    counts = {"starts": count("start"), "stops": _stops(events),
               "restarts": restarts, "requeues": count("requeue")}
     hangs = count("hang")
     return {**counts, "hangs": hangs} if hangs else counts
+
+
+def _stops(events: list[dict[str, Any]]) -> int:
+    """Stops, one per stop: its path may be logged again when the workers' announcement
+    changes it (an undecided script, a saver's own handler)."""
+    stops, stopping = 0, False
+    for record in events:
+        name = record.get("event")
+        if name == "stop_requested":
+            stops, stopping = stops + (not stopping), True
+        elif name in ("start", "workers_started", "exit"):
+            stopping = False
+    return stops
 
 
 class EventLog:
@@ -148,6 +166,10 @@ class EventLog:
         return record
 
 
+LATEST_TIME = 2.0**33
+"""An event's time must be before this (the year 2242): NaN, infinities and 1e300 are none."""
+
+
 def read_events(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
     """The events in ``path``, oldest first; the last ``limit`` only when given."""
     try:
@@ -160,10 +182,11 @@ def read_events(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
             record = json.loads(line)
         except ValueError:
             continue
-        # A line another tool or a broken disk wrote must not crash `cycle status`: every
-        # reader relies on a named event at a numeric time.
+        # A line another tool or a broken disk wrote must not crash `cycle status`, nor skew
+        # its goodput and timeline: every reader relies on a named event at a real time.
         when = record.get("time") if isinstance(record, dict) else None
         if (isinstance(record, dict) and isinstance(record.get("event"), str)
-                and isinstance(when, int | float) and not isinstance(when, bool)):
+                and isinstance(when, int | float) and not isinstance(when, bool)
+                and 0 <= when < LATEST_TIME):
             events.append(record)
     return events if limit is None else events[-limit:]

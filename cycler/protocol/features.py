@@ -17,7 +17,10 @@ USES_CONTROL = "control"
 """The script reads the control file (``StepControl``): it stops at an agreed step."""
 USES_SAVER = "saver"
 """The script commits through cycler's savers: its commits are visible to the supervisor."""
-FEATURES = (USES_CYCLER, USES_CONTROL, USES_SAVER)
+USES_OWN_HANDLER = "handler"
+"""The script has its own SIGTERM handler: it gets the signal at once, whatever else it uses
+but ``StepControl``."""
+FEATURES = (USES_CYCLER, USES_CONTROL, USES_SAVER, USES_OWN_HANDLER)
 _USED_HERE: set[str] = set()
 
 
@@ -47,6 +50,14 @@ def announce(feature: str, control_path: Path | str | None = None) -> None:
             path.touch()
         except OSError:
             pass
+
+
+def withdraw(feature: str) -> None:
+    """This worker no longer uses ``feature`` (the script gave its SIGTERM handler back)."""
+    _USED_HERE.discard(feature)
+    control = os.environ.get(ENV_CONTROL_FILE)
+    if control:
+        announcement_path(Path(control), feature).unlink(missing_ok=True)
 
 
 def announced(control_path: Path) -> frozenset[str]:

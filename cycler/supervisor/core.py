@@ -22,9 +22,10 @@ collective can complete without it, and a rendezvous would wait for it for many 
 How a stop is carried out depends on what the workers announced they speak (:class:`StopPath`):
 a script that reads the control file stops at the step its ranks agree on; a script that only
 commits through cycler's savers is ended right after its first commit that completes after the
-request; a script that uses neither gets the signal at once, as torchrun would forward it, and
-has the grace to exit. A script that imported cycler but has built neither yet is given a few
-seconds (``undecided_wait``) to do so before it is treated as plain.
+request (that TERM passes the stray-signal shield: its DataLoader workers end with it); a script
+that uses neither, or has its own SIGTERM handler, gets the signal at once, as torchrun would
+forward it, and has the grace to exit. A script that imported cycler but has built neither yet
+is given a few seconds (``undecided_wait``) to do so before it is treated as plain.
 
 Exit rule after a stop request: ``75`` whenever a valid checkpoint exists, because a requeued job
 resumes from it, or when a plain script handled the forwarded signal and exited 0 (its own
@@ -42,6 +43,7 @@ from dataclasses import dataclass
 
 from cycler.protocol.control import Action, ControlRequest
 from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS
+from cycler.protocol.features import USES_OWN_HANDLER
 from cycler.supervisor.budget import RestartBudget
 from cycler.supervisor.vocabulary import (
     Announced,
@@ -143,6 +145,7 @@ class SupervisorCore:
         self._starts = 0
         self._failures = 0
         self._start_failures = 0
+        self._repeated_hang: str | None = None
         self._budget = RestartBudget(max_restarts=config.max_restarts,
                                      crash_loop_limit=config.crash_loop_limit)
         self._peer_lost: PeerLost | None = None
@@ -188,6 +191,14 @@ class SupervisorCore:
         return self.phase is Phase.STOPPING and self._stop_path is StopPath.UNDECIDED
 
     @property
+    def listening(self) -> bool:
+        """Whether what the workers announce may still change the stop's path (send
+        :class:`Announced`): they had not said what they use, or a script that only commits
+        turned out to have its own handler for the stop signal."""
+        return self.phase is Phase.STOPPING and self._stop_path in (StopPath.UNDECIDED,
+                                                                      StopPath.NEXT_COMMIT)
+
+    @property
     def stop_checkpoint_made(self) -> bool:
         """Whether a checkpoint was committed since the stop was requested."""
         return (self.phase in (Phase.STOPPING, Phase.TERMINATING)
@@ -226,18 +237,20 @@ class SupervisorCore:
         self._stop_deadline = self.wake_at = deadline
         self._checkpoint_at_stop = self.latest_checkpoint
         return [Log("signal", {"signal": event.name, "effect": "checkpoint_and_exit"}),
-                WriteControl(request), *self._take_path(stop_path(event.features), event.now)]
+                WriteControl(request), *self._take_path(event.features, event.now)]
 
-    def _take_path(self, path: StopPath, now: float) -> list[SupervisorAction]:
-        self._stop_path = path
+    def _take_path(self, features: frozenset[str], now: float) -> list[SupervisorAction]:
+        self._stop_path = path = stop_path(features)
+        own = path is StopPath.SIGNAL and USES_OWN_HANDLER in features
         fields = {"path": path.value, "grace": self.config.grace,
-                  "resume_from": self.latest_checkpoint}
+                  "resume_from": self.latest_checkpoint, "own_handler": own}
         actions: list[SupervisorAction] = [Log("stop_requested", fields)]
         if path is StopPath.SIGNAL:
-            # A cloud's preemption notice is no signal: a script that handles none gets TERM.
+            # A cloud's preemption notice is no signal: a script that handles none gets TERM,
+            # and so does one whose own handler is for TERM, whatever signal came.
             first = self._stop_signals[0]
-            actions.append(SignalWorkers(signal.Signals[first] if first.startswith("SIG")
-                                         else signal.SIGTERM))
+            term = own or not first.startswith("SIG")
+            actions.append(SignalWorkers(signal.SIGTERM if term else signal.Signals[first]))
         if path is StopPath.UNDECIDED:
             self.wake_at = min(self._stop_deadline, now + self.config.undecided_wait)
         return actions
@@ -253,10 +266,10 @@ class SupervisorCore:
 
     def _on_announced(self, event: Announced) -> list[SupervisorAction]:
         path = stop_path(event.features)
-        if not self.awaiting_announcement or path is StopPath.UNDECIDED:
+        if not self.listening or path in (StopPath.UNDECIDED, self._stop_path):
             return []
         self.wake_at = self._stop_deadline
-        return self._take_path(path, event.now)
+        return self._take_path(event.features, event.now)
 
     def _force_stop(self, event: SignalReceived) -> list[SupervisorAction]:
         if self.phase is Phase.TERMINATING or self.phase is Phase.KILLED:
@@ -297,6 +310,8 @@ class SupervisorCore:
         escalation already bounds the wait."""
         if self.phase is not Phase.RUNNING:
             return []
+        if event.repeated:
+            self._repeated_hang = event.repeated
         log = Log("hang", {**event.fields, "summary": event.summary}, warning=True)
         if self.config.restarts_by_torchrun:
             # Several nodes: torchrun's agent sees its workers fail and restarts every node's
@@ -312,7 +327,7 @@ class SupervisorCore:
             return []
         if self.awaiting_announcement and event.now < self._stop_deadline:
             self.wake_at = self._stop_deadline  # said nothing more: a plain script after all
-            return self._take_path(StopPath.SIGNAL, event.now)
+            return self._take_path(frozenset(), event.now)
         if self.phase is Phase.STOPPING:
             self.phase, self.wake_at = Phase.TERMINATING, event.now + self.config.kill_after
             return [Log("grace_expired", {"grace": self.config.grace}, warning=True),
@@ -335,12 +350,13 @@ class SupervisorCore:
             return []
         self.latest_checkpoint = event.index
         self._budget.progress()
+        self._repeated_hang = None
         logged = Log("checkpoint_committed", {"index": event.index})
         if self.phase is Phase.STOPPING and self._stop_path is StopPath.NEXT_COMMIT:
             # The script does not read the control file: this commit is the stop's checkpoint.
             self.phase, self.wake_at = Phase.TERMINATING, event.now + self.config.kill_after
             return [logged, Log("stop_after_commit", {"index": event.index}),
-                    SignalWorkers(signal.SIGTERM)]
+                    SignalWorkers(signal.SIGTERM, through_shield=True)]
         return [logged]
 
     # -- worker exits -----------------------------------------------------------------------
@@ -380,16 +396,22 @@ class SupervisorCore:
             self.phase, self.wake_at = Phase.AWAITING_PEERS, (
                 event.now + self.config.peer_verdict_wait)
             return [Log("awaiting_peers", {"seconds": self.config.peer_verdict_wait})]
-        given_up = self._budget.failure()
+        given_up = self._budget.failure(event.error if event.before_first_step else None)
         if given_up is not None:
-            return said + self._exit(EXIT_FAILURE, given_up + self._start_failures_said(),
-                                     workers_failed=True)
+            return said + self._exit(EXIT_FAILURE, given_up + self._start_failures_said()
+                                     + self._hangs_said(), workers_failed=True)
         delay = self._restart_delay()
         self.phase, self.wake_at = Phase.BACKOFF, event.now + delay
         fields = {"restart": self._budget.failures_without_progress,
                   "of": self.config.max_restarts, "delay": delay, "code": event.code,
                   "restarts_in_job": self._failures, "start_failures": self._start_failures}
         return [*said, Log("restart_scheduled", fields, warning=True)]
+
+    def _hangs_said(self) -> str:
+        if self._repeated_hang is None:
+            return ""
+        return (f"; {self._repeated_hang}: mark it with control.paused() or raise "
+                "--hang-timeout-min")
 
     def _start_failures_said(self) -> str:
         if not self._start_failures:

@@ -30,6 +30,16 @@ def failure_report(stderr: str, code: int) -> str:
     return "\n".join([headline + ":", *("  " + line for line in body)])
 
 
+_VARYING = re.compile(r"^\[(?:rank|default)\d+\]:|0x[0-9a-fA-F]+|\b(?:pid|port) \d+")
+
+
+def failure_signature(stderr: str) -> str | None:
+    """The failing worker's traceback with what differs between two runs of the same failure
+    (rank prefixes, addresses, pids) taken out; ``None`` when there is no traceback."""
+    body = _worker_traceback(stderr.splitlines())
+    return "\n".join(_VARYING.sub("", line) for line in body) or None
+
+
 def _root_cause(lines: list[str]) -> str | None:
     try:
         start = max(i for i, line in enumerate(lines) if line.startswith("Root Cause"))

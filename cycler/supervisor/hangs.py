@@ -12,6 +12,14 @@ a hang when no worker of its node has made progress for longer than the allowanc
   made its first step (and never less than the training allowance);
 - while any worker saves or is in a phase the script marked (``StepControl.paused``): ``pause``.
 
+Only workers that step are watched from the start: those that made a step or built a
+``StepControl`` (which announces a step cadence). A script that only commits (cycling_utils'
+idiom) may save once an epoch: it is judged by the longest interval between its own commits once
+one is learned (this job, any start), and not at all before; never by ``first_step`` alone.
+
+The same hang at the same step twice is a slow phase more than a fault (a recompile, a slow
+shard): each further hang there doubles the allowance at that step.
+
 :class:`HangWatch` is pure (readings and the time in, a verdict out); :func:`dump_stacks` asks
 each worker for its Python stacks and gathers them under ``.cycler/hang-<time>/``.
 """
@@ -34,6 +42,7 @@ import psutil
 
 from cycler._fs import atomic_write_bytes, pid_alive, read_json_object
 from cycler.checkpoint.layout import CheckpointLayout
+from cycler.protocol.features import USES_CONTROL, announced
 from cycler.protocol.progress import (
     DUMP_SIGNAL,
     PAUSED,
@@ -74,6 +83,10 @@ class Hang:
     allowance: float
     why: str
     stalled: list[Reading] = field(default_factory=list)
+    step: int | None = None
+    """The step the job had reached (``None``: the workers count no steps)."""
+    times: int = 1
+    """How many hangs at ``step`` this one makes (this supervisor's starts)."""
 
 
 class HangWatch:
@@ -82,15 +95,19 @@ class HangWatch:
     def __init__(self, policy: HangPolicy, longest: float | None = None) -> None:
         self.policy = policy
         self.longest = longest
-        """The longest interval between two training steps seen (this job, all starts)."""
+        """The longest interval between two training steps (or, for a script that only
+        commits, two commits) seen: this job, all starts."""
         self._started = 0.0
+        self._hangs_at: dict[int, int] = {}
+        """Step -> hangs found there (this supervisor)."""
 
     def restarted(self, now: float) -> None:
         """Workers were (re)started at ``now`` (system-wide monotonic)."""
         self._started = now
 
-    def observe(self, readings: list[Reading], now: float) -> Hang | None:
-        """Take in the beacons read at ``now``; a :class:`Hang` if progress stopped too long."""
+    def observe(self, readings: list[Reading], now: float, cadence: bool = False) -> Hang | None:
+        """Take in the beacons read at ``now``; a :class:`Hang` if progress stopped too long.
+        ``cadence``: the workers announced that they step (a ``StepControl`` exists)."""
         if not readings:
             return None  # workers that never imported cycler: nothing to go by
         # Each worker times its own steps (a save or a marked phase left out): steps come
@@ -98,23 +115,35 @@ class HangWatch:
         timed = max(reading.longest for reading in readings)
         if timed > 0:
             self.longest = max(timed, self.longest or 0.0)
+        stepping = cadence or any(r.step >= 0 for r in readings)
+        if not stepping and self.longest is None:
+            return None  # commits only, no interval learned yet: nothing to judge it by
         last = max([self._started, *(r.time for r in readings if r.counter > 0)])
-        allowance, why = self._allowance(readings)
+        step = max(r.step for r in readings) if stepping else -1
+        allowance, why = self._allowance(readings, step)
         if now - last <= allowance:
             return None
         # The rank that hangs and those waiting for it in a collective look alike here: the
         # ones behind are named first, all when none is; their stacks tell them apart.
         top = max((r.counter for r in readings), default=0)
         stalled = [r for r in readings if r.counter < top] or list(readings)
-        return Hang(now - last, allowance, why, stalled)
+        if step < 0:
+            return Hang(now - last, allowance, why, stalled)
+        self._hangs_at[step] = times = self._hangs_at.get(step, 0) + 1
+        return Hang(now - last, allowance, why, stalled, step, times)
+
+    def widened(self, step: int) -> float:
+        """How many times the allowance at ``step`` is widened: doubled by each hang there
+        after the first."""
+        return 2.0 ** max(self._hangs_at.get(step, 0) - 1, 0)
 
     def step_timeout(self) -> float:
         if self.longest is None:
             return self.policy.first_step
         return max(self.policy.floor, self.policy.factor * self.longest)
 
-    def _allowance(self, readings: list[Reading]) -> tuple[float, str]:
-        step = self.step_timeout()
+    def _allowance(self, readings: list[Reading], at: int) -> tuple[float, str]:
+        step = self.step_timeout() * self.widened(at)
         busy = [r for r in readings if r.phase in (SAVING, PAUSED)]
         if busy:
             what = busy[0].name or PHASE_NAMES[busy[0].phase]
@@ -263,11 +292,22 @@ def describe_hang(hang: Hang, tops: dict[int, str]) -> tuple[str, dict[str, Any]
                       for r in hang.stalled)
     summary = (f"no progress for {hang.silent_for:.0f} s (over the {hang.why} of "
                f"{hang.allowance:.0f} s): {ranks}")
+    if repeated(hang):
+        summary += f"; {repeated(hang)}: the allowance there doubles"
     fields = {"silent_for": round(hang.silent_for, 1), "allowance": round(hang.allowance, 1),
               "why": hang.why, "ranks": [r.rank for r in hang.stalled],
               "steps": [r.step for r in hang.stalled],
-              "frames": [tops.get(r.rank, "?") for r in hang.stalled]}
+              "frames": [tops.get(r.rank, "?") for r in hang.stalled],
+              "at_step": hang.step, "times": hang.times}
     return summary, fields
+
+
+def repeated(hang: Hang) -> str:
+    """``the same hang at step 17 twice`` (``3 times``...); empty for a first hang."""
+    if hang.times < 2:
+        return ""
+    return (f"the same hang at step {hang.step} "
+            f"{'twice' if hang.times == 2 else f'{hang.times} times'}")
 
 
 class WorkerProgress:
@@ -313,7 +353,9 @@ class WorkerProgress:
     def _hang(self, watch: HangWatch, readings: list[Reading], now: float,
               wall: float) -> HangDetected | None:
         longest = watch.longest
-        hang = watch.observe(readings, now)
+        cadence = bool(readings) and USES_CONTROL in announced(self._layout.control_path(
+            self._node_rank))
+        hang = watch.observe(readings, now, cadence)
         if watch.longest is not None and watch.longest != longest:
             save_longest(self._layout.hang_record_path(self._node_rank), watch.longest)
         if hang is None:
@@ -322,7 +364,8 @@ class WorkerProgress:
         tops = dump_stacks(hang.stalled or readings, self._directory, dump)
         summary, fields = describe_hang(hang, tops)
         watch.restarted(time.monotonic())
-        return HangDetected(f"{summary}; stacks in {dump}", wall, {**fields, "dump": str(dump)})
+        return HangDetected(f"{summary}; stacks in {dump}", wall, {**fields, "dump": str(dump)},
+                            repeated=repeated(hang))
 
     def before_first_step(self) -> bool | None:
         """Whether no worker made a step (or commit) in this start; ``None``: the workers

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import email.utils
+import http.client
 import json
 import logging
 import threading
@@ -82,16 +83,31 @@ def cloud_to_watch(mode: str, dmi: Path = DMI) -> str | None:
     return mode
 
 
+_warned: set[str] = set()
+"""The services whose malformed answer was warned about already (once each)."""
+
+
 def check_once(cloud: str, endpoint: str | None = None, now: Callable[[], float] = time.time,
                ) -> Notice | None:
-    """Ask the metadata service once; the notice if there is one. A service that does not
-    answer, or answers nonsense, is no notice (logged at debug level)."""
+    """Ask the metadata service once; the notice if there is one. Never raises: a service that
+    does not answer is no notice (debug level); one that answers nonsense (a broken HTTP
+    answer, JSON of another shape, a time that is none) is no notice either, said once as a
+    warning, and the next poll asks again."""
     base = (endpoint or DEFAULT_ENDPOINTS[cloud]).rstrip("/")
     try:
         return _CHECKS[cloud](base, now)
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        log.debug("no answer from %s's metadata service at %s: %s", cloud, base, error)
-        return None
+    except OSError as error:
+        if not isinstance(error, http.client.HTTPException):  # refused, timed out: no service
+            log.debug("no answer from %s's metadata service at %s: %s", cloud, base, error)
+            return None
+        malformed: Exception = error
+    except Exception as error:  # noqa: BLE001  any answer at all must not end the polling
+        malformed = error
+    if base not in _warned:
+        _warned.add(base)
+        log.warning("%s's metadata service at %s gave an answer that is no notice (%s: %s); "
+                    "cycle keeps polling", cloud, base, type(malformed).__name__, malformed)
+    return None
 
 
 def _get(url: str, headers: dict[str, str], method: str = "GET") -> tuple[int, str]:
@@ -154,7 +170,7 @@ def watch(cloud: str, endpoint: str | None, on_notice: Callable[[Notice], None],
 
     def poll() -> None:
         while not stop.is_set():
-            notice = check_once(cloud, endpoint)
+            notice = check_once(cloud, endpoint)  # never raises: the thread lives on
             if notice is not None:
                 on_notice(notice)
                 return

@@ -30,9 +30,10 @@ from cycler.checkpoint.lock import SupervisorLock
 from cycler.protocol.control import read_control, stop_requested_since, write_control
 from cycler.protocol.events import EventLog, describe
 from cycler.protocol.features import announced, clear_announcements
+from cycler.protocol.stop_signals import lower_shields, raise_shields
 from cycler.supervisor import core, notices
 from cycler.supervisor.checks import checked_options, record_resume_from
-from cycler.supervisor.failure import failure_report
+from cycler.supervisor.failure import failure_report, failure_signature
 from cycler.supervisor.foreign import finder_for, requeue_on_foreign_checkpoint
 from cycler.supervisor.hangs import HangPolicy, WorkerProgress
 from cycler.supervisor.options import RunOptions
@@ -60,7 +61,6 @@ TICK_SECONDS = 0.1
 VERDICT_MARGIN = 5.0
 """Seconds a failed torchrun waits for the peers' verdict beyond ``--node-timeout``."""
 STDERR_DRAIN_SECONDS = 2.0
-
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ class Supervisor:
             self._execute(decisions.handle(event))
             if decisions.stop_requested and not stopping:
                 self._learn_hard_deadline(self._clock(), decisions.config.kill_after)
-            if decisions.awaiting_announcement:
+            if decisions.listening:
                 self._execute(decisions.handle(core.Announced(self._announced(), self._clock())))
         return self._outcome
 
@@ -368,7 +368,7 @@ class Supervisor:
             elif isinstance(action, core.SignalTree):
                 self._signal_tree(action.signal)
             elif isinstance(action, core.SignalWorkers):
-                self._signal_workers(action.signal)
+                self._signal_workers(action)
             elif isinstance(action, core.Requeue):
                 self._requeue()
             else:
@@ -379,6 +379,7 @@ class Supervisor:
         if self._tree is not None:
             self._tree.reap()
         clear_announcements(self.layout.control_path(self.options.node_rank))
+        raise_shields(self.layout.control_path(self.options.node_rank))
         self._progress.new_start()
         if action.resume_from is not None:
             record_resume_from(self.layout, self.options.node_rank, action.resume_from)
@@ -395,22 +396,25 @@ class Supervisor:
         """The exit event, with what the report and a multi-node stop need (waiter thread)."""
         if self._cut_short:
             code = 0  # every worker had exited after the stop checkpoint; torchrun was killed
+        error = None if code == 0 else failure_signature(tree.stderr.text())
         if code != 0:
             self._failure = failure_report(tree.stderr.text(), code)
         elsewhere = self.options.nnodes > 1 and stop_requested_elsewhere(
             self.layout, self.options.node_rank, self._started_at)
         return core.WorkersExited(code, self._clock(), elsewhere,
-                                  self._progress.before_first_step())
+                                  self._progress.before_first_step(), error)
 
     def _signal_tree(self, number: signal.Signals) -> None:
         if self._tree is not None:
             self._record("signal_sent", signal=number.name, torchrun_pid=self._tree.process.pid)
             self._tree.signal(number)
 
-    def _signal_workers(self, number: signal.Signals) -> None:
+    def _signal_workers(self, action: core.SignalWorkers) -> None:
         if self._tree is not None:
-            pids = self._tree.signal_workers(number)
-            self._record("signal_forwarded", signal=number.name, workers=pids)
+            if action.through_shield:
+                lower_shields(self.layout.control_path(self.options.node_rank))
+            pids = self._tree.signal_workers(action.signal)
+            self._record("signal_forwarded", signal=action.signal.name, workers=pids)
 
     def _requeue(self) -> None:
         job_id = self.options.slurm_job_id

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cycler.protocol.control import ControlRequest
-from cycler.protocol.features import USES_CONTROL, USES_CYCLER, USES_SAVER
+from cycler.protocol.features import USES_CONTROL, USES_CYCLER, USES_OWN_HANDLER, USES_SAVER
 
 
 class StopPath(str, enum.Enum):
@@ -23,7 +23,8 @@ class StopPath(str, enum.Enum):
     NEXT_COMMIT = "next_commit"
     """They commit through cycler's savers only: ended after their next commit."""
     SIGNAL = "signal"
-    """Neither: the signal is forwarded to them at once, as torchrun does."""
+    """Neither, or they have their own SIGTERM handler: the signal is forwarded to them at
+    once, as torchrun does."""
     UNDECIDED = "undecided"
     """They imported cycler but have built neither yet: wait a few seconds for them to."""
 
@@ -33,6 +34,8 @@ def stop_path(features: frozenset[str]) -> StopPath:
     (:data:`cycler.protocol.control.FEATURES`)."""
     if USES_CONTROL in features:
         return StopPath.AGREED_STEP
+    if USES_OWN_HANDLER in features:
+        return StopPath.SIGNAL
     if USES_SAVER in features:
         return StopPath.NEXT_COMMIT
     if USES_CYCLER in features:
@@ -94,6 +97,8 @@ class HangDetected:
     summary: str
     now: float
     fields: dict[str, Any] = field(default_factory=dict)
+    repeated: str = ""
+    """``the same hang at step N twice`` when it is not the first hang at that step."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,9 @@ class WorkersExited:
     before_first_step: bool | None = None
     """Whether the workers failed before their first step (a start that failed: imports,
     ``init_process_group``, loading), not in training; ``None``: unknown (no beacons)."""
+    error: str | None = None
+    """The failing worker's traceback, stripped of what differs between two runs of the same
+    failure (``None``: none was printed, as when a worker was killed)."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +167,8 @@ class SignalWorkers:
     workers), not to torchrun: what torchrun itself does with a signal it forwards."""
 
     signal: signal.Signals
+    through_shield: bool = False
+    """The stop checkpoint is committed: the stray-signal shield lets this one through."""
 
 
 @dataclass(frozen=True)

@@ -49,3 +49,33 @@ def test_a_shielded_loader_worker_ignores_a_stray_term_and_its_process_still_exi
     else:
         os.kill(pid, signal.SIGKILL)
         raise AssertionError(f"the loader worker {pid} outlived its process")
+
+
+ANNOUNCER = textwrap.dedent("""
+    import os, signal, sys, time
+    from pathlib import Path
+    from cycler.protocol.stop_signals import shield_from_stray_signals
+
+    said = Path(os.environ["CYCLER_CONTROL_FILE"]).with_name("control.uses-handler")
+    shield_from_stray_signals()
+    seen = [said.exists()]
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))  # the script's own, after the shield
+    time.sleep(0.6)
+    seen.append(said.exists())
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # given back
+    time.sleep(0.6)
+    seen.append(said.exists())
+    print(seen)
+""")
+
+
+def test_a_workers_own_sigterm_handler_is_announced_and_withdrawn_as_the_script_sets_it(
+        tmp_path: Path) -> None:
+    script = tmp_path / "announcer.py"
+    script.write_text(ANNOUNCER)
+    environment = {**os.environ, "CYCLER_STOP_SIGNALS": "SIGTERM",
+                   "CYCLER_CONTROL_FILE": str(tmp_path / "control.json")}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=environment, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[False, True, False]"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
 from pathlib import Path
 
 import pytest
@@ -267,3 +269,53 @@ def test_a_same_size_bit_flip_in_the_latest_is_not_resumed_and_status_shows_it(
                for w in caught)
     rows = status_json(tmp_path)["checkpoints"]
     assert rows[1]["state"] == "corrupt" and "found when resuming" in rows[1]["problem"]
+
+
+def test_status_leaves_out_events_whose_time_is_no_time(tmp_path: Path) -> None:
+    # A line another tool or a broken disk wrote: status neither crashes nor counts it.
+    make_checkpoints(tmp_path, 1)
+    now = 1_700_000_000.0
+    good = [{"time": now, "event": "start"}, {"time": now + 10, "event": "exit", "code": 0,
+                                                "reason": "done"}]
+    events = CheckpointLayout(tmp_path).events_path(0)
+    events.parent.mkdir(exist_ok=True)
+    with events.open("w") as handle:
+        handle.write(json.dumps(good[0]) + "\n")
+        for when in ("1e300", "NaN", "Infinity", "-1e300", "-5", "\"soon\""):
+            handle.write(f'{{"time": {when}, "event": "start"}}\n')
+        handle.write(json.dumps(good[1]) + "\n")
+    shown = status_json(tmp_path)
+    assert [e["event"] for e in shown["events"]] == ["start", "exit"]
+    assert shown["counts"]["starts"] == 1
+    assert shown["goodput"]["wall"] == pytest.approx(10.0)
+    result = runner.invoke(app, ["status", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+
+
+def test_status_counts_one_stop_per_stop_however_often_its_path_changed(tmp_path: Path) -> None:
+    make_checkpoints(tmp_path, 1)
+    events = CheckpointLayout(tmp_path).events_path(0)
+    events.parent.mkdir(exist_ok=True)
+    records = [("start", {}), ("stop_requested", {"path": "undecided"}),
+               ("stop_requested", {"path": "next_commit"}),
+               ("stop_requested", {"path": "signal"}), ("exit", {"code": 75}),
+               ("start", {}), ("stop_requested", {"path": "agreed_step"}),
+               ("exit", {"code": 75})]
+    with events.open("w") as handle:
+        for offset, (name, fields) in enumerate(records):
+            handle.write(json.dumps({"time": 1e9 + offset, "event": name, **fields}) + "\n")
+    assert status_json(tmp_path)["counts"]["stops"] == 2
+
+
+def test_status_counts_the_checkpoints_only_in_memory_not_the_index_gaps(
+        tmp_path: Path) -> None:
+    root, memory = tmp_path / "ck", tmp_path / "memory"
+    make_checkpoints(root, 1)  # index 0 persisted
+    make_checkpoints(memory, 10)
+    for index in (6, 7, 8):  # removed by the memory tier's retention
+        shutil.rmtree(memory / f"AtomicDirectory_checkpoint_{index}")
+    record = CheckpointLayout(root).memory_tier_record_path
+    record.write_text(json.dumps({"root": str(memory), "host": socket.gethostname()}))
+    shown = status_json(root)["memory"]
+    assert (shown["newest"], shown["newest_persisted"]) == (9, 0)
+    assert shown["lag"] == 6, "1-5 and 9 are only in memory; 6-8 are gone"

@@ -188,3 +188,55 @@ def test_a_script_that_only_commits_is_timed_between_its_saves(tmp_path) -> None
             worker.progress()
     (reading,) = read_beacons(tmp_path)
     assert 0.15 <= reading.longest < 0.35
+
+
+def committer(rank: int, commits: int, when: float, longest: float = 0.0) -> Reading:
+    """The beacon of a script that only commits: no step counted (-1)."""
+    return Reading(rank, 1000 + rank, commits, -1, when, TRAINING, "", longest)
+
+
+def test_a_script_that_only_commits_is_not_judged_before_it_learned_its_commit_interval():
+    watch = HangWatch(POLICY)
+    watch.restarted(0.0)
+    assert watch.observe([committer(0, 0, 0.0)], 1e6) is None
+    assert watch.observe([committer(0, 1, 500.0)], 1e6) is None
+
+
+def test_a_script_that_only_commits_is_judged_by_its_longest_commit_interval():
+    watch = HangWatch(POLICY)
+    watch.restarted(0.0)
+    readings = [committer(0, 2, 100.0, longest=40.0)]
+    assert watch.observe(readings, 100.0 + 199.0) is None  # 5 x 40 s
+    hang = watch.observe(readings, 100.0 + 201.0)
+    assert hang is not None and hang.why == "step timeout" and hang.step is None
+
+
+def test_an_interval_learned_at_an_earlier_start_judges_a_script_that_only_commits():
+    watch = HangWatch(POLICY, longest=40.0)
+    watch.restarted(0.0)
+    waiting = [committer(0, 0, 0.0)]
+    assert watch.observe(waiting, 199.0) is None  # not the first-step allowance (100 s) alone
+    hang = watch.observe(waiting, 201.0)
+    assert hang is not None and hang.why == "first-step allowance"
+
+
+def test_a_worker_that_announced_its_step_cadence_is_watched_before_its_first_step():
+    watch = HangWatch(POLICY)
+    watch.restarted(0.0)
+    waiting = [committer(0, 0, 0.0)]
+    assert watch.observe(waiting, 101.0) is None
+    hang = watch.observe(waiting, 101.0, cadence=True)
+    assert hang is not None and hang.why == "first-step allowance"
+
+
+def test_each_hang_at_the_same_step_after_the_first_doubles_the_allowance_there():
+    watch = HangWatch(POLICY)
+    allowances = []
+    for start in range(4):
+        begin = start * 1000.0
+        watch.restarted(begin)
+        readings = [beacon(0, 17, begin + 1.0, step=17, longest=0.1)]
+        hang = next(h for t in range(1, 200) if (h := watch.observe(readings, begin + t)))
+        allowances.append((hang.allowance, hang.step, hang.times))
+    assert allowances == [(10.0, 17, 1), (10.0, 17, 2), (20.0, 17, 3), (40.0, 17, 4)]
+    assert watch.widened(18) == 1.0

@@ -204,6 +204,25 @@ def test_retention_never_removes_corrupt_checkpoints_after_a_fresh_start(
     assert (root / ckpt(0)).exists() and (root / ckpt(1)).exists()
 
 
+@pytest.mark.parametrize("damage", ["truncated", "missing"])
+def test_retention_never_removes_a_checkpoint_a_resume_found_damaged_by_size(
+        tmp_path: Path, damage: str) -> None:
+    # Finding 12: only checksum failures were recorded; a truncated file went as "beyond
+    # keep-last" at the next commits, while `cycle prune` kept it for inspection.
+    root = tmp_path / "root"
+    for step in range(3):
+        commit(root, step)
+    (damaged,) = [path for path in (root / ckpt(2)).iterdir() if path.name != MANIFEST_NAME]
+    if damage == "truncated":
+        os.truncate(damaged, 10)
+    else:
+        damaged.unlink()
+    assert resume(root)[0] == root / ckpt(1)
+    commit(root, 3, keep_last=1)
+    assert (root / ckpt(2)).exists(), "retention removed the damaged checkpoint"
+    assert states(root)[2] == "corrupt"
+
+
 # 5. Prune and retention choose the latest as resume does, and keep one that verifies.
 
 def test_prune_after_a_fallback_keeps_the_checkpoint_resume_uses(tmp_path: Path) -> None:

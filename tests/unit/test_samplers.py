@@ -389,3 +389,44 @@ def test_the_interruptible_spellings_name_the_same_classes() -> None:
     assert InterruptibleSampler is InterruptableSampler
     assert InterruptibleDistributedSampler is InterruptableDistributedSampler
     assert issubclass(InterruptableDistributedSampler, DistributedSampler)
+
+
+@pytest.mark.parametrize(("seed", "epoch"), [(0, 2**64), (2**64 - 3, 5), (0, 2**70 + 1),
+                                             (-(2**63), 2**64)])
+def test_an_epoch_past_the_generators_64_bit_seed_still_yields_and_resumes(
+        seed: int, epoch: int) -> None:
+    # torch's generator takes seeds in [-2**63, 2**64): seed + epoch outside it raised in iter().
+    samplers = ranks(20, 2, seed=seed)
+    for sampler in samplers:
+        sampler.set_epoch(epoch)
+    taken = consume(samplers, 3)
+    state = samplers[0].state_dict()
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    again = reloaded(torch.load(buffer, weights_only=True), 2, seed=seed)
+    remaining = [list(sampler) for sampler in samplers]
+    assert again == remaining and sorted(taken + sum(again, [])) == list(range(20))
+
+
+@SETTINGS
+@given(seed=st.integers(-(2**63), 2**64 - 1 - 10), epoch=st.integers(0, 10))
+def test_within_torchs_seed_range_the_order_is_torchs_own(seed: int, epoch: int) -> None:
+    ours = InterruptableDistributedSampler(dataset(30), num_replicas=1, rank=0, seed=seed)
+    theirs = DistributedSampler(dataset(30), num_replicas=1, rank=0, seed=seed)
+    ours.set_epoch(epoch)
+    theirs.set_epoch(epoch)
+    assert list(ours) == list(theirs)
+
+
+@pytest.mark.parametrize("epoch", [-1, 1.5, "3"])
+def test_an_epoch_no_checkpoint_could_resume_is_refused_at_set_epoch(epoch: Any) -> None:
+    (sampler,) = ranks(10, 1)
+    with pytest.raises(ValueError, match="the epoch must be an integer of at least 0"):
+        sampler.set_epoch(epoch)
+
+
+def test_numpy_and_torch_integers_are_epochs_as_under_torch() -> None:
+    (sampler,) = ranks(10, 1)
+    sampler.set_epoch(torch.tensor(3))
+    assert sampler.epoch == 3 and type(sampler.epoch) is int

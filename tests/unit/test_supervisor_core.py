@@ -16,6 +16,7 @@ from cycler.supervisor.core import (
     CoreConfig,
     Event,
     Exit,
+    HangDetected,
     Log,
     Phase,
     Requeue,
@@ -245,7 +246,12 @@ def test_max_restarts_n_allows_exactly_n_restarts_in_a_row_without_a_checkpoint(
         assert not of_type(core.handle(WorkersExited(1, 100.0 * (failure + 1))), Exit)
         assert core.handle(Tick(core.wake_at)) == [StartWorkers(failure + 1, None)]
     actions = core.handle(WorkersExited(1, 10_000.0))
-    assert exit_of(actions).code == EXIT_FAILURE and "crash loop" in exit_of(actions).reason
+    reason = exit_of(actions).reason
+    assert exit_of(actions).code == EXIT_FAILURE
+    if max_restarts == 0:  # one failure is no loop
+        assert reason == "the workers failed, and --max-restarts 0 allows no restart"
+    else:
+        assert "crash loop" in reason and f"all {max_restarts} restarts" in reason
 
 
 def test_checkpoint_progress_between_failures_is_not_a_crash_loop():
@@ -418,6 +424,49 @@ def test_the_stop_checkpoint_counts_as_made_only_once_a_newer_one_is_committed()
     assert not core.stop_checkpoint_made
     core.handle(CheckpointCommitted(5))
     assert core.stop_checkpoint_made
+
+
+def test_a_start_that_fails_twice_with_the_same_error_ends_without_a_third_start():
+    core = started(replace(CONFIG, max_restarts=5))
+    actions = core.handle(WorkersExited(1, 200.0, before_first_step=True, error="E: no CUDA"))
+    assert logged(actions)[-1] == "restart_scheduled" and core.wake_at == 201.0
+    assert core.handle(Tick(core.wake_at)) == [StartWorkers(1, None)]
+    actions = core.handle(WorkersExited(1, 300.0, before_first_step=True, error="E: no CUDA"))
+    reason = exit_of(actions).reason
+    assert "failed twice before their first step with the same error" in reason, reason
+    assert exit_of(actions).workers_failed
+
+
+@pytest.mark.parametrize("second", [
+    WorkersExited(1, 300.0, before_first_step=True, error="E: another"),
+    WorkersExited(1, 300.0, before_first_step=False, error="E: no CUDA"),
+    WorkersExited(-9, 300.0, before_first_step=True, error=None),
+])
+def test_a_start_failure_unlike_the_one_before_is_restarted(second: WorkersExited):
+    core = started(replace(CONFIG, max_restarts=5))
+    core.handle(WorkersExited(1, 200.0, before_first_step=True, error="E: no CUDA"))
+    core.handle(Tick(core.wake_at))
+    assert not of_type(core.handle(second), Exit)
+
+
+def test_the_same_start_failure_after_a_new_checkpoint_is_restarted():
+    core = started(replace(CONFIG, max_restarts=5))
+    core.handle(WorkersExited(1, 200.0, before_first_step=True, error="E: no CUDA"))
+    core.handle(Tick(core.wake_at))
+    core.handle(CheckpointCommitted(3, 250.0))
+    assert not of_type(core.handle(WorkersExited(1, 300.0, before_first_step=True,
+                                                 error="E: no CUDA")), Exit)
+
+
+def test_a_crash_loop_of_the_same_hang_says_how_to_get_past_it():
+    core = started(replace(CONFIG, max_restarts=1))
+    core.handle(HangDetected("no progress", 150.0))
+    core.handle(WorkersExited(-9, 151.0, before_first_step=False))
+    core.handle(Tick(core.wake_at))
+    core.handle(HangDetected("no progress", 250.0, repeated="the same hang at step 17 twice"))
+    reason = exit_of(core.handle(WorkersExited(-9, 251.0, before_first_step=False))).reason
+    assert reason.endswith("; the same hang at step 17 twice: mark it with control.paused() "
+                           "or raise --hang-timeout-min"), reason
 
 
 def test_a_start_that_fails_before_its_first_step_is_told_apart_from_a_training_crash():

@@ -10,7 +10,7 @@ import signal
 import pytest
 
 from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE
-from cycler.protocol.features import USES_CONTROL, USES_CYCLER, USES_SAVER
+from cycler.protocol.features import USES_CONTROL, USES_CYCLER, USES_OWN_HANDLER, USES_SAVER
 from cycler.supervisor.core import (
     Announced,
     CheckpointCommitted,
@@ -98,7 +98,8 @@ def test_a_saver_only_script_is_ended_right_after_its_next_commit():
     assert logged(actions)["stop_requested"]["path"] == "next_commit"
     assert of_type(actions, SignalWorkers) == []
     actions = core.handle(CheckpointCommitted(4, 157.0))
-    assert of_type(actions, SignalWorkers) == [SignalWorkers(signal.SIGTERM)]
+    # cycle's own TERM after the stop checkpoint: the stray-signal shield lets it through.
+    assert of_type(actions, SignalWorkers) == [SignalWorkers(signal.SIGTERM, through_shield=True)]
     assert "stop_after_commit" in logged(actions)
     assert core.phase is Phase.TERMINATING and core.wake_at == 159.0
     end = core.handle(WorkersExited(1, 157.1))
@@ -136,3 +137,30 @@ def test_the_wait_for_announcements_never_passes_the_grace():
     core.handle(SignalReceived("SIGTERM", 150.0, frozenset({USES_CYCLER})))
     assert core.wake_at == 152.0
     assert of_type(core.handle(Tick(152.0)), SignalTree) == [SignalTree(signal.SIGTERM)]
+
+
+SAVER_WITH_HANDLER = frozenset({USES_CYCLER, USES_SAVER, USES_OWN_HANDLER})
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT", "NOTICE"])
+def test_a_saver_script_with_its_own_handler_gets_sigterm_at_once(name: str):
+    core = started(CoreConfig(grace=30.0, initial_checkpoint=3,
+                              stop_signals=frozenset({"SIGTERM", "SIGINT", "NOTICE"})))
+    actions = core.handle(SignalReceived(name, 150.0, SAVER_WITH_HANDLER))
+    assert logged(actions)["stop_requested"]["path"] == "signal"
+    assert of_type(actions, SignalWorkers) == [SignalWorkers(signal.SIGTERM)]
+
+
+def test_a_step_control_script_with_its_own_handler_still_stops_at_the_agreed_step():
+    assert stop_path(SAVER_WITH_HANDLER | {USES_CONTROL}) is StopPath.AGREED_STEP
+
+
+def test_a_handler_announced_while_a_stop_waits_for_a_commit_gets_the_signal_then():
+    core = started()
+    core.handle(SignalReceived("SIGTERM", 150.0, frozenset({USES_CYCLER, USES_SAVER})))
+    assert core.listening
+    actions = core.handle(Announced(SAVER_WITH_HANDLER, 151.0))
+    assert logged(actions)["stop_requested"]["path"] == "signal"
+    assert of_type(actions, SignalWorkers) == [SignalWorkers(signal.SIGTERM)]
+    assert not core.listening and core.wake_at == 180.0
+    assert core.handle(Announced(SAVER_WITH_HANDLER, 152.0)) == []
