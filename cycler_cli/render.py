@@ -7,7 +7,7 @@ import datetime
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console
@@ -18,8 +18,10 @@ from cycler.checkpoint.inspection import CheckpointFacts, MemoryTierStatus, Prun
 from cycler.protocol.events import describe
 from cycler.protocol.goodput import Goodput
 from cycler.protocol.timeline import LEGEND
-from cycler.verify.result import FirstDifference, VerifyResult
-from cycler.verify.runner import Resume
+
+if TYPE_CHECKING:  # cycle's other commands must not import torch through verify's modules
+    from cycler.verify.result import FirstDifference, VerifyResult
+    from cycler.verify.runner import Resume
 
 console = Console(highlight=False)
 

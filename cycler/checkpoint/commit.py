@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 from cycler import _fs
 from cycler._version import __version__
-from cycler.checkpoint.coordination import Coordinator
 from cycler.checkpoint.layout import MANIFEST_NAME, CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import list_checkpoints
 from cycler.checkpoint.manifest import (
@@ -34,7 +33,8 @@ from cycler.checkpoint.nodes.node_commit import node_manifest
 from cycler.errors import CheckpointDirectoryError, CyclerError, RankFailed
 from cycler.protocol.progress import beacon
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the supervisor persists through finalize() without importing torch
+    from cycler.checkpoint.coordination import Coordinator
     from cycler.checkpoint.placement import Placement
 
 
