@@ -62,6 +62,8 @@ MESSAGES = {
     "requeue": "scontrol requeue {job_id}: {detail}",
     "requeue_skipped": "not requeued: {requeues} requeues reached --max-requeues {max_requeues}",
     "exit": "exit {code}: {reason}",
+    "ended": "cycle run ends (exit {code})",
+    "last_progress": "the previous workers' newest progress: step {step}",
     "persisted": "persisted checkpoint {index} from the memory tier to the checkpoint root "
                  "({why})",
     "memory_tier_removed": "removed the memory tier {root} (the job ended)",

@@ -8,6 +8,10 @@ evaluation) and the longest stretch of training it has timed between two marks. 
 reads its node's beacons a few times a second to find a rank that hangs
 (:mod:`cycler.supervisor.hangs`). Writing one costs a clock read and a ``pack_into``.
 
+Each beacon also carries the worker's start-up marks (:data:`MARKS`), each written once, and the
+seconds it spent in phases named ``"compile"``: ``cycle status`` splits what a restart cost with
+them. Its clock's offset to the wall clock lets another host's supervisor read the times.
+
 The worker times its own steps: steps often come faster than the supervisor reads, and a job
 that hangs soon after a start may be read only once between its first step and the hang.
 
@@ -31,6 +35,7 @@ from pathlib import Path
 from typing import IO
 
 from cycler._fs import pid_alive
+from cycler.protocol.clocks import process_age
 from cycler.protocol.environment import ENV_PROGRESS_DIR
 
 TRAINING, SAVING, PAUSED = 0, 1, 2
@@ -38,9 +43,16 @@ TRAINING, SAVING, PAUSED = 0, 1, 2
 PHASE_NAMES = {TRAINING: "training", SAVING: "saving", PAUSED: "paused"}
 AFTER_THE_LOOP = "after the loop"
 """The name of the phase a worker is in for good once ``StepControl.close()`` ended its loop."""
-_FORMAT = struct.Struct("<qqqdi20sd")
+MARKS = ("spawned", "imported", "ready", "loaded")
+"""A worker's start-up, in order: its process started; cycler was imported (torch with it); the
+process group was ready (:func:`~cycler.torch_distributed_readiness` returned or the
+``StepControl`` was built); the resumed state was loaded (``StepControl.load_state_dict``)."""
+COMPILE = "compile"
+"""The name of a marked phase (``control.paused("compile")``) whose time is counted apart."""
+_FORMAT = struct.Struct("<qqqdi20sdd4dd")
 """pid, counter, step, monotonic time of the last progress, phase, the marked phase's name, the
-longest training stretch timed (seconds; 0: none yet)."""
+longest training stretch timed (seconds; 0: none yet), the wall clock minus the monotonic one,
+the :data:`MARKS` (monotonic; 0: not yet), the seconds spent in :data:`COMPILE` phases."""
 DUMP_SIGNAL = signal.SIGRTMIN + 4
 """Asks a worker for its Python stacks (not SIGUSR1, which NCCL may use; not a stop signal)."""
 BEACON_SUFFIX = ".beacon"
@@ -61,10 +73,22 @@ class Beacon:
         self._training_since: float | None = None
         """When the stretch of training now timed began (the last progress or the end of a
         phase); ``None`` before the first progress (loading is not a step) and inside a phase."""
+        now = time.monotonic()
+        self._offset = time.time() - now
+        age = process_age()
+        self._marks = [now - age if age is not None else 0.0, now, 0.0, 0.0]
+        self._compiling = 0.0
         with open(path, "w+b") as handle:
             handle.truncate(_FORMAT.size)
             self._memory = mmap.mmap(handle.fileno(), _FORMAT.size)
-        self._write(time.monotonic())
+        self._write(now)
+
+    def note(self, mark: str) -> None:
+        """Record start-up mark ``mark`` (one of :data:`MARKS`) now, unless it was already."""
+        index = MARKS.index(mark)
+        if not self._marks[index]:
+            self._marks[index] = time.monotonic()
+            self._write(self._marks[index])
 
     def progress(self, step: int | None = None) -> None:
         """Progress: a step done (``step``: its number), or a commit. The supervisor sees the
@@ -85,10 +109,13 @@ class Beacon:
         """Mark a phase that has its own allowance (a save, an evaluation) while inside."""
         before, before_name = self._phase, self._name
         self.mark(phase, name)
+        entered = time.monotonic()
         try:
             yield
         finally:
             now = time.monotonic()
+            if name == COMPILE:
+                self._compiling += now - entered
             self._phase, self._name = before, before_name
             if before == TRAINING and self._counter > 0:
                 self._training_since = now
@@ -110,7 +137,8 @@ class Beacon:
 
     def _write(self, now: float) -> None:
         _FORMAT.pack_into(self._memory, 0, self._pid, self._counter, self._step, now,
-                          self._phase, self._name, self._longest)
+                          self._phase, self._name, self._longest, self._offset, *self._marks,
+                          self._compiling)
 
 
 class _NoBeacon(Beacon):
@@ -127,6 +155,9 @@ class _NoBeacon(Beacon):
         yield
 
     def mark(self, phase: int, name: str = "") -> None:
+        pass
+
+    def note(self, mark: str) -> None:
         pass
 
 
@@ -193,6 +224,17 @@ class Reading:
     name: str
     longest: float = 0.0
     """The longest stretch of training between two marks the worker timed (0: none yet)."""
+    offset: float = 0.0
+    """The worker's wall clock minus its monotonic one: ``time + offset`` is a wall time."""
+    marks: tuple[float | None, ...] = ()
+    """The :data:`MARKS` as wall times, in order (``None``: not reached)."""
+    compiling: float = 0.0
+    """Seconds spent in phases named :data:`COMPILE`."""
+
+    @property
+    def wall(self) -> float:
+        """The wall time of the last progress."""
+        return self.time + self.offset
 
 
 def read_beacons(directory: Path) -> list[Reading]:
@@ -203,13 +245,40 @@ def read_beacons(directory: Path) -> list[Reading]:
             rank = int(path.name[len("rank-"):-len(BEACON_SUFFIX)])
             with open(path, "rb") as handle:
                 data = handle.read(_FORMAT.size)
-            pid, counter, step, when, phase, name, longest = _FORMAT.unpack(data)
+            (pid, counter, step, when, phase, name, longest, offset, *marks,
+             compiling) = _FORMAT.unpack(data)
         except (OSError, ValueError, struct.error):
             continue
         readings.append(Reading(rank, pid, counter, step, when, phase,
-                                name.rstrip(b"\0").decode(errors="replace"), longest))
+                                name.rstrip(b"\0").decode(errors="replace"), longest, offset,
+                                tuple(m + offset if m else None for m in marks), compiling))
     return readings
 
 
 def stack_path(directory: Path, rank: int) -> Path:
     return directory / f"rank-{rank}{STACK_SUFFIX}"
+
+
+def start_up(readings: list[Reading]) -> dict[str, object]:
+    """What the first step's event carries (for ``cycle status``'s restart breakdown): the
+    step it reached, each of :data:`MARKS` as the wall time of the last rank to reach it (the
+    one every collective waits for) and the most seconds a rank spent compiling."""
+    moved = [r for r in readings if r.counter > 0]
+    first = min(moved, key=lambda r: r.time) if moved else None
+    marks = {}
+    for index, name in enumerate(MARKS):
+        times = [r.marks[index] for r in readings if len(r.marks) > index]
+        if times and None not in times:
+            marks[name] = round(max(t for t in times if t is not None), 3)
+    return {"step": None if first is None else first.step, "marks": marks,
+            "compile": round(max((r.compiling for r in readings), default=0.0), 3)}
+
+
+def last_progress(readings: list[Reading]) -> dict[str, object] | None:
+    """The newest progress of workers now gone (their beacons stay until the next start): the
+    wall time and step (``None``: none made progress). After a kill of the whole job, it says
+    how far the workers got, and when they stopped."""
+    moved = [r for r in readings if r.counter > 0]
+    if not moved:
+        return None
+    return {"at": round(max(r.wall for r in moved), 3), "step": max(r.step for r in moved)}

@@ -32,6 +32,7 @@ from cycler.checkpoint.lock import SupervisorLock
 from cycler.checkpoint.replicas import contribute_newest
 from cycler.checkpoint.tiers import persist_newest, remove_memory_root
 from cycler.errors import CyclerError
+from cycler.protocol.clocks import process_age
 from cycler.protocol.control import read_control, stop_requested_since, write_control
 from cycler.protocol.events import EventLog, describe
 from cycler.protocol.exit_codes import EXIT_REQUEUE
@@ -73,7 +74,6 @@ TICK_SECONDS = 0.1
 VERDICT_MARGIN = 5.0
 """Seconds a failed torchrun waits for the peers' verdict beyond ``--node-timeout``."""
 STDERR_DRAIN_SECONDS = 2.0
-
 
 
 @dataclass(frozen=True)
@@ -195,12 +195,16 @@ class Supervisor:
             self._finish_memory_tier(outcome)
         if self.options.nnodes > 1:
             self._heartbeat.finish(outcome.exit_code)
+        self._record("ended", code=outcome.exit_code)  # the run's last moment cycle can see
         return outcome
 
     def _loop(self, decisions: core.SupervisorCore) -> RunOutcome:
+        age = process_age()  # cycle's own start before this event is part of the run
         self._record("start", pid=os.getpid(), script=str(self.options.script),
                      nproc_per_node=self.options.nproc_per_node, nnodes=self.options.nnodes,
-                     node_rank=self.options.node_rank, grace=self.options.grace)
+                     node_rank=self.options.node_rank, grace=self.options.grace,
+                     process_started=None if age is None else round(self._clock() - age, 3),
+                     slurm_job_id=self.options.slurm_job_id)
         self._announce_memory_tier()
         self._execute(decisions.start(self._clock()))
         while self._outcome is None:
