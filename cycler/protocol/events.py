@@ -48,6 +48,8 @@ MESSAGES = {
                          "checkpoint)",
     "restart_together": "workers failed (code {code}): torchrun restarts them with every "
                         "node's (restart {restart} of {of} since the last checkpoint)",
+    "no_restart_during_stop": "workers failed (code {code}) during a stop: not restarted, and "
+                              "not counted against --max-restarts",
     "peer_lost": "node {node} {why}: ending this node's workers",
     "failed_after_training": "a worker failed (code {code}) after its training loop ended, and "
                              "node {node}'s workers finished: the training is done, not "
