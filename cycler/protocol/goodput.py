@@ -319,8 +319,10 @@ class _Walk:
         if compiling > 0:
             pending.parts["first_step"] -= compiling
             pending.parts["compile"] = compiling
-        step = event.get("step")
-        redone = self._redone(pending, step if isinstance(step, int) else None)
+        step, resumed = event.get("step"), event.get("resumed")
+        if not isinstance(resumed, int) or resumed < 0:  # not logged: the step before the first
+            resumed = step - 1 if isinstance(step, int) and step > 0 else None
+        redone = self._redone(pending, resumed)
         if redone > 0:
             pending.parts["redone"] = redone
             figures.redone += redone
@@ -331,17 +333,17 @@ class _Walk:
         self.first = (at, step) if isinstance(step, int) else None
         self.progress_since = at
 
-    def _redone(self, pending: Interruption, step: int | None) -> float:
+    def _redone(self, pending: Interruption, resumed: int | None) -> float:
         """The work redone after ``pending``: the steps between the resumed checkpoint and the
         newest step before it, at this start's rate; where steps are unknown (a script without
         StepControl), the time since the newest checkpoint before a failure or a hang."""
         last, first = pending.last, self.first
-        if last is not None and first is not None and step is not None and step >= 0:
+        if last is not None and first is not None and resumed is not None:
             newest, newest_at = last.get("step"), last.get("at")
             if isinstance(newest, int) and isinstance(newest_at, int | float) \
                     and newest > first[1]:
                 rate = (float(newest_at) - first[0]) / (newest - first[1])
-                return max(newest - (step - 1), 0) * max(rate, 0.0)
+                return max(newest - resumed, 0) * max(rate, 0.0)
         if pending.kind in ("failure", "hang") and self.progress_since is not None:
             return max(pending.at - self.progress_since, 0.0)
         return 0.0

@@ -49,10 +49,12 @@ process group was ready (:func:`~cycler.torch_distributed_readiness` returned or
 ``StepControl`` was built); the resumed state was loaded (``StepControl.load_state_dict``)."""
 COMPILE = "compile"
 """The name of a marked phase (``control.paused("compile")``) whose time is counted apart."""
-_FORMAT = struct.Struct("<qqqdi20sdd4dd")
+_FORMAT = struct.Struct("<qqqdi20sdd4dddqq")
 """pid, counter, step, monotonic time of the last progress, phase, the marked phase's name, the
 longest training stretch timed (seconds; 0: none yet), the wall clock minus the monotonic one,
-the :data:`MARKS` (monotonic; 0: not yet), the seconds spent in :data:`COMPILE` phases."""
+the :data:`MARKS` (monotonic; 0: not yet), the seconds spent in :data:`COMPILE` phases, the
+monotonic time and step of the first progress (0, -1: none yet), the step the worker resumed
+at (-1: none)."""
 DUMP_SIGNAL = signal.SIGRTMIN + 4
 """Asks a worker for its Python stacks (not SIGUSR1, which NCCL may use; not a stop signal)."""
 BEACON_SUFFIX = ".beacon"
@@ -78,14 +80,19 @@ class Beacon:
         age = process_age()
         self._marks = [now - age if age is not None else 0.0, now, 0.0, 0.0]
         self._compiling = 0.0
+        self._first: tuple[float, int] = (0.0, -1)
+        self._resumed = -1
         with open(path, "w+b") as handle:
             handle.truncate(_FORMAT.size)
             self._memory = mmap.mmap(handle.fileno(), _FORMAT.size)
         self._write(now)
 
-    def note(self, mark: str) -> None:
-        """Record start-up mark ``mark`` (one of :data:`MARKS`) now, unless it was already."""
+    def note(self, mark: str, step: int | None = None) -> None:
+        """Record start-up mark ``mark`` (one of :data:`MARKS`) now, unless it was already;
+        ``step``: the step the state loaded resumes at (with ``"loaded"``)."""
         index = MARKS.index(mark)
+        if step is not None:
+            self._resumed = step
         if not self._marks[index]:
             self._marks[index] = time.monotonic()
             self._write(self._marks[index])
@@ -99,7 +106,9 @@ class Beacon:
             self._step = step
         if self._phase == TRAINING:
             since = self._training_since
-            if since is not None and now - since > self._longest:
+            if since is None:  # the first progress (or the first after the loop's end)
+                self._first = self._first if self._first[0] else (now, self._step)
+            elif now - since > self._longest:
                 self._longest = now - since  # inline: this runs at every step
             self._training_since = now
         self._write(now)
@@ -138,7 +147,7 @@ class Beacon:
     def _write(self, now: float) -> None:
         _FORMAT.pack_into(self._memory, 0, self._pid, self._counter, self._step, now,
                           self._phase, self._name, self._longest, self._offset, *self._marks,
-                          self._compiling)
+                          self._compiling, *self._first, self._resumed)
 
 
 class _NoBeacon(Beacon):
@@ -157,7 +166,7 @@ class _NoBeacon(Beacon):
     def mark(self, phase: int, name: str = "") -> None:
         pass
 
-    def note(self, mark: str) -> None:
+    def note(self, mark: str, step: int | None = None) -> None:
         pass
 
 
@@ -230,6 +239,10 @@ class Reading:
     """The :data:`MARKS` as wall times, in order (``None``: not reached)."""
     compiling: float = 0.0
     """Seconds spent in phases named :data:`COMPILE`."""
+    first: tuple[float, int] | None = None
+    """The wall time and step of the worker's first progress (``None``: none yet)."""
+    resumed: int = -1
+    """The step the state the worker loaded resumes at (-1: none loaded)."""
 
     @property
     def wall(self) -> float:
@@ -245,13 +258,14 @@ def read_beacons(directory: Path) -> list[Reading]:
             rank = int(path.name[len("rank-"):-len(BEACON_SUFFIX)])
             with open(path, "rb") as handle:
                 data = handle.read(_FORMAT.size)
-            (pid, counter, step, when, phase, name, longest, offset, *marks,
-             compiling) = _FORMAT.unpack(data)
+            (pid, counter, step, when, phase, name, longest, offset, *marks, compiling,
+             first_at, first_step, resumed) = _FORMAT.unpack(data)
         except (OSError, ValueError, struct.error):
             continue
         readings.append(Reading(rank, pid, counter, step, when, phase,
                                 name.rstrip(b"\0").decode(errors="replace"), longest, offset,
-                                tuple(m + offset if m else None for m in marks), compiling))
+                                tuple(m + offset if m else None for m in marks), compiling,
+                                (first_at + offset, first_step) if first_at else None, resumed))
     return readings
 
 
@@ -260,18 +274,23 @@ def stack_path(directory: Path, rank: int) -> Path:
 
 
 def start_up(readings: list[Reading]) -> dict[str, object]:
-    """What the first step's event carries (for ``cycle status``'s restart breakdown): the
-    step it reached, each of :data:`MARKS` as the wall time of the last rank to reach it (the
-    one every collective waits for) and the most seconds a rank spent compiling."""
-    moved = [r for r in readings if r.counter > 0]
-    first = min(moved, key=lambda r: r.time) if moved else None
+    """What the first step's event carries (for ``cycle status``'s restart breakdown): when
+    the last rank made its first step (``at``: every collective waits for it) and that step,
+    the step the workers resumed at, each of :data:`MARKS` as the wall time of the last rank
+    to reach it and the most seconds a rank spent compiling."""
     marks = {}
     for index, name in enumerate(MARKS):
         times = [r.marks[index] for r in readings if len(r.marks) > index]
         if times and None not in times:
             marks[name] = round(max(t for t in times if t is not None), 3)
-    return {"step": None if first is None else first.step, "marks": marks,
-            "compile": round(max((r.compiling for r in readings), default=0.0), 3)}
+    firsts = [r.first for r in readings if r.first is not None]
+    fields: dict[str, object] = {
+        "marks": marks, "resumed": max((r.resumed for r in readings), default=-1),
+        "compile": round(max((r.compiling for r in readings), default=0.0), 3)}
+    if firsts and len(firsts) == len(readings):
+        at, step = max(firsts)
+        fields.update(at=round(at, 3), step=step)
+    return fields
 
 
 def last_progress(readings: list[Reading]) -> dict[str, object] | None:

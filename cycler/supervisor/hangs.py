@@ -313,8 +313,8 @@ class WorkerProgress:
         moved = [r.time for r in readings if r.counter > 0]
         if moved and not self.first_step_seen:
             self.first_step_seen = True
-            self._record("first_step", at=round(wall - (now - min(moved)), 3),
-                         **start_up(readings))
+            self._record("first_step", **{"at": round(wall - (now - min(moved)), 3),
+                                          **start_up(readings)})
         return None if self._hangs is None else self._hang(self._hangs, readings, now, wall)
 
     def _hang(self, watch: HangWatch, readings: list[Reading], now: float,

@@ -312,7 +312,7 @@ class StepControl:
                 f"step count >= 0: {dict(state)!r}; pass the dict that state_dict() returned"
             )
         self._step = step
-        self._beacon.note("loaded")
+        self._beacon.note("loaded", step)
         self._last_checkpoint_step = step
         self._last_exchange = (step, self._last_exchange[1])
         self._next_exchange_step = self._first_exchange_step()

@@ -60,7 +60,8 @@ def test_a_kill_of_the_whole_job_costs_until_the_newest_step_and_the_steps_train
               event("checkpoint_committed", 80.0, index=0)]  # step 800; no exit: kill -9
     rerun = [event("start", 120.0, process_started=119.0),
              event("last_progress", 120.5, at=100.0, step=951),
-             event("workers_started", 121.0), event("first_step", 126.5, at=126.0, step=801),
+             event("workers_started", 121.0),
+             event("first_step", 126.5, at=126.0, step=803, resumed=800),
              event("ended", 150.0, code=0)]
     figures = goodput(killed + rerun)
     (kill,) = figures.interruptions
@@ -116,10 +117,12 @@ def test_a_stop_with_no_first_step_after_it_yet_is_shown_unfinished() -> None:
 def test_a_workers_beacon_carries_its_start_up_marks_and_its_newest_step(tmp_path) -> None:
     beacon = Beacon(tmp_path / "rank-0.beacon")
     beacon.note("ready")
-    beacon.note("loaded")
+    beacon.note("loaded", 40)
     with beacon.phase(2, "compile"):
         time.sleep(0.05)
+    stepped = time.time()
     beacon.progress(41)
+    beacon.progress(42)
     before = time.time()
     beacon.note("ready")  # a second time changes nothing
     (reading,) = read_beacons(tmp_path)
@@ -127,7 +130,9 @@ def test_a_workers_beacon_carries_its_start_up_marks_and_its_newest_step(tmp_pat
     marks = fields["marks"]
     assert isinstance(marks, dict) and list(marks) == ["spawned", "imported", "ready", "loaded"]
     assert marks["spawned"] <= marks["imported"] <= marks["ready"] <= marks["loaded"] <= before
-    assert fields["step"] == 41 and 0.05 <= float(fields["compile"]) < 1.0  # type: ignore[arg-type]
+    assert fields["step"] == 41 and fields["resumed"] == 40, "the first step, not the newest"
+    assert abs(float(fields["at"]) - stepped) < 0.05  # type: ignore[arg-type]
+    assert 0.05 <= float(fields["compile"]) < 1.0  # type: ignore[arg-type]
     newest = last_progress([reading])
-    assert newest is not None and newest["step"] == 41
+    assert newest is not None and newest["step"] == 42
     assert abs(float(newest["at"]) - time.time()) < 1.0  # type: ignore[arg-type]
