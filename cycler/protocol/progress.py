@@ -28,6 +28,7 @@ import mmap
 import os
 import signal
 import struct
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -44,7 +45,8 @@ PHASE_NAMES = {TRAINING: "training", SAVING: "saving", PAUSED: "paused"}
 AFTER_THE_LOOP = "after the loop"
 """The name of the phase a worker is in for good once ``StepControl.close()`` ended its loop."""
 MARKS = ("spawned", "imported", "ready", "loaded")
-"""A worker's start-up, in order: its process started; cycler was imported (torch with it); the
+"""A worker's start-up, in order: its process started; its imports were done (cycler's, with
+torch: the first of cycler's names a script used that needed torch was imported); the
 process group was ready (:func:`~cycler.torch_distributed_readiness` returned or the
 ``StepControl`` was built); the resumed state was loaded (``StepControl.load_state_dict``)."""
 COMPILE = "compile"
@@ -78,7 +80,10 @@ class Beacon:
         now = time.monotonic()
         self._offset = time.time() - now
         age = process_age()
-        self._marks = [now - age if age is not None else 0.0, now, 0.0, 0.0]
+        # Imported: now if torch came first (``import torch`` before cycler), else once cycler's
+        # API brought it in (``cycler.__getattr__``).
+        self._marks = [now - age if age is not None else 0.0,
+                       now if "torch" in sys.modules else 0.0, 0.0, 0.0]
         self._compiling = 0.0
         self._first: tuple[float, int] = (0.0, -1)
         self._resumed = -1
