@@ -180,16 +180,28 @@ def _time(event: dict[str, Any]) -> float:
     return float(event.get("time", 0.0))
 
 
+def _number(value: Any, default: float) -> float:
+    """A field's number (an event a broken disk or another tool wrote must not crash status)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and value == value:
+        return float(value)
+    return default
+
+
+PROCESS_START_LIMIT = 600.0
+"""The most seconds a ``start`` event may come after its process's start (``cycle run``
+checks and takes its lock before it, which fail at once); beyond, the field is not believed."""
+
+
 def _runs(events: list[dict[str, Any]]) -> list[_Run]:
     """The events cut at each ``start``; a killed run's end moved to its workers' newest
     progress, which the next run logged before starting its own workers."""
     runs: list[_Run] = []
     for event in events:
         if event.get("event") == "start":
-            started = event.get("process_started")
             begin = _time(event)
-            if isinstance(started, int | float) and not isinstance(started, bool):
-                begin = min(float(started), begin)
+            started = _number(event.get("process_started"), begin)
+            if 0.0 <= begin - started <= PROCESS_START_LIMIT:
+                begin = started
             runs.append(_Run([event], begin, begin, False, False))
         elif runs:
             run = runs[-1]
@@ -201,7 +213,7 @@ def _runs(events: list[dict[str, Any]]) -> list[_Run]:
     for run, following in zip(runs, runs[1:], strict=False):
         last = _last_progress_before_start(following)
         if not run.ended and last is not None:
-            run.end = max(run.end, min(float(last["at"]), following.begin))
+            run.end = max(run.end, min(_number(last["at"], run.end), following.begin))
     return runs
 
 
@@ -209,7 +221,7 @@ def _last_progress_before_start(run: _Run) -> dict[str, Any] | None:
     for event in run.events:
         if event.get("event") == "workers_started":
             return None
-        if event.get("event") == "last_progress" and isinstance(event.get("at"), int | float):
+        if event.get("event") == "last_progress" and _number(event.get("at"), -1.0) >= 0:
             return event
     return None
 
@@ -267,7 +279,7 @@ class _Walk:
         elif name == "stop_requested" and pending is not None and pending.kind == "stop":
             pending.advance(when, "stop")
         elif name == "hang" and (pending is None or pending.complete):
-            silent = float(event.get("silent_for", 0.0))
+            silent = max(_number(event.get("silent_for"), 0.0), 0.0)
             self._begin(figures, Interruption("hang", when - silent, cursor=when - silent,
                                               next_part="hang"))
             self.pending.advance(when, "kill")  # type: ignore[union-attr]
@@ -294,8 +306,8 @@ class _Walk:
 
     def _last_progress(self, pending: Interruption, event: dict[str, Any]) -> None:
         pending.last = event
-        at = float(event["at"]) if isinstance(event.get("at"), int | float) else None
-        if pending.kind == "failure" and at is not None and at < pending.at:
+        at = _number(event.get("at"), float("nan"))
+        if pending.kind == "failure" and at < pending.at:  # (NaN: not logged)
             # The failure happened after the workers' newest progress: from there to torchrun's
             # exit it was being found, not training.
             if self.progress_since is None or at >= self.progress_since:
@@ -304,18 +316,20 @@ class _Walk:
 
     def _first_step(self, figures: Goodput, pending: Interruption, event: dict[str, Any],
                     when: float) -> None:
-        at = float(event.get("at", when))
+        at = _number(event.get("at"), when)
         found = event.get("marks")
         marks: dict[str, Any] = found if isinstance(found, dict) else {}
         if pending.next_part == "spawn":  # the workers were started: their marks split it
             for mark, part in _MARK_PARTS:
                 value = marks.get(mark)
-                if isinstance(value, int | float) and pending.cursor <= value <= at:
+                value = _number(value, float("nan"))
+                if pending.cursor <= value <= at:
                     pending.next_part = part
-                    pending.advance(float(value), part)
+                    pending.advance(value, part)
             pending.next_part = "first_step"
         pending.advance(at, "first_step")
-        compiling = min(float(event.get("compile") or 0.0), pending.parts.get("first_step", 0.0))
+        compiling = min(max(_number(event.get("compile"), 0.0), 0.0),
+                        pending.parts.get("first_step", 0.0))
         if compiling > 0:
             pending.parts["first_step"] -= compiling
             pending.parts["compile"] = compiling
@@ -339,10 +353,9 @@ class _Walk:
         StepControl), the time since the newest checkpoint before a failure or a hang."""
         last, first = pending.last, self.first
         if last is not None and first is not None and resumed is not None:
-            newest, newest_at = last.get("step"), last.get("at")
-            if isinstance(newest, int) and isinstance(newest_at, int | float) \
-                    and newest > first[1]:
-                rate = (float(newest_at) - first[0]) / (newest - first[1])
+            newest, newest_at = last.get("step"), _number(last.get("at"), float("nan"))
+            if isinstance(newest, int) and newest > first[1] and newest_at == newest_at:
+                rate = (newest_at - first[0]) / (newest - first[1])
                 return max(newest - resumed, 0) * max(rate, 0.0)
         if pending.kind in ("failure", "hang") and self.progress_since is not None:
             return max(pending.at - self.progress_since, 0.0)
