@@ -17,7 +17,8 @@ goodput at a preemption every 5 minutes (1 - cost / 300), the stopwatch's goodpu
 wall, its cost per interruption and the biggest parts of the breakdown.
 
     python benchmarks/bench_goodput.py [--epochs 12] [--every 45] [--checkpoint-every 1500]
-    python benchmarks/bench_goodput.py --epochs 4 --every 20     # a shorter job
+    python benchmarks/bench_goodput.py --samples 16384 --epochs 4 --step-delay 0.04 \
+        --every 25 --checkpoint-every 250      # a shorter job, steady on a loaded machine
 
 The machine's load (1-minute load average, cores) is printed with the figures: on a shared
 machine a restart's imports and a step's time vary with the other jobs.
@@ -46,7 +47,8 @@ EXIT_REQUEUE = 75
 def command(root: Path, args: argparse.Namespace) -> list[str]:
     return [sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", str(args.nproc),
             "--checkpoint-dir", str(root), str(SCRIPT), "--epochs", str(args.epochs),
-            "--samples", str(args.samples), "--checkpoint-every", str(args.checkpoint_every)]
+            "--samples", str(args.samples), "--checkpoint-every", str(args.checkpoint_every),
+            "--step-delay", str(args.step_delay)]
 
 
 def kill_tree(process: subprocess.Popen[bytes]) -> None:
@@ -121,23 +123,31 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--samples", type=int, default=65536)
     parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--step-delay", type=float, default=0.0,
+                        help="seconds each step sleeps: a training time the load hardly moves")
     parser.add_argument("--every", type=float, default=45.0,
                         help="seconds of each run before its interruption")
     parser.add_argument("--checkpoint-every", type=int, default=1500, help="steps")
     parser.add_argument("--modes", default="none,stop,kill")
     parser.add_argument("--max-runs", type=int, default=30)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep the checkpoint roots and logs under this new directory")
     args = parser.parse_args()
     os.environ.pop("SLURM_JOB_ID", None)
     rows, base = [], None
     with tempfile.TemporaryDirectory(prefix="bench-goodput-") as scratch:
+        where = Path(scratch) if args.keep is None else args.keep
+        where.mkdir(parents=True, exist_ok=True)
         for mode in args.modes.split(","):
-            result = drive(Path(scratch) / mode, args, mode)
+            result = drive(where / mode, args, mode)
             base = base or result
             rows.append(summarise(result, base))
             print(json.dumps(rows[-1]), flush=True)
     print(f"\nload average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
-          f"{args.nproc} ranks, {args.epochs} epochs, interrupted every {args.every:g} s")
+          f"{args.nproc} ranks, {args.epochs} epochs of {args.samples} samples, "
+          f"{args.step_delay:g} s sleep a step, interrupted every {args.every:g} s, "
+          f"checkpoints every {args.checkpoint_every} steps")
     print("| interruption | wall | n | cost each | goodput at 1/5 min | stopwatch goodput "
           "| status goodput | status wall | status cost each | biggest parts (s each) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")

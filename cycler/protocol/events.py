@@ -78,7 +78,8 @@ MESSAGES = {
 HISTORY = frozenset({
     "start", "signal", "stop_requested", "deadline", "stop_after_commit", "stop_handled_by_script",
     "stop_without_new_checkpoint", "stopped_by_another_node", "grace_expired", "kill",
-    "restart_scheduled", "restart_together", "peer_lost", "failed_after_training", "requeue",
+    "restart_scheduled", "restart_together", "no_restart_during_stop", "peer_lost",
+    "failed_after_training", "requeue",
     "requeue_skipped", "exit",
     "hang", "start_failed", "waiting_for_node", "persisted", "memory_tier_removed",
     "checkpoint_committed",
