@@ -295,7 +295,11 @@ class _Walk:
                                               next_part="decision"))
 
     def _begin(self, figures: Goodput, interruption: Interruption) -> None:
-        if self.pending is not None and not self.pending.complete:
+        pending = self.pending
+        if pending is not None and pending.kind == "start":
+            pending.advance(interruption.at, pending.next_part)
+            figures.starting += pending.lost  # a first start cut short: what it cost so far
+        elif pending is not None and not pending.complete:
             return  # one interruption at a time: a failure during a stop is part of the stop
         self.pending = interruption
         self._open(figures, interruption)

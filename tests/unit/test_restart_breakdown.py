@@ -152,3 +152,17 @@ def test_malformed_fields_are_ignored_not_a_crash_nor_a_wrong_wall() -> None:
         figures = goodput(log)
         assert 28.5 <= figures.wall <= 30.0, value  # a start long before the event is not believed
         assert 0.0 <= figures.useful <= figures.wall and figures.goodput is not None
+
+
+def test_a_stop_before_the_first_step_is_an_interruption_and_the_start_so_far_is_starting(
+        ) -> None:
+    log = [event("start", 1.0, process_started=0.0), event("workers_started", 2.0),
+           event("signal", 6.0, signal="SIGTERM", effect="checkpoint_and_exit"),
+           event("stop_requested", 6.0), event("workers_exited", 7.0, code=0),
+           event("ended", 7.5, code=75), *second_run(begin=10.0)]
+    figures = goodput(log)
+    assert figures.starting == pytest.approx(6.0)
+    (stop,) = figures.interruptions
+    assert stop.kind == "stop" and stop.complete
+    assert stop.parts["stop"] == pytest.approx(1.0) and stop.parts["exit"] == pytest.approx(0.5)
+    assert stop.parts["cycle_start"] == pytest.approx(2.0)
