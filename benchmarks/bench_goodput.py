@@ -3,7 +3,10 @@
 The same job (``examples/train.py``, 2 ranks, gloo on CPU) runs three ways, one after the other:
 
 - ``none``: uninterrupted: the stopwatch's wall, and ``W``, the training it needs (the useful
-  training ``cycle status`` counts for it: its wall less its start);
+  training ``cycle status`` counts for it: its wall less its start). Each other mode is
+  compared with the mean of the uninterrupted runs just before and after it (``--modes
+  none,stop,none,kill,none``): on a shared machine the load, and the training's own time with
+  it, drifts from one run to the next;
 - ``stop``: ``cycle run`` gets SIGTERM every ``--every`` s of each run, checkpoints at a step
   its ranks agree on and exits 75; it is run again at once until it finishes;
 - ``kill``: the whole job (``cycle``, torchrun, the workers) gets SIGKILL every ``--every`` s and
@@ -68,7 +71,7 @@ def kill_tree(process: subprocess.Popen[bytes]) -> None:
 def drive(root: Path, args: argparse.Namespace, mode: str) -> dict[str, Any]:
     """Run the job to its end, interrupting each run after ``--every`` s (mode stop, kill)."""
     interruptions, codes = 0, []
-    log = open(root.parent / f"{mode}.log", "ab")
+    log = open(root.parent / f"{root.name}.log", "ab")
     started = time.time()
     while True:
         process = subprocess.Popen(command(root, args), stdout=log, stderr=subprocess.STDOUT,
@@ -100,10 +103,12 @@ def status(root: Path) -> dict[str, Any]:
     return figures
 
 
-def summarise(result: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+def summarise(result: dict[str, Any], bases: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures of one mode against the uninterrupted runs ``bases`` (their mean)."""
     shown, count = result["status"], result["interruptions"]
-    work = base["status"]["useful"]
-    cost = (result["wall"] - base["wall"]) / count if count else None
+    work = sum(base["status"]["useful"] for base in bases) / len(bases)
+    base_wall = sum(base["wall"] for base in bases) / len(bases)
+    cost = (result["wall"] - base_wall) / count if count else None
     lost = [i["lost"] for i in shown["interruptions"]]
     parts = sorted(shown["parts"].items(), key=lambda item: -item[1])
     return {
@@ -128,22 +133,28 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=45.0,
                         help="seconds of each run before its interruption")
     parser.add_argument("--checkpoint-every", type=int, default=1500, help="steps")
-    parser.add_argument("--modes", default="none,stop,kill")
+    parser.add_argument("--modes", default="none,stop,none,kill,none")
     parser.add_argument("--max-runs", type=int, default=30)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     parser.add_argument("--keep", type=Path, default=None,
                         help="keep the checkpoint roots and logs under this new directory")
     args = parser.parse_args()
     os.environ.pop("SLURM_JOB_ID", None)
-    rows, base = [], None
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-goodput-") as scratch:
         where = Path(scratch) if args.keep is None else args.keep
         where.mkdir(parents=True, exist_ok=True)
-        for mode in args.modes.split(","):
-            result = drive(where / mode, args, mode)
-            base = base or result
-            rows.append(summarise(result, base))
-            print(json.dumps(rows[-1]), flush=True)
+        results = []
+        for number, mode in enumerate(args.modes.split(",")):
+            results.append(drive(where / f"{number}-{mode}", args, mode))
+            print(json.dumps({k: v for k, v in results[-1].items() if k != "status"}), flush=True)
+    for index, result in enumerate(results):
+        # Against the uninterrupted runs just before and after it: the load of a shared
+        # machine drifts, and with it the time the training itself takes.
+        near = [r for r in results[max(index - 1, 0):index + 2] if r["mode"] == "none"]
+        near = near or [r for r in results if r["mode"] == "none"]
+        rows.append(summarise(result, near))
+        print(json.dumps(rows[-1]), flush=True)
     print(f"\nload average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
           f"{args.nproc} ranks, {args.epochs} epochs of {args.samples} samples, "
           f"{args.step_delay:g} s sleep a step, interrupted every {args.every:g} s, "

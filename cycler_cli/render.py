@@ -148,7 +148,8 @@ def _render_interruptions(figures: Goodput, shown: int = 5) -> None:
         unfinished = "" if interruption.complete else " (no first step after it yet)"
         console.print(f"  {when} {interruption.kind}: {interruption.lost:.1f} s lost{most}"
                       f"{unfinished}", soft_wrap=True)
-    totals = sorted(figures.parts().items(), key=lambda item: -item[1])
+    totals = sorted(((name, seconds) for name, seconds in figures.parts().items()
+                     if seconds >= 0.05), key=lambda item: -item[1])
     console.print("  in all: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in totals),
                   soft_wrap=True)
 
