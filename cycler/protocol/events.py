@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cycler.protocol.clocks import process_age
+
 MESSAGES = {
     "start": "supervising {script}: {nproc_per_node} workers on node {node_rank} of {nnodes}",
     "workers_started": "started torchrun (pid {torchrun_pid}, start {start})",
@@ -85,6 +87,13 @@ HISTORY = frozenset({
     "checkpoint_committed",
 })
 """The events ``cycle status`` shows: what the job went through, not every checkpoint."""
+
+
+def process_start() -> dict[str, Any]:
+    """The ``start`` event's ``process_started``: when this process began (wall clock), so that
+    ``cycle status`` counts cycle's own start before its first event as part of the run."""
+    age = process_age()
+    return {} if age is None else {"process_started": round(time.time() - age, 3)}
 
 
 def describe(event: str, fields: dict[str, Any]) -> str:

@@ -91,7 +91,7 @@ class Goodput:
     redone: float = 0.0
     runs: int = 0
     running: bool = False
-    """Whether the last run has not ended yet (its figures run to the last event)."""
+    """Whether the last run has not exited yet (its figures run to the last event)."""
     interruptions: list[Interruption] = field(default_factory=list)
 
     def lost_in(self, kind: str) -> float:

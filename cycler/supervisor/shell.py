@@ -32,9 +32,8 @@ from cycler.checkpoint.lock import SupervisorLock
 from cycler.checkpoint.replicas import contribute_newest
 from cycler.checkpoint.tiers import persist_newest, remove_memory_root
 from cycler.errors import CyclerError
-from cycler.protocol.clocks import process_age
 from cycler.protocol.control import read_control, stop_requested_since, write_control
-from cycler.protocol.events import EventLog, describe
+from cycler.protocol.events import EventLog, describe, process_start
 from cycler.protocol.exit_codes import EXIT_REQUEUE
 from cycler.protocol.features import announced, clear_announcements
 from cycler.supervisor import core, notices
@@ -199,12 +198,9 @@ class Supervisor:
         return outcome
 
     def _loop(self, decisions: core.SupervisorCore) -> RunOutcome:
-        age = process_age()  # cycle's own start before this event is part of the run
         self._record("start", pid=os.getpid(), script=str(self.options.script),
                      nproc_per_node=self.options.nproc_per_node, nnodes=self.options.nnodes,
-                     node_rank=self.options.node_rank, grace=self.options.grace,
-                     process_started=None if age is None else round(self._clock() - age, 3),
-                     slurm_job_id=self.options.slurm_job_id)
+                     node_rank=self.options.node_rank, grace=self.options.grace, **process_start())
         self._announce_memory_tier()
         self._execute(decisions.start(self._clock()))
         while self._outcome is None:
