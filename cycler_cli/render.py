@@ -140,18 +140,18 @@ def _render_interruptions(figures: Goodput, shown: int = 5) -> None:
     kinds = ", ".join(f"{figures.count(kind)} {label}" for kind, label in (
         ("stop", "preemptions (stops asked for)"), ("failure", "failures"),
         ("hang", "hangs"), ("kill", "kills of the job")) if figures.count(kind))
-    console.print(f"Interruptions: {kinds}; latest last:", soft_wrap=True)
+    console.print(f"Interruptions: {kinds}; latest last:")
     for interruption in figures.interruptions[-shown:]:
         when = datetime.datetime.fromtimestamp(interruption.at).strftime("%m-%d %H:%M:%S")
         biggest = interruption.biggest
-        most = f", most in {biggest[0]} ({biggest[1]:.1f} s)" if biggest else ""
-        unfinished = "" if interruption.complete else " (no first step after it yet)"
-        console.print(f"  {when} {interruption.kind}: {interruption.lost:.1f} s lost{most}"
-                      f"{unfinished}", soft_wrap=True)
+        most = f", most {biggest[0]} {biggest[1]:.1f} s" if biggest else ""
+        so_far = "" if interruption.complete else ", so far"
+        console.print(f"  {when} {interruption.kind}: {interruption.lost:.1f} s{most}{so_far}")
     totals = sorted(((name, seconds) for name, seconds in figures.parts().items()
                      if seconds >= 0.05), key=lambda item: -item[1])
-    console.print("  in all: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in totals),
-                  soft_wrap=True)
+    if totals:
+        console.print("  in all: " + ", ".join(f"{name} {seconds:.1f} s"
+                                                for name, seconds in totals))
 
 
 def _render_timeline(lines: dict[int, str]) -> None:
