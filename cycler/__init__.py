@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 from cycler._version import __version__
@@ -16,7 +17,8 @@ from cycler._version import __version__
 IS_TORCH_CYCLER = True
 """Marker that tells torch-cycler apart from matplotlib's ``cycler`` package of the same name."""
 
-if os.environ.get("CYCLER_CONTROL_FILE") and os.environ.get("LOCAL_RANK"):
+_WORKER = bool(os.environ.get("CYCLER_CONTROL_FILE") and os.environ.get("LOCAL_RANK"))
+if _WORKER:
     # A worker of cycle run (torchrun sets LOCAL_RANK for workers only, not for itself): say so
     # at once, so that a stop arriving before the script builds its StepControl or saver waits
     # for them instead of treating it as a plain script.
@@ -141,6 +143,10 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'cycler' has no attribute {name!r}") from None
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
+    if _WORKER and "torch" in sys.modules:  # the imports a worker starts with are done
+        from cycler.protocol.progress import beacon
+
+        beacon().note("imported")
     return value
 
 

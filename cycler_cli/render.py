@@ -128,14 +128,36 @@ def _duration(seconds: float) -> str:
 def _render_goodput(figures: Goodput | None) -> None:
     if figures is None or figures.goodput is None:
         return
-    lost = [(name, getattr(figures, name)) for name in ("starting", "restarts", "stops",
-                                                         "hangs", "redone")]
+    lost = [(name, getattr(figures, name)) for name in ("starting", "stops", "restarts",
+                                                         "hangs", "kills", "queue", "redone")]
     causes = ", ".join(f"{name} {_duration(value)}" for name, value in lost if value >= 0.5)
     ongoing = " so far" if figures.running else ""
     console.print(f"Time{ongoing}: {_duration(figures.wall)} in {figures.runs} run"
                   f"{'s' if figures.runs != 1 else ''}, {_duration(figures.useful)} of useful "
                   f"training; lost: {causes or 'nothing'}. Goodput {figures.goodput:.1%}.",
                   soft_wrap=True)
+    _render_interruptions(figures)
+
+
+def _render_interruptions(figures: Goodput, shown: int = 5) -> None:
+    """The interruptions' count by kind, each one's cost and biggest part, the parts' totals."""
+    if not figures.interruptions:
+        return
+    kinds = ", ".join(f"{figures.count(kind)} {label}" for kind, label in (
+        ("stop", "preemptions (stops asked for)"), ("failure", "failures"),
+        ("hang", "hangs"), ("kill", "kills of the job")) if figures.count(kind))
+    console.print(f"Interruptions: {kinds}; latest last:")
+    for interruption in figures.interruptions[-shown:]:
+        when = datetime.datetime.fromtimestamp(interruption.at).strftime("%m-%d %H:%M:%S")
+        biggest = interruption.biggest
+        most = f", most {biggest[0]} {biggest[1]:.1f} s" if biggest else ""
+        so_far = "" if interruption.complete else ", so far"
+        console.print(f"  {when} {interruption.kind}: {interruption.lost:.1f} s{most}{so_far}")
+    totals = sorted(((name, seconds) for name, seconds in figures.parts().items()
+                     if seconds >= 0.05), key=lambda item: -item[1])
+    if totals:
+        console.print("  in all: " + ", ".join(f"{name} {seconds:.1f} s"
+                                                for name, seconds in totals))
 
 
 def _render_timeline(lines: dict[int, str]) -> None:

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cycler.protocol.clocks import process_age
+
 MESSAGES = {
     "start": "supervising {script}: {nproc_per_node} workers on node {node_rank} of {nnodes}",
     "workers_started": "started torchrun (pid {torchrun_pid}, start {start})",
@@ -51,6 +53,8 @@ MESSAGES = {
                          "checkpoint)",
     "restart_together": "workers failed (code {code}): torchrun restarts them with every "
                         "node's (restart {restart} of {of} since the last checkpoint)",
+    "no_restart_during_stop": "workers failed (code {code}) during a stop: not restarted, and "
+                              "not counted against --max-restarts",
     "peer_lost": "node {node} {why}: ending this node's workers",
     "failed_after_training": "a worker failed (code {code}) after its training loop ended, and "
                              "node {node}'s workers finished: the training is done, not "
@@ -65,6 +69,8 @@ MESSAGES = {
     "requeue": "scontrol requeue {job_id}: {detail}",
     "requeue_skipped": "not requeued: {requeues} requeues reached --max-requeues {max_requeues}",
     "exit": "exit {code}: {reason}",
+    "ended": "cycle run ends (exit {code})",
+    "last_progress": "the previous workers' newest progress: step {step}",
     "persisted": "persisted checkpoint {index} from the memory tier to the checkpoint root "
                  "({why})",
     "memory_tier_removed": "removed the memory tier {root} (the job ended)",
@@ -81,13 +87,21 @@ MESSAGES = {
 HISTORY = frozenset({
     "start", "signal", "stop_requested", "deadline", "stop_after_commit", "stop_handled_by_script",
     "stop_without_new_checkpoint", "stopped_by_another_node", "grace_expired", "kill",
-    "restart_scheduled", "restart_together", "peer_lost", "failed_after_training", "requeue",
+    "restart_scheduled", "restart_together", "no_restart_during_stop", "peer_lost",
+    "failed_after_training", "requeue",
     "requeue_skipped", "exit",
     "hang", "start_failed", "waiting_for_node", "persisted", "memory_tier_removed",
     "persist_failed",
     "checkpoint_committed",
 })
 """The events ``cycle status`` shows: what the job went through, not every checkpoint."""
+
+
+def process_start() -> dict[str, Any]:
+    """The ``start`` event's ``process_started``: when this process began (wall clock), so that
+    ``cycle status`` counts cycle's own start before its first event as part of the run."""
+    age = process_age()
+    return {} if age is None else {"process_started": round(time.time() - age, 3)}
 
 
 def describe(event: str, fields: dict[str, Any]) -> str:

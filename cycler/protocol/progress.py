@@ -8,6 +8,10 @@ evaluation) and the longest stretch of training it has timed between two marks. 
 reads its node's beacons a few times a second to find a rank that hangs
 (:mod:`cycler.supervisor.hangs`). Writing one costs a clock read and a ``pack_into``.
 
+Each beacon also carries the worker's start-up marks (:data:`MARKS`), each written once, and the
+seconds it spent in phases named ``"compile"``: ``cycle status`` splits what a restart cost with
+them. Its clock's offset to the wall clock lets another host's supervisor read the times.
+
 The worker times its own steps: steps often come faster than the supervisor reads, and a job
 that hangs soon after a start may be read only once between its first step and the hang.
 
@@ -24,6 +28,7 @@ import mmap
 import os
 import signal
 import struct
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +36,7 @@ from pathlib import Path
 from typing import IO
 
 from cycler._fs import pid_alive
+from cycler.protocol.clocks import process_age
 from cycler.protocol.environment import ENV_PROGRESS_DIR
 
 TRAINING, SAVING, PAUSED = 0, 1, 2
@@ -38,9 +44,19 @@ TRAINING, SAVING, PAUSED = 0, 1, 2
 PHASE_NAMES = {TRAINING: "training", SAVING: "saving", PAUSED: "paused"}
 AFTER_THE_LOOP = "after the loop"
 """The name of the phase a worker is in for good once ``StepControl.close()`` ended its loop."""
-_FORMAT = struct.Struct("<qqqdi20sd")
+MARKS = ("spawned", "imported", "ready", "loaded")
+"""A worker's start-up, in order: its process started; its imports were done (cycler's, with
+torch: the first of cycler's names a script used that needed torch was imported); the
+process group was ready (:func:`~cycler.torch_distributed_readiness` returned or the
+``StepControl`` was built); the resumed state was loaded (``StepControl.load_state_dict``)."""
+COMPILE = "compile"
+"""The name of a marked phase (``control.paused("compile")``) whose time is counted apart."""
+_FORMAT = struct.Struct("<qqqdi20sdd4dddqq")
 """pid, counter, step, monotonic time of the last progress, phase, the marked phase's name, the
-longest training stretch timed (seconds; 0: none yet)."""
+longest training stretch timed (seconds; 0: none yet), the wall clock minus the monotonic one,
+the :data:`MARKS` (monotonic; 0: not yet), the seconds spent in :data:`COMPILE` phases, the
+monotonic time and step of the first progress (0, -1: none yet), the step the worker resumed
+at (-1: none)."""
 DUMP_SIGNAL = signal.SIGRTMIN + 4
 """Asks a worker for its Python stacks (not SIGUSR1, which NCCL may use; not a stop signal)."""
 BEACON_SUFFIX = ".beacon"
@@ -61,10 +77,30 @@ class Beacon:
         self._training_since: float | None = None
         """When the stretch of training now timed began (the last progress or the end of a
         phase); ``None`` before the first progress (loading is not a step) and inside a phase."""
+        now = time.monotonic()
+        self._offset = time.time() - now
+        age = process_age()
+        # Imported: now if torch came first (``import torch`` before cycler), else once cycler's
+        # API brought it in (``cycler.__getattr__``).
+        self._marks = [now - age if age is not None else 0.0,
+                       now if "torch" in sys.modules else 0.0, 0.0, 0.0]
+        self._compiling = 0.0
+        self._first: tuple[float, int] = (0.0, -1)
+        self._resumed = -1
         with open(path, "w+b") as handle:
             handle.truncate(_FORMAT.size)
             self._memory = mmap.mmap(handle.fileno(), _FORMAT.size)
-        self._write(time.monotonic())
+        self._write(now)
+
+    def note(self, mark: str, step: int | None = None) -> None:
+        """Record start-up mark ``mark`` (one of :data:`MARKS`) now, unless it was already;
+        ``step``: the step the state loaded resumes at (with ``"loaded"``)."""
+        index = MARKS.index(mark)
+        if step is not None:
+            self._resumed = step
+        if not self._marks[index]:
+            self._marks[index] = time.monotonic()
+            self._write(self._marks[index])
 
     def progress(self, step: int | None = None) -> None:
         """Progress: a step done (``step``: its number), or a commit. The supervisor sees the
@@ -75,7 +111,9 @@ class Beacon:
             self._step = step
         if self._phase == TRAINING:
             since = self._training_since
-            if since is not None and now - since > self._longest:
+            if since is None:  # the first progress (or the first after the loop's end)
+                self._first = self._first if self._first[0] else (now, self._step)
+            elif now - since > self._longest:
                 self._longest = now - since  # inline: this runs at every step
             self._training_since = now
         self._write(now)
@@ -85,10 +123,13 @@ class Beacon:
         """Mark a phase that has its own allowance (a save, an evaluation) while inside."""
         before, before_name = self._phase, self._name
         self.mark(phase, name)
+        entered = time.monotonic()
         try:
             yield
         finally:
             now = time.monotonic()
+            if name == COMPILE:
+                self._compiling += now - entered
             self._phase, self._name = before, before_name
             if before == TRAINING and self._counter > 0:
                 self._training_since = now
@@ -110,7 +151,8 @@ class Beacon:
 
     def _write(self, now: float) -> None:
         _FORMAT.pack_into(self._memory, 0, self._pid, self._counter, self._step, now,
-                          self._phase, self._name, self._longest)
+                          self._phase, self._name, self._longest, self._offset, *self._marks,
+                          self._compiling, *self._first, self._resumed)
 
 
 class _NoBeacon(Beacon):
@@ -127,6 +169,9 @@ class _NoBeacon(Beacon):
         yield
 
     def mark(self, phase: int, name: str = "") -> None:
+        pass
+
+    def note(self, mark: str, step: int | None = None) -> None:
         pass
 
 
@@ -193,6 +238,21 @@ class Reading:
     name: str
     longest: float = 0.0
     """The longest stretch of training between two marks the worker timed (0: none yet)."""
+    offset: float = 0.0
+    """The worker's wall clock minus its monotonic one: ``time + offset`` is a wall time."""
+    marks: tuple[float | None, ...] = ()
+    """The :data:`MARKS` as wall times, in order (``None``: not reached)."""
+    compiling: float = 0.0
+    """Seconds spent in phases named :data:`COMPILE`."""
+    first: tuple[float, int] | None = None
+    """The wall time and step of the worker's first progress (``None``: none yet)."""
+    resumed: int = -1
+    """The step the state the worker loaded resumes at (-1: none loaded)."""
+
+    @property
+    def wall(self) -> float:
+        """The wall time of the last progress."""
+        return self.time + self.offset
 
 
 def read_beacons(directory: Path) -> list[Reading]:
@@ -203,13 +263,46 @@ def read_beacons(directory: Path) -> list[Reading]:
             rank = int(path.name[len("rank-"):-len(BEACON_SUFFIX)])
             with open(path, "rb") as handle:
                 data = handle.read(_FORMAT.size)
-            pid, counter, step, when, phase, name, longest = _FORMAT.unpack(data)
+            (pid, counter, step, when, phase, name, longest, offset, *marks, compiling,
+             first_at, first_step, resumed) = _FORMAT.unpack(data)
         except (OSError, ValueError, struct.error):
             continue
         readings.append(Reading(rank, pid, counter, step, when, phase,
-                                name.rstrip(b"\0").decode(errors="replace"), longest))
+                                name.rstrip(b"\0").decode(errors="replace"), longest, offset,
+                                tuple(m + offset if m else None for m in marks), compiling,
+                                (first_at + offset, first_step) if first_at else None, resumed))
     return readings
 
 
 def stack_path(directory: Path, rank: int) -> Path:
     return directory / f"rank-{rank}{STACK_SUFFIX}"
+
+
+def start_up(readings: list[Reading]) -> dict[str, object]:
+    """What the first step's event carries (for ``cycle status``'s restart breakdown): when
+    the last rank made its first step (``at``: every collective waits for it) and that step,
+    the step the workers resumed at, each of :data:`MARKS` as the wall time of the last rank
+    to reach it and the most seconds a rank spent compiling."""
+    marks = {}
+    for index, name in enumerate(MARKS):
+        times = [r.marks[index] for r in readings if len(r.marks) > index]
+        if times and None not in times:
+            marks[name] = round(max(t for t in times if t is not None), 3)
+    firsts = [r.first for r in readings if r.first is not None]
+    fields: dict[str, object] = {
+        "marks": marks, "resumed": max((r.resumed for r in readings), default=-1),
+        "compile": round(max((r.compiling for r in readings), default=0.0), 3)}
+    if firsts and len(firsts) == len(readings):
+        at, step = max(firsts)
+        fields.update(at=round(at, 3), step=step)
+    return fields
+
+
+def last_progress(readings: list[Reading]) -> dict[str, object] | None:
+    """The newest progress of workers now gone (their beacons stay until the next start): the
+    wall time and step (``None``: none made progress). After a kill of the whole job, it says
+    how far the workers got, and when they stopped."""
+    moved = [r for r in readings if r.counter > 0]
+    if not moved:
+        return None
+    return {"at": round(max(r.wall for r in moved), 3), "step": max(r.step for r in moved)}

@@ -49,8 +49,10 @@ from cycler.protocol.progress import (
     PHASE_NAMES,
     SAVING,
     Reading,
+    last_progress,
     read_beacons,
     stack_path,
+    start_up,
 )
 from cycler.supervisor.processes import descendants
 from cycler.supervisor.vocabulary import HangDetected
@@ -325,7 +327,11 @@ class WorkerProgress:
         self.first_step_seen = False
 
     def new_start(self) -> None:
-        """The workers are (re)started: the last ones' beacons and stacks must not count."""
+        """The workers are (re)started: the last ones' beacons and stacks must not count (how
+        far they got is logged first: what a failure or a kill of the job lost)."""
+        last = last_progress(read_beacons(self._directory))
+        if last is not None:
+            self._record("last_progress", **last)
         shutil.rmtree(self._directory, ignore_errors=True)
         try:
             self._directory.mkdir(parents=True, exist_ok=True)
@@ -347,7 +353,8 @@ class WorkerProgress:
         moved = [r.time for r in readings if r.counter > 0]
         if moved and not self.first_step_seen:
             self.first_step_seen = True
-            self._record("first_step", at=round(wall - (now - min(moved)), 3))
+            self._record("first_step", **{"at": round(wall - (now - min(moved)), 3),
+                                          **start_up(readings)})
         return None if self._hangs is None else self._hang(self._hangs, readings, now, wall)
 
     def _hang(self, watch: HangWatch, readings: list[Reading], now: float,

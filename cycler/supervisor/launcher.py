@@ -73,8 +73,9 @@ class BudgetedRestarts:
 
     def __init__(self, budget: RestartBudget, layout: CheckpointLayout, node_rank: int,
                  restart_delay: float = 0.0, sleep: Callable[[float], None] = time.sleep,
-                 ) -> None:
+                 stopping: Callable[[], bool] = lambda: False) -> None:
         self._budget = budget
+        self._stopping = stopping
         self._layout = layout
         self._node_rank = node_rank
         self._events = EventLog(layout.events_path(node_rank))
@@ -118,7 +119,13 @@ class BudgetedRestarts:
                       if node.isdigit() and int(node) != self._node_rank)
 
     def allows_restart(self, exit_code: int | None) -> bool:
-        """Count a failure of this node's workers; whether torchrun may restart them."""
+        """Count a failure of this node's workers; whether torchrun may restart them. During a
+        stop a supervisor of the job asked for (a preemption), never, and nothing is counted:
+        the failure is the stop's (a worker that lost its peers as they stopped), and a stop
+        must never use up the failure budget (``--max-restarts``)."""
+        if self._stopping():
+            self._events.append("no_restart_during_stop", code=exit_code)
+            return False
         linked = self._layout.link_target_name()
         if linked != self._linked:
             self._linked = linked
@@ -250,13 +257,14 @@ def _own_options(arguments: list[str]) -> tuple[dict[str, str], list[str]]:
     return own, arguments
 
 
-def _budgeted_restarts(own: dict[str, str]) -> BudgetedRestarts | None:
+def _budgeted_restarts(own: dict[str, str], stopping: StopSeen) -> BudgetedRestarts | None:
     if "restarts" not in own:
         return None
     layout = CheckpointLayout(own["checkpoints"], own["checkpoint-name"])
     budget = RestartBudget(max_restarts=int(own["restarts"]))
     return BudgetedRestarts(budget, layout, int(own["node-rank"]),
-                            restart_delay=float(own.get("restart-delay", "0")))
+                            restart_delay=float(own.get("restart-delay", "0")),
+                            stopping=stopping)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -273,7 +281,7 @@ def main(argv: list[str] | None = None) -> None:
             handler.addFilter(quiet)
     ignore_stray(stop_signals())
     stop_failed_workers_quickly()
-    restarts = _budgeted_restarts(own)
+    restarts = _budgeted_restarts(own, stopping)
     if restarts is not None:
         fresh_worker_store_each_round()
         restarts.install()

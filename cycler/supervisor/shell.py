@@ -28,7 +28,7 @@ from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import inspect_checkpoint, list_checkpoints
 from cycler.checkpoint.lock import SupervisorLock
 from cycler.protocol.control import read_control, stop_requested_since, write_control
-from cycler.protocol.events import EventLog, describe
+from cycler.protocol.events import EventLog, describe, process_start
 from cycler.protocol.features import announced, clear_announcements
 from cycler.protocol.stop_signals import lower_shields, raise_shields
 from cycler.supervisor import core, notices
@@ -174,12 +174,13 @@ class Supervisor:
             outcome = self._finish_memory_tier(outcome)
         if self.options.nnodes > 1:
             self._heartbeat.finish(outcome.exit_code)
+        self._record("ended", code=outcome.exit_code)  # the run's last moment cycle can see
         return outcome
 
     def _loop(self, decisions: core.SupervisorCore) -> RunOutcome:
         self._record("start", pid=os.getpid(), script=str(self.options.script),
                      nproc_per_node=self.options.nproc_per_node, nnodes=self.options.nnodes,
-                     node_rank=self.options.node_rank, grace=self.options.grace)
+                     node_rank=self.options.node_rank, grace=self.options.grace, **process_start())
         self._announce_memory_tier()
         self._config = decisions.config
         self._execute(decisions.start(self._clock()))

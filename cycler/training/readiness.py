@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from cycler.errors import CyclerError
+from cycler.protocol.progress import beacon
 
 
 class DistributedNotReady(CyclerError, RuntimeError):
@@ -38,6 +39,7 @@ def torch_distributed_readiness(backend: str | None = None) -> None:
                 f"the readiness all-reduce over {world} ranks gave {int(value.item())}, not "
                 f"{world * (world + 1) // 2}: a rank is misconfigured (check WORLD_SIZE and RANK)"
             )
+        beacon().note("ready")
     finally:
         if joined:
             dist.destroy_process_group()

@@ -230,6 +230,7 @@ class StepControl:
         self.last_request: ControlRequest | None = None
         """The latest live request this rank read itself (other ranks may have seen none)."""
         self._beacon = beacon()
+        self._beacon.note("ready")  # the process group (if any) is joined: start-up is over
 
     @property
     def global_step(self) -> int:
@@ -311,6 +312,7 @@ class StepControl:
                 f"step count >= 0: {dict(state)!r}; pass the dict that state_dict() returned"
             )
         self._step = step
+        self._beacon.note("loaded", step)
         self._last_checkpoint_step = step
         self._last_exchange = (step, self._last_exchange[1])
         self._next_exchange_step = self._first_exchange_step()

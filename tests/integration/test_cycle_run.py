@@ -117,7 +117,8 @@ def test_sigcont_is_logged_and_the_job_runs_on_to_finish(tmp_path: Path, jobs: l
     assert request is not None and request.action is Action.RUN
     records = [json.loads(line) for line in job.layout.events_path(0).read_text().splitlines()]
     assert [r["event"] for r in records].count("exit") == 1, "the log is JSON lines"
-    assert records[-1] == {**records[-1], "event": "exit", "code": EXIT_SUCCESS}
+    assert records[-2] == {**records[-2], "event": "exit", "code": EXIT_SUCCESS}
+    assert records[-1] == {**records[-1], "event": "ended", "code": EXIT_SUCCESS}
 
 
 # --- failures ---------------------------------------------------------------------------------

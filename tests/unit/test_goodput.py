@@ -38,12 +38,20 @@ def test_every_figure_of_a_scripted_job_matches_the_truth() -> None:
     figures = goodput(JOB)
     assert figures.runs == 2 and not figures.running
     assert figures.wall == pytest.approx(200.0 + 50.0)
-    assert figures.starting == pytest.approx(10.0 + 8.0)
-    assert figures.restarts == pytest.approx((96.0 - 90.0) + (165.0 - 160.5))
-    assert figures.hangs == pytest.approx(10.0)
-    assert figures.stops == pytest.approx(10.0)
+    # The first start; a later run's start belongs to the interruption that made it needed.
+    assert figures.starting == pytest.approx(10.0)
+    failure, hang, stop = figures.interruptions
+    assert (failure.kind, failure.at) == ("failure", 90.0)
+    assert failure.parts == pytest.approx({"backoff": 1.0, "first_step": 5.0, "redone": 20.0})
+    assert (hang.kind, hang.at) == ("hang", 150.0)
+    assert hang.parts == pytest.approx({"hang": 10.0, "kill": 0.5, "backoff": 4.5,
+                                        "redone": 20.0})
+    assert (stop.kind, stop.at) == ("stop", 190.0)
+    assert stop.parts == pytest.approx({"stop": 9.0, "exit": 1.0, "cycle_start": 8.0})
+    assert figures.restarts == pytest.approx(6.0) and figures.hangs == pytest.approx(15.0)
+    assert figures.stops == pytest.approx(18.0)
     assert figures.redone == pytest.approx((90.0 - 70.0) + (150.0 - 130.0))
-    training = 250.0 - 18.0 - 10.5 - 10.0 - 10.0
+    training = 250.0 - 10.0 - 6.0 - 15.0 - 18.0
     assert figures.training == pytest.approx(training)
     assert figures.useful == pytest.approx(training - 40.0)
     assert figures.goodput == pytest.approx((training - 40.0) / 250.0)
@@ -79,6 +87,10 @@ def test_cycle_status_says_what_preemption_cost_and_json_carries_the_figures(tmp
     log.write_text("".join(json.dumps(record) + "\n" for record in JOB))
     runner = CliRunner()
     text = runner.invoke(app, ["status", str(tmp_path)]).output
-    assert "Goodput 64.6%" in text and "in 2 runs" in text and "redone 40s" in text, text
+    assert "Goodput 64.4%" in text and "in 2 runs" in text and "redone 40s" in text, text
     figures = json.loads(runner.invoke(app, ["status", str(tmp_path), "--json"]).stdout)
     assert figures["goodput"]["redone"] == 40.0 and figures["goodput"]["wall"] == 250.0
+    assert "1 preemptions (stops asked for), 1 failures, 1 hangs" in text, text
+    assert "stop: 18.0 s, most stop 9.0 s" in text, text
+    assert figures["goodput"]["preemptions"] == 1 and figures["goodput"]["failures"] == 1
+    assert figures["goodput"]["interruptions"][2]["parts"]["cycle_start"] == 8.0

@@ -219,6 +219,23 @@ def test_agent_restarts_follow_the_restart_delay_backoff(tmp_path: Path) -> None
     assert slept == [1.0, 2.0, 4.0, 8.0]
 
 
+def test_a_failure_during_a_stop_is_never_restarted_by_the_agent_nor_counted(
+        tmp_path: Path) -> None:
+    from cycler.supervisor.launcher import BudgetedRestarts
+
+    stopping = [False]
+    budget = RestartBudget(max_restarts=1)
+    restarts = BudgetedRestarts(budget, CheckpointLayout(tmp_path), 1, sleep=lambda _: None,
+                                stopping=lambda: stopping[0])
+    stopping[0] = True  # another node's supervisor asked for checkpoint_and_exit
+    assert not any(restarts.allows_restart(1) for _ in range(3)), "no restart during a stop"
+    assert budget.failures_without_progress == 0, "a preemption uses none of the budget"
+    stopping[0] = False  # the next run (requeued): its first failure has the whole budget
+    assert restarts.allows_restart(1)
+    events = [e["event"] for e in read_events(CheckpointLayout(tmp_path).events_path(1))]
+    assert events == ["no_restart_during_stop"] * 3 + ["restart_together"]
+
+
 def test_a_failure_after_the_training_loop_counts_as_finished_once_another_node_finished(
         tmp_path: Path) -> None:
     import os
