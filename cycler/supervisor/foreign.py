@@ -14,6 +14,8 @@ directory that also holds a dataset of millions of files is never walked.
 
 from __future__ import annotations
 
+import glob
+import json
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ RESUMABLE_IF = "--resumable-if"
 _PATTERNS: tuple[tuple[str, str], ...] = (
     (HUGGING_FACE, "checkpoint-*/trainer_state.json"),
     (HUGGING_FACE, "*/checkpoint-*/trainer_state.json"),
+    (HUGGING_FACE, "*/*/checkpoint-*/trainer_state.json"),  # output_dir=runs/exp
     (LIGHTNING, "*.ckpt"),
     (LIGHTNING, "*/*.ckpt"),
     (LIGHTNING, "*/*/checkpoints/*.ckpt"),  # lightning_logs/version_0/checkpoints/
@@ -58,8 +61,10 @@ def find_foreign_checkpoint(directories: Iterable[Path],
              for kind, pattern in _PATTERNS
              for checkpoint in _matches(directory, pattern, kind)]
     if resumable_if:
-        base = next(iter(Path(d) for d in directories), Path.cwd())
-        found += _matches(base, resumable_if, RESUMABLE_IF)
+        searched = [Path(os.path.abspath(d)) for d in directories]
+        base = next(iter(searched), Path.cwd())
+        found += [checkpoint for checkpoint in _matches(base, resumable_if, RESUMABLE_IF)
+                  if not any(_within(d, checkpoint.path) for d in searched)]
     return max(found, key=lambda checkpoint: checkpoint.mtime, default=None)
 
 
@@ -71,12 +76,22 @@ def finder_for(workdir: str, options: Any) -> Callable[[], ForeignCheckpoint | N
 
 
 def _matches(directory: Path, pattern: str, kind: str) -> list[ForeignCheckpoint]:
+    """The complete checkpoints ``pattern`` names (relative to ``directory`` unless absolute,
+    wildcards in any component, ``**`` recursive); never anything inside a ``.cycler/``
+    record folder (cycle's own files are no checkpoint of the script's)."""
     try:
-        paths = list(Path(pattern).parent.glob(Path(pattern).name)) if os.path.isabs(pattern) \
-            else list(directory.glob(pattern))
+        paths = glob.glob(os.path.join(directory, pattern), recursive=True)
     except (OSError, ValueError):
         return []
-    return [checkpoint for path in paths if (checkpoint := _complete(path, kind)) is not None]
+    return [checkpoint for path in map(Path, paths)
+            if ".cycler" not in path.parts and (checkpoint := _complete(path, kind)) is not None]
+
+
+def _within(path: Path, directory: Path) -> bool:
+    """Whether ``path`` is ``directory`` or inside it: a glob such as ``**`` also matches the
+    directories searched (the working directory, the checkpoint root), which hold checkpoints
+    but are none."""
+    return path == directory or directory in path.parents
 
 
 def _complete(path: Path, kind: str) -> ForeignCheckpoint | None:
@@ -84,7 +99,11 @@ def _complete(path: Path, kind: str) -> ForeignCheckpoint | None:
         status = path.stat()
     except OSError:
         return None
-    if kind == HUGGING_FACE:
+    if kind == HUGGING_FACE:  # HF writes trainer_state.json last: whole only if it parses
+        try:
+            json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
         return ForeignCheckpoint(path.parent, kind, status.st_mtime)
     if kind == LIGHTNING and status.st_size == 0:
         return None

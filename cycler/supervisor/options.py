@@ -201,10 +201,11 @@ class RunOptions:
     def _normalise(self) -> None:
         """The values as the rest of cycle uses them: paths, tuples, signal names, counts."""
         for name, example in (("checkpoint_dir", "./checkpoints"),
-                              ("memory_tier", str(DEFAULT_MEMORY_DIR))):
+                              ("memory_tier", str(DEFAULT_MEMORY_DIR)),
+                              ("resumable_if", "'output/checkpoint-*'")):
             # Path("") is Path("."): an empty value would quietly mean the current directory.
             _require(getattr(self, name) is None or bool(str(getattr(self, name)).strip()), name,
-                     f"is empty: give a directory such as {example}, or leave it out")
+                     f"is empty: give a value such as {example}, or leave it out")
         object.__setattr__(self, "checkpoint_dir", Path(self.checkpoint_dir))
         if self.memory_tier is not None:
             object.__setattr__(self, "memory_tier", Path(self.memory_tier))

@@ -39,6 +39,14 @@ def test_a_torn_hugging_face_checkpoint_without_trainer_state_is_not(tmp_path: P
     assert find_foreign_checkpoint([tmp_path]) is None
 
 
+def test_a_hugging_face_checkpoint_whose_trainer_state_does_not_parse_is_torn(
+        tmp_path: Path) -> None:
+    folder = hf_checkpoint(tmp_path / "runs" / "exp", 10)
+    assert find_foreign_checkpoint([tmp_path]) is not None  # two folders deep is found
+    (folder / "trainer_state.json").write_text("{garbage")
+    assert find_foreign_checkpoint([tmp_path]) is None
+
+
 def test_the_newest_of_several_checkpoints_is_named(tmp_path: Path) -> None:
     hf_checkpoint(tmp_path / "out", 50, mtime=2000.0)
     newer = hf_checkpoint(tmp_path / "out", 25, mtime=3000.0)
@@ -106,3 +114,19 @@ def test_failed_workers_a_finished_job_and_other_actions_are_left_alone() -> Non
     for actions in ([Exit(EXIT_FAILURE, "crash loop", workers_failed=True)],
                     [Exit(EXIT_SUCCESS, "finished")], [Log("signal", {})], []):
         assert requeue_on_foreign_checkpoint(actions, CONFIG, never) == actions
+
+
+def test_resumable_if_takes_wildcards_in_any_directory_of_an_absolute_glob(
+        tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "model_10.pt").write_bytes(b"state")
+    found = find_foreign_checkpoint([tmp_path / "elsewhere"], str(tmp_path / "o*" / "*.pt"))
+    assert found is not None and found.path == tmp_path / "out" / "model_10.pt"
+
+
+def test_resumable_if_never_takes_cycles_own_record_folder_for_a_checkpoint(
+        tmp_path: Path) -> None:
+    (tmp_path / "ck" / ".cycler").mkdir(parents=True)
+    (tmp_path / "ck" / ".cycler" / "events.jsonl").write_text("{}")
+    # cycle run searches its working directory and the checkpoint root (finder_for)
+    assert find_foreign_checkpoint([tmp_path, tmp_path / "ck"], "**") is None
