@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from cycler._fs import process_start, read_json_object
-from cycler.errors import DirectoryInUse
+from cycler.errors import CheckpointDirectoryError, DirectoryInUse
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +68,14 @@ class SupervisorLock:
             return
         # Write, then cut to length: truncating to zero first costs a metadata flush each time.
         data = json.dumps(record).encode()
-        os.pwrite(fd, data, 0)
-        os.ftruncate(fd, len(data))
+        try:
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+        except OSError as error:  # a full or failing disk: one line at the start, exit 2
+            os.close(fd)
+            raise CheckpointDirectoryError(
+                f"cannot write {self.path} ({error.strerror}): free space on that filesystem "
+                "or choose another checkpoint directory") from None
         self._fd = fd
 
     def _acquire_held_file(self, record: dict[str, Any], error: OSError) -> None:

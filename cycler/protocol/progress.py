@@ -88,7 +88,9 @@ class Beacon:
         self._first: tuple[float, int] = (0.0, -1)
         self._resumed = -1
         with open(path, "w+b") as handle:
-            handle.truncate(_FORMAT.size)
+            # Blocks reserved now: a sparse file on a full disk would SIGBUS at the first store
+            # into the mapping; this is an OSError (no space) that says so instead.
+            os.posix_fallocate(handle.fileno(), 0, _FORMAT.size)
             self._memory = mmap.mmap(handle.fileno(), _FORMAT.size)
         self._write(now)
 

@@ -106,7 +106,8 @@ def check_once(cloud: str, endpoint: str | None = None, now: Callable[[], float]
     if base not in _warned:
         _warned.add(base)
         log.warning("%s's metadata service at %s gave an answer that is no notice (%s: %s); "
-                    "cycle keeps polling", cloud, base, type(malformed).__name__, malformed)
+                    "cycle keeps polling", cloud, base, type(malformed).__name__,
+                    repr(str(malformed))[1:-1][:200])  # one line: the answer's CR/LF escaped
     return None
 
 

@@ -27,7 +27,7 @@ from cycler.checkpoint import tiers
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import inspect_checkpoint, list_checkpoints
 from cycler.checkpoint.lock import SupervisorLock
-from cycler.protocol.control import read_control, stop_requested_since, write_control
+from cycler.protocol.control import Action, read_control, stop_requested_since, write_control
 from cycler.protocol.events import EventLog, describe, process_start
 from cycler.protocol.features import announced, clear_announcements
 from cycler.protocol.stop_signals import lower_shields, raise_shields
@@ -363,7 +363,7 @@ class Supervisor:
             if isinstance(action, core.Log):
                 self._record(action.event, warning=action.warning, **action.fields)
             elif isinstance(action, core.WriteControl):
-                write_control(self.layout.control_path(self.options.node_rank), action.request)
+                self._write_control(action.request)
             elif isinstance(action, core.StartWorkers):
                 self._start(action)
             elif isinstance(action, core.SignalTree):
@@ -431,6 +431,17 @@ class Supervisor:
     def _record(self, event: str, warning: bool = False, **fields: Any) -> None:
         self.events.append(event, **fields)
         log.log(logging.WARNING if warning else logging.INFO, "%s", describe(event, fields))
+
+    def _write_control(self, request: Any) -> None:
+        """Write the control file; when it cannot be written (a full root), the workers can
+        only be told by a signal: the stop goes on as for a plain script, and the end says
+        where the newest state is, instead of the supervisor dying with the request unsent."""
+        try:
+            write_control(self.layout.control_path(self.options.node_rank), request)
+        except OSError as error:
+            self._record("control_unwritable", warning=True, error=str(error))
+            if request.action is not Action.RUN:
+                self._signal_tree(signal.SIGTERM)
 
     # -- context ----------------------------------------------------------------------------
 
