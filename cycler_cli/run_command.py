@@ -12,7 +12,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from cycler.checkpoint.tiers import DEFAULT_MEMORY_DIR, DEFAULT_PERSIST_EVERY
+from cycler.checkpoint.memory_roots import DEFAULT_MEMORY_DIR
+from cycler.checkpoint.tiers import DEFAULT_PERSIST_EVERY
 from cycler.errors import ConfigError
 from cycler.protocol.exit_codes import EXIT_FAILURE
 from cycler.supervisor import LaunchPlan, RunOutcome, plan_run, resolve_run_options, run_supervisor
@@ -115,8 +116,10 @@ def run(
     memory_tier: bool = typer.Option(None, "--memory-tier/--no-memory-tier", help="Commit "
                                      "every checkpoint in node memory first and persist some "
                                      "to the checkpoint root (one-node jobs; default: off)."),
-    memory_dir: Path = typer.Option(None, "--memory-dir", help="Where --memory-tier keeps "
-                                    f"them (implies it; default: {DEFAULT_MEMORY_DIR})."),
+    memory_dir: Path = typer.Option(None, "--memory-dir", help="The tmpfs where "
+                                    "--memory-tier keeps them, in a private cycler-<uid> "
+                                    "directory (implies it; default: $XDG_RUNTIME_DIR, "
+                                    f"else {DEFAULT_MEMORY_DIR})."),
     persist_every: int = typer.Option(None, "--persist-every", help="With --memory-tier: "
                                       "persist every K-th checkpoint (and every stop's) "
                                       f"(default: {DEFAULT_PERSIST_EVERY})."),

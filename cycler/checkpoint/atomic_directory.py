@@ -53,7 +53,12 @@ from cycler.checkpoint.replicas import (
     retain_replicas,
     seal_node,
 )
-from cycler.checkpoint.resume import agreed_checkpoint, requested_by_environment
+from cycler.checkpoint.private_dirs import PRIVATE_DIRECTORY_MODE, restrict_tree
+from cycler.checkpoint.resume import (
+    agreed_checkpoint,
+    requested_by_environment,
+    requested_in_a_tier,
+)
 from cycler.checkpoint.retention import retention_decisions
 from cycler.checkpoint.sharded import (
     InFlight,
@@ -66,7 +71,10 @@ from cycler.checkpoint.tiers import (
     MemoryTier,
     memory_tier,
     newest_of,
+    overflowed,
     persist,
+    remember_overflow,
+    remember_overflow_on_crash,
     retain_durable,
     retain_memory,
 )
@@ -147,6 +155,9 @@ class AtomicDirectory(ShardedSaves):
         """The gloo group of the nodes' leaders (partner copies, the resume's fetches)."""
         self._persist_waiter = _PersistWaiter(self)
         self.layout = self._memory or self.durable
+        if self._tier is not None:
+            self.layout = _first_tier(self._memory, self.durable)
+            remember_overflow_on_crash(self.durable, self._saving_in_memory)
         """Where checkpoints are committed first: the memory root under the memory tier, until
         its share of the tmpfs is full."""
         self.output_directory = str(self.durable.root)
@@ -246,7 +257,7 @@ class AtomicDirectory(ShardedSaves):
             self._leave_memory_tier("a node had no room for the next checkpoint")
             return path
         local = self.layout.root / chosen.name
-        local.mkdir(exist_ok=True)
+        local.mkdir(mode=PRIVATE_DIRECTORY_MODE, exist_ok=True)
         name = self.layout.parse(chosen.name)
         if self._nodes is not None and self._nodes.leader and name is not None:
             self._recording = _record_in_background(self.layout.record_index, name.index)
@@ -275,7 +286,7 @@ class AtomicDirectory(ShardedSaves):
             self._index_floor = max([self._index_floor, *(int(i) for _, i, _ in node_votes)])
         index = max(layout.next_index(), self._index_floor)
         path = layout.path_of(CheckpointName(self.name, index, pinned))
-        path.mkdir()
+        path.mkdir(mode=0o777 if layout is self.durable else PRIVATE_DIRECTORY_MODE)
         self._uncommitted.append(path)
         # Recording the index takes two fsyncs (5-15 ms on a busy disk): they overlap the
         # ranks' writes, and the commit waits for them before it can link the directory.
@@ -305,6 +316,7 @@ class AtomicDirectory(ShardedSaves):
         assert self._tier is not None
         log.warning("the memory tier %s is full (%s): checkpoints go to %s from now on",
                     self._tier.root, why, self.durable.root)
+        remember_overflow(self.durable, why)
         self._finish_persisting()
         self.layout, self._kept = self.durable, None
         self._index_floor = max(t.next_index() for t in self._tiers())
@@ -312,24 +324,27 @@ class AtomicDirectory(ShardedSaves):
     def _reclaim_torn_directories(self) -> None:
         """At this saver's first prepare, under the writer lock: every directory without a
         manifest was left by a writer that died (a crash loop on a full disk leaves one per
-        run), so it goes now, before this run needs the space."""
+        run), so it goes now, before this run needs the space; in the checkpoint root too
+        under the memory tier (a persist cut by a kill)."""
         self._reclaimed = True
-        try:
-            torn = [c for c in list_checkpoints(self.layout.root, self.name, commit_state_only=True)
-                    if c.state is CheckpointState.INCOMPLETE and not c.pinned]
-            if torn:  # indices never repeat, even those of directories removed
-                self.layout.record_index(max(c.index for c in torn))
-        except OSError:
-            return
-        if self._in_memory_tier():
-            # A checkpoint that did not fit in memory (a plain script's own write failed on the
-            # full tmpfs, and it crashed) left what fitted, about the free space then. Twice
-            # that is predicted for the next one, so it is not tried in memory again, crash
-            # after crash; a directory torn by a kill is a part of one, and twice a part may
-            # only send a large checkpoint to disk early.
-            self._last_size = max([self._last_size, *(2 * _fs.tree_size(c.path) for c in torn)])
-        for checkpoint in torn:
-            _fs.remove_logged(_fs.discard_directory, checkpoint.path, "torn directory")
+        for tier in self._tiers():
+            try:
+                torn = [c for c in list_checkpoints(tier.root, self.name, commit_state_only=True)
+                        if c.state is CheckpointState.INCOMPLETE and not c.pinned]
+                if torn:  # indices never repeat, even those of directories removed
+                    tier.record_index(max(c.index for c in torn))
+            except OSError:
+                continue
+            if tier is self.layout and self._in_memory_tier():
+                # A checkpoint that did not fit in memory (a plain script's own write failed on
+                # the full tmpfs, and it crashed) left what fitted, about the free space then.
+                # Twice that is predicted for the next one, so it is not tried in memory again,
+                # crash after crash; a directory torn by a kill is a part of one, and twice a
+                # part may only send a large checkpoint to disk early.
+                self._last_size = max([self._last_size,
+                                       *(2 * _fs.tree_size(c.path) for c in torn)])
+            for checkpoint in torn:
+                _fs.remove_logged(_fs.discard_directory, checkpoint.path, "torn directory")
 
     def symlink_latest(self, checkpoint_directory: str | os.PathLike[str],
                        metadata: Mapping[str, Any] | None = None) -> None:
@@ -489,6 +504,7 @@ class AtomicDirectory(ShardedSaves):
 
     def _seal_node_and_link(self, directory: Path, job: Manifest, files: list[str]) -> None:
         seal_node(directory, job, files)
+        restrict_tree(directory)
         if self._recording is not None:
             self._recording.result()
             self._recording = None
@@ -511,6 +527,8 @@ class AtomicDirectory(ShardedSaves):
 
         seal(self.layout.path_of(name), index=name.index, metadata=metadata,
              world_size=self._coordinator.world_size, version=__version__, records=records)
+        if self.layout is not self.durable:
+            restrict_tree(self.layout.path_of(name))
         if self._recording is not None:
             self._recording.result()
             self._recording = None
@@ -590,6 +608,10 @@ class AtomicDirectory(ShardedSaves):
         persisting, self._persisting = self._persisting, None
         if persisting is not None:
             persisting.result()
+
+    def _saving_in_memory(self) -> bool:
+        """Whether a checkpoint is prepared in the memory tier and not yet committed."""
+        return self._saving is not None and self._in_memory_tier()
 
     def __del__(self) -> None:
         # The writer lock is held from the first prepare for the saver's life: between two
@@ -702,6 +724,9 @@ class AtomicDirectory(ShardedSaves):
         if self._nodes is not None:
             found = self._agreed(None, strict)
             return None if found is None else str(found)
+        requested = requested_in_a_tier(self._tiers())
+        if requested is not None:
+            return str(requested)
         path = newest_of(self.durable, [latest_checkpoint(tier.root, self.name, verify=verify,
                                                           strict=strict)
                                         for tier in self._tiers()])
@@ -751,6 +776,18 @@ def _ensure_root(root: Path) -> None:
             f"cannot create the checkpoint directory {root} ({error.strerror}); "
             "choose a writable location"
         ) from None
+
+
+def _first_tier(memory: CheckpointLayout | None, durable: CheckpointLayout) -> CheckpointLayout:
+    """Where a new saver commits first: the memory root, unless the memory tier was found too
+    small for this job before (then the checkpoint root; memory is still read)."""
+    why = None if memory is None else overflowed(durable)
+    if memory is None or why is not None:
+        if why is not None:
+            log.warning("checkpoints go to %s, not to the memory tier: it was too small for "
+                        "this job (%s)", durable.root, why)
+        return durable
+    return memory
 
 
 def _check_writable(root: Path) -> None:

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from cycler.checkpoint.layout import DEFAULT_PREFIX, CheckpointLayout
-from cycler.checkpoint.tiers import DEFAULT_MEMORY_DIR, DEFAULT_PERSIST_EVERY, memory_root
+from cycler.checkpoint.memory_roots import DEFAULT_MEMORY_DIR, memory_base, memory_root
+from cycler.checkpoint.tiers import DEFAULT_PERSIST_EVERY
 from cycler.errors import ConfigError
 from cycler.protocol.environment import default_checkpoint_root
 from cycler.supervisor.notices import NOTICE_MODES
@@ -72,8 +73,9 @@ class RunOptions:
     checkpoint_dir: Path = Path("checkpoints")
     """The checkpoint root; the supervisor's record goes to its ``.cycler/``."""
     memory_tier: Path | None = None
-    """Where jobs keep checkpoints in node memory (``--memory-tier``; ``None``: no memory
-    tier). This job's memory root is a directory inside it (``tiers.memory_root``)."""
+    """The tmpfs where jobs keep checkpoints in node memory (``--memory-tier``; ``None``: no
+    memory tier). This job's memory root is in the user's private base inside it
+    (``memory_roots.memory_base``: ``<dir>/cycler-<uid>``)."""
     persist_every: int = DEFAULT_PERSIST_EVERY
     """With the memory tier: persist every checkpoint whose index is a multiple of this."""
     checkpoint_name: str = DEFAULT_PREFIX
@@ -130,7 +132,8 @@ class RunOptions:
         """This job's memory root on this node (with ``--memory-tier``)."""
         if self.memory_tier is None:
             return None
-        return CheckpointLayout(memory_root(self.memory_tier, self.layout.root),
+        given = None if self.memory_tier == DEFAULT_MEMORY_DIR else self.memory_tier
+        return CheckpointLayout(memory_root(memory_base(given), self.layout.root),
                                 self.checkpoint_name)
 
     def __post_init__(self) -> None:

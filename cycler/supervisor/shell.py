@@ -42,6 +42,7 @@ from cycler.supervisor.checks import (
     check_resume_from,
     check_script,
     prepare_checkpoint_root,
+    prepare_memory_tier,
     record_resume_from,
     resume_from_for_this_run,
     say_if_no_checkpoint_is_valid,
@@ -110,6 +111,7 @@ def run_supervisor(options: RunOptions, *, clock: Callable[[], float] = time.tim
     check_script(options)
     check_artifact_path(options)
     prepare_checkpoint_root(options)
+    prepare_memory_tier(options)
     options = resume_from_for_this_run(options)
     check_resume_from(options)
     say_if_no_checkpoint_is_valid(options)

@@ -24,7 +24,8 @@ import torch
 
 from cycler import AtomicDirectory, CheckpointWarning, _fs, list_checkpoints, read_manifest
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
-from cycler.checkpoint.tiers import memory_root, persist, persist_newest
+from cycler.checkpoint.memory_roots import memory_base, memory_root
+from cycler.checkpoint.tiers import persist, persist_newest
 from cycler.errors import CorruptCheckpoint
 from cycler.protocol.environment import ENV_MEMORY_TIER, ENV_PERSIST_EVERY
 
@@ -40,7 +41,7 @@ def tier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
     # make every commit here a stop's, persisted.
     monkeypatch.setattr(sharded, "_stopping", threading.Event())
     durable, base = tmp_path / "durable", tmp_path / "shm"
-    monkeypatch.setenv(ENV_MEMORY_TIER, str(base))
+    monkeypatch.setenv(ENV_MEMORY_TIER, str(memory_root(base, durable)))
     monkeypatch.setenv(ENV_PERSIST_EVERY, "3")
     return durable, memory_root(base, durable)
 
@@ -143,10 +144,13 @@ class _Set:
 
 
 @pytest.fixture
-def memory_on_small_tmpfs(small_tmpfs: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv(ENV_MEMORY_TIER, str(small_tmpfs))
+def memory_on_small_tmpfs(small_tmpfs: Path, tmp_path: Path,
+                          monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The memory root, on a 4 MB tmpfs, of the tests' checkpoint root ``tmp_path/durable``."""
+    memory = memory_root(memory_base(small_tmpfs), tmp_path / "durable")
+    monkeypatch.setenv(ENV_MEMORY_TIER, str(memory))
     monkeypatch.setenv(ENV_PERSIST_EVERY, "100")
-    return small_tmpfs
+    return memory
 
 
 def test_a_full_tmpfs_share_sends_checkpoints_to_disk_with_one_warning(
@@ -154,7 +158,7 @@ def test_a_full_tmpfs_share_sends_checkpoints_to_disk_with_one_warning(
     durable = tmp_path / "durable"
     saver = AtomicDirectory(durable)
     paths = [save_files(saver, step, size=300_000) for step in range(4)]  # 1.2 MB each
-    in_memory = memory_root(memory_on_small_tmpfs, durable)
+    in_memory = memory_on_small_tmpfs
     assert [p.parent for p in paths] == [in_memory] + [durable] * 3
     assert sum("memory tier" in r.message and "full" in r.message for r in caplog.records) == 1
     assert AtomicDirectory(durable).latest_checkpoint() == str(paths[-1])
@@ -179,7 +183,7 @@ def test_a_first_dcp_save_larger_than_the_tmpfs_goes_to_disk_with_one_warning(
     loaded = {"w": torch.zeros(1_500_000)}
     assert AtomicDirectory(durable).load(loaded, checkpoint=first.directory.rsplit("_", 1)[1])
     assert torch.equal(loaded["w"], big["w"])
-    in_memory = memory_root(memory_on_small_tmpfs, durable)
+    in_memory = memory_on_small_tmpfs
     assert not list(in_memory.glob("AtomicDirectory_checkpoint_*")), "the failed save is gone"
 
 
@@ -202,7 +206,7 @@ def test_a_plain_script_whose_first_checkpoint_filled_the_tmpfs_saves_to_disk_af
                              capture_output=True, text=True, env=environment)
     # torch.save says "unexpected pos" where the disk is full (DiskFull knows it too).
     assert crashed.returncode != 0 and "unexpected pos" in crashed.stderr, crashed.stderr
-    in_memory = memory_root(memory_on_small_tmpfs, durable)
+    in_memory = memory_on_small_tmpfs
     assert list(in_memory.glob("AtomicDirectory_checkpoint_*")), "the crash left a torn one"
     # The rerun (cycle run's restart) saves the same checkpoint: on disk this time, committed.
     saver = AtomicDirectory(durable)
