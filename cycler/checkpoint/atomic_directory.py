@@ -43,6 +43,7 @@ from cycler.checkpoint.manifest import (
     record_files,
     seal,
 )
+from cycler.checkpoint.private_dirs import PRIVATE_DIRECTORY_MODE, restrict_tree
 from cycler.checkpoint.replicas import (
     Nodes,
     assembled_checkpoint,
@@ -53,7 +54,6 @@ from cycler.checkpoint.replicas import (
     retain_replicas,
     seal_node,
 )
-from cycler.checkpoint.private_dirs import PRIVATE_DIRECTORY_MODE, restrict_tree
 from cycler.checkpoint.resume import (
     agreed_checkpoint,
     requested_by_environment,
@@ -73,6 +73,7 @@ from cycler.checkpoint.tiers import (
     newest_of,
     overflowed,
     persist,
+    reclaim_leftovers,
     remember_overflow,
     remember_overflow_on_crash,
     retain_durable,
@@ -345,6 +346,8 @@ class AtomicDirectory(ShardedSaves):
                                        *(2 * _fs.tree_size(c.path) for c in torn)])
             for checkpoint in torn:
                 _fs.remove_logged(_fs.discard_directory, checkpoint.path, "torn directory")
+            if tier is not self.layout:  # the layout's own are removed at its first commit
+                reclaim_leftovers(tier, everyone=True)
 
     def symlink_latest(self, checkpoint_directory: str | os.PathLike[str],
                        metadata: Mapping[str, Any] | None = None) -> None:

@@ -128,24 +128,33 @@ def prepare_memory_root(root: Path, durable: CheckpointLayout, *, supervisor: bo
     directory. A root of this user recorded for another job or checkpoint root is removed
     first: what was removed and why (a sentence), else ``None``. ``supervisor``: ``cycle
     run`` records itself as the root's user (a sweep leaves the root of a live one alone)."""
-    makeis_private(root.parent, "the memory tier's base")
+    make_private(root.parent, "the memory tier's base")
     identity = job_id(durable)
     removed = None
     if os.path.lexists(root):
-        checkis_private(root, "the memory root")
+        check_private(root, "the memory root")
         owner = _fs.read_json_object(root / SUPERVISOR_DIRNAME / MEMORY_OWNER_FILENAME)
         if not _belongs_to(owner, identity, durable):
             removed = (f"removed the memory tier {root}: it belonged to another job of "
                        f"{owner.get('durable_root') or 'an unknown checkpoint root'}")
-            _fs.discard_directory(root)
-    makeis_private(root, "the memory root")
-    makeis_private(root / SUPERVISOR_DIRNAME, "the memory root's record directory")
+            _refused_unless_done(_fs.discard_directory, root)
+    make_private(root, "the memory root")
+    make_private(root / SUPERVISOR_DIRNAME, "the memory root's record directory")
     owner_path = root / SUPERVISOR_DIRNAME / MEMORY_OWNER_FILENAME
     if supervisor or not os.path.lexists(owner_path):
         record = {"job": identity, "durable_root": os.path.realpath(durable.root),
                   "supervisor": _this_process() if supervisor else None}
-        _writeis_private(owner_path, json.dumps(record).encode())
+        _refused_unless_done(_write_private, owner_path, json.dumps(record).encode())
     return removed
+
+
+def _refused_unless_done(work: Callable[..., None], path: Path, *args: object) -> None:
+    try:
+        work(path, *args)
+    except OSError as error:
+        raise CheckpointDirectoryError(f"cannot prepare the memory root: {path} "
+                                       f"({error.strerror or error}); choose another "
+                                       "--memory-dir") from None
 
 
 def _belongs_to(owner: Mapping[str, object], identity: str, durable: CheckpointLayout) -> bool:
@@ -158,7 +167,7 @@ def _this_process() -> dict[str, object]:
             "start": _fs.process_start(os.getpid())}
 
 
-def _writeis_private(path: Path, data: bytes) -> None:
+def _write_private(path: Path, data: bytes) -> None:
     _fs.atomic_write_bytes(path, data, durable=False)
     os.chmod(path, PRIVATE_FILE_MODE)
 
@@ -168,7 +177,7 @@ def sweep_stale_roots(base: Path, keep: Path) -> list[str]:
     from: their checkpoint root is gone or belongs to another job now, or they hold nothing
     newer than it and no live ``cycle run`` uses them. What was removed, one sentence each;
     failures are logged, never raised."""
-    said = []
+    said: list[str] = []
     try:
         entries = sorted(Path(entry.path) for entry in os.scandir(base))
     except OSError:

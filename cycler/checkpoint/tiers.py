@@ -139,7 +139,7 @@ def remember_overflow_on_crash(durable: CheckpointLayout, saving: Callable[[], b
             previous(kind, error, trace)
 
         sys.excepthook = on_uncaught
-    _SAVES_IN_MEMORY.append((durable, weakref.WeakMethod(saving)))  # type: ignore[arg-type]
+    _SAVES_IN_MEMORY.append((durable, weakref.WeakMethod(saving)))
 
 
 def _overflow_if_full(error: BaseException) -> None:
@@ -248,6 +248,20 @@ def retain_durable(durable: CheckpointLayout, keep_last: int) -> None:
                                         writer_active=True):
         if not decision.keep:
             _fs.remove_logged(_fs.discard_directory, decision.checkpoint.path, "checkpoint")
+    reclaim_leftovers(durable, everyone=False)
+
+
+def reclaim_leftovers(layout: CheckpointLayout, everyone: bool) -> None:
+    """Remove the temporaries of ``layout``'s writers that died (a removal or a copy cut by a
+    kill: a whole checkpoint's size each): on this host those whose writer is gone, and with
+    ``everyone`` (no writer of the job is running: a saver's first prepare) all of them."""
+    try:
+        leftovers = layout.own_temporaries()
+    except OSError:
+        return
+    for path in leftovers:
+        if everyone or _fs.left_by_dead_writer(path.name):
+            _fs.remove_logged(_fs.remove_leftover, path, "leftover of a dead writer")
 
 
 def retain_memory(memory: CheckpointLayout, busy: Collection[int], keep: int = MEMORY_KEEP,

@@ -27,7 +27,7 @@ from cycler.checkpoint.replicas import (
     replica_path,
 )
 from cycler.checkpoint.saving import atomic_torch_save
-from cycler.checkpoint.tiers import memory_root
+from cycler.checkpoint.memory_roots import memory_root
 from cycler.protocol.environment import ENV_MEMORY_TIER, ENV_PERSIST_EVERY
 
 PER_NODE = 2
@@ -40,9 +40,10 @@ def _node() -> int:
 
 def _on_node(root: Path, persist_every: int) -> Path:
     """This rank's memory tier: one base directory per node, as on separate machines."""
-    os.environ[ENV_MEMORY_TIER] = str(root / f"memory-node{_node()}")
+    durable = root / "checkpoints"
+    os.environ[ENV_MEMORY_TIER] = str(memory_root(root / f"memory-node{_node()}", durable))
     os.environ[ENV_PERSIST_EVERY] = str(persist_every)
-    return root / "checkpoints"
+    return durable
 
 
 def _saver(durable: Path) -> AtomicDirectory:
@@ -63,7 +64,7 @@ def _save(saver: AtomicDirectory, step: int) -> Path:
 
 
 def _memory(durable: Path) -> CheckpointLayout:
-    return CheckpointLayout(memory_root(os.environ[ENV_MEMORY_TIER], durable))
+    return CheckpointLayout(os.environ[ENV_MEMORY_TIER])
 
 
 def _name(index: int) -> CheckpointName:
