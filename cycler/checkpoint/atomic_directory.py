@@ -43,7 +43,7 @@ from cycler.checkpoint.manifest import (
     record_files,
     seal,
 )
-from cycler.checkpoint.private_dirs import PRIVATE_DIRECTORY_MODE, restrict_tree
+from cycler.checkpoint.private_dirs import PRIVATE_DIRECTORY_MODE
 from cycler.checkpoint.replicas import (
     Nodes,
     assembled_checkpoint,
@@ -69,6 +69,7 @@ from cycler.checkpoint.sharded import (
 )
 from cycler.checkpoint.tiers import (
     MemoryTier,
+    keep_private,
     memory_tier,
     newest_of,
     overflowed,
@@ -507,7 +508,7 @@ class AtomicDirectory(ShardedSaves):
 
     def _seal_node_and_link(self, directory: Path, job: Manifest, files: list[str]) -> None:
         seal_node(directory, job, files)
-        restrict_tree(directory)
+        keep_private(self.layout, directory)
         if self._recording is not None:
             self._recording.result()
             self._recording = None
@@ -531,7 +532,7 @@ class AtomicDirectory(ShardedSaves):
         seal(self.layout.path_of(name), index=name.index, metadata=metadata,
              world_size=self._coordinator.world_size, version=__version__, records=records)
         if self.layout is not self.durable:
-            restrict_tree(self.layout.path_of(name))
+            keep_private(self.layout, self.layout.path_of(name))
         if self._recording is not None:
             self._recording.result()
             self._recording = None

@@ -40,6 +40,7 @@ from cycler.checkpoint.memory_roots import (  # noqa: F401 (memory_root: where i
     memory_root,
     prepare_memory_root,
 )
+from cycler.checkpoint.private_dirs import restrict_tree
 from cycler.checkpoint.retention import retention_decisions
 from cycler.errors import CorruptCheckpoint, DiskFull
 from cycler.protocol.environment import ENV_CHECKPOINT_DIR, ENV_MEMORY_TIER, ENV_PERSIST_EVERY
@@ -149,6 +150,13 @@ def _overflow_if_full(error: BaseException) -> None:
         check = saving()
         if check is not None and check():
             remember_overflow(durable, f"a checkpoint did not fit in it ({error})")
+
+
+def keep_private(memory: CheckpointLayout, directory: Path) -> None:
+    """After a commit in the memory root: the checkpoint's files 0600 and directories 0700, and
+    the records beside them, whatever the umask they were written with."""
+    restrict_tree(directory)
+    restrict_tree(memory.supervisor_dir)
 
 
 def newest_of(layout: CheckpointLayout, found: list[Path | None]) -> Path | None:
