@@ -152,9 +152,10 @@ def _refused_unless_done(work: Callable[..., None], path: Path, *args: object) -
     try:
         work(path, *args)
     except OSError as error:
-        raise CheckpointDirectoryError(f"cannot prepare the memory root: {path} "
-                                       f"({error.strerror or error}); choose another "
-                                       "--memory-dir") from None
+        why = "no room left" if _fs.caused_by_full_disk(error) else error.strerror or error
+        raise CheckpointDirectoryError(f"cannot prepare the memory root: {path} ({why}); "
+                                       "free some room or choose another --memory-dir"
+                                       ) from None
 
 
 def _belongs_to(owner: Mapping[str, object], identity: str, durable: CheckpointLayout) -> bool:

@@ -55,6 +55,7 @@ from cycler.checkpoint.manifest import (
     read_manifest,
     seal,
 )
+from cycler.checkpoint.private_dirs import restrict_tree
 from cycler.checkpoint.tiers import newer_than_persisted
 from cycler.errors import CorruptCheckpoint, CyclerError
 
@@ -202,6 +203,7 @@ def replicate(memory: CheckpointLayout, name: CheckpointName, nodes: Nodes, grou
         if problem is not None:
             raise CorruptCheckpoint(f"the copy of node {nodes.source}'s {name}: {problem}")
         _fs.atomic_write_bytes(target / MANIFEST_NAME, theirs_bytes)
+        restrict_tree(target)
     except BaseException:
         _fs.remove_logged(_fs.discard_directory, target, "unfinished partner copy")
         raise
@@ -500,6 +502,7 @@ def assemble(memory: CheckpointLayout, plan: Mapping[str, Any], nodes: Nodes, gr
     try:
         _fs.fsync_directory(own)
         _fs.atomic_write_bytes(own / MANIFEST_NAME, job.to_json().encode())
+        restrict_tree(own)
         _fs.atomic_symlink(own, memory.link_path)
     except OSError as error:
         return f"node {nodes.node}: {error}"

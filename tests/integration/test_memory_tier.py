@@ -27,7 +27,7 @@ from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.memory_roots import memory_base, memory_root
 from cycler.checkpoint.tiers import persist, persist_newest
 from cycler.errors import CorruptCheckpoint
-from cycler.protocol.environment import ENV_MEMORY_TIER, ENV_PERSIST_EVERY
+from cycler.protocol.environment import ENV_MEMORY_TIER, ENV_PERSIST_EVERY, ENV_RESUME_FROM
 
 
 @pytest.fixture
@@ -310,3 +310,82 @@ def test_a_memory_manifest_naming_a_file_outside_is_never_copied(
                 CheckpointName("AtomicDirectory", 1, False))
     assert not list(tmp_path.rglob("escaped.pt"))
     assert not (durable / "AtomicDirectory_checkpoint_1").exists()
+
+
+def test_resume_from_finds_its_checkpoint_in_either_tier_for_latest_checkpoint(
+        tier: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    durable, memory = tier
+    saved(durable, 5)  # K = 3: 0 and 3 persisted; memory keeps 3 and 4
+    assert indices(durable) == [0, 3] and indices(memory) == [3, 4]
+    for requested, where in (("0", durable), ("AtomicDirectory_checkpoint_0", durable),
+                             ("4", memory), ("3", memory)):
+        monkeypatch.setenv(ENV_RESUME_FROM, requested)
+        found = AtomicDirectory(durable).latest_checkpoint()
+        assert found == str(where / f"AtomicDirectory_checkpoint_{requested[-1]}"), requested
+
+
+TOO_BIG_FOR_MEMORY = """
+import sys, torch
+from pathlib import Path
+from cycler import AtomicDirectory, atomic_torch_save
+saver = AtomicDirectory(sys.argv[1])
+directory = Path(saver.prepare_checkpoint_directory())
+atomic_torch_save({"w": torch.zeros(1_500_000)}, directory / "model.pt")  # 6 MB into 4
+saver.symlink_latest(directory)
+print(directory.parent)
+"""
+
+
+def test_a_first_checkpoint_too_big_for_memory_fails_once_whatever_removed_its_files(
+        tmp_path: Path, memory_on_small_tmpfs: Path) -> None:
+    """cycler's atomic_torch_save removes its temporary when the tmpfs is full, so nothing in
+    memory shows how big the checkpoint was: the overflow is remembered in the checkpoint root
+    and the next process saves there."""
+    durable = tmp_path / "durable"
+    runs = [subprocess.run([sys.executable, "-c", TOO_BIG_FOR_MEMORY, str(durable)],
+                           capture_output=True, text=True) for _ in range(2)]
+    assert runs[0].returncode != 0 and "no space left" in runs[0].stderr, runs[0].stderr
+    assert runs[1].returncode == 0, runs[1].stderr
+    assert runs[1].stdout.strip() == str(durable)
+    assert indices(durable) == [1]
+
+
+SAVES_FOREVER = """
+import sys, torch
+from pathlib import Path
+from cycler import AtomicDirectory
+saver = AtomicDirectory(sys.argv[1], keep_last=2)
+found = saver.latest_checkpoint()
+step = 0 if found is None else torch.load(Path(found) / "step.pt")["step"] + 1
+print("saving", flush=True)
+for _ in range(int(sys.argv[2])):
+    directory = Path(saver.prepare_checkpoint_directory())
+    for part in range(8):
+        torch.save({"w": torch.full((65536,), float(step))}, directory / f"part-{part}.pt")
+    torch.save({"step": step}, directory / "step.pt")
+    saver.symlink_latest(directory, metadata={"step": step})
+    step += 1
+"""
+
+
+def test_kill_9_during_background_persists_leaves_nothing_partial_in_the_checkpoint_root(
+        tier: tuple[Path, Path]) -> None:
+    """Persists (every 3rd checkpoint, 2 MB each) and the durable root's retention run in the
+    background of a process killed with SIGKILL at random moments, again and again: every
+    restart goes on from the newest commit, and after the next start the checkpoint root holds
+    no torn directory older than its newest commit and no leftover of a cut removal."""
+    durable, _ = tier
+    rng = random.Random(3)
+    for _ in range(12):
+        process = subprocess.Popen([sys.executable, "-c", SAVES_FOREVER, str(durable), "1000"],
+                                   stdout=subprocess.PIPE, text=True)
+        assert process.stdout is not None and process.stdout.readline() == "saving\n"
+        time.sleep(rng.uniform(0.05, 0.8))
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    subprocess.run([sys.executable, "-c", SAVES_FOREVER, str(durable), "4"], check=True,
+                   stdout=subprocess.DEVNULL)
+    checkpoints = list_checkpoints(durable, commit_state_only=True)
+    newest = max(c.index for c in checkpoints if c.valid)
+    assert [c.path.name for c in checkpoints if not c.valid and c.index < newest] == []
+    assert [e for e in os.listdir(durable) if _fs.TEMP_MARKER in e] == []

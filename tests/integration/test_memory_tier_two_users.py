@@ -46,7 +46,8 @@ for step in range(start, int(os.environ.get("STEPS", "12"))):
     decision = control.step()
     if decision.checkpoint:
         directory = saver.prepare_checkpoint_directory()
-        atomic_torch_save({"w": torch.full((100,), float(step)), "step": step + 1},
+        atomic_torch_save({"w": torch.full((int(os.environ.get("SIZE", "100")),), float(step)),
+                           "step": step + 1},
                           os.path.join(directory, "train.pt"))
         saver.symlink_latest(directory, metadata={"step": step + 1})
     if decision.stop:
