@@ -20,6 +20,7 @@ from cycler.checkpoint.atomic_directory import AtomicDirectory
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import CheckpointWarning, inspect_checkpoint
 from cycler.checkpoint.manifest import check_files, read_manifest
+from cycler.checkpoint.memory_roots import memory_root
 from cycler.checkpoint.replicas import (
     JOB_MANIFEST_NAME,
     assembly_plan,
@@ -27,7 +28,6 @@ from cycler.checkpoint.replicas import (
     replica_path,
 )
 from cycler.checkpoint.saving import atomic_torch_save
-from cycler.checkpoint.memory_roots import memory_root
 from cycler.protocol.environment import ENV_MEMORY_TIER, ENV_PERSIST_EVERY
 
 PER_NODE = 2

@@ -38,8 +38,8 @@ from hosts import Host
 from cycler import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS, latest_checkpoint, read_manifest
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.checkpoint.manifest import check_files
-from cycler.checkpoint.replicas import node_files, replica_path
 from cycler.checkpoint.memory_roots import memory_base, memory_root
+from cycler.checkpoint.replicas import node_files, replica_path
 from cycler.protocol.events import read_events
 
 pytestmark = pytest.mark.netns
