@@ -131,16 +131,17 @@ def prepare_memory_root(root: Path, durable: CheckpointLayout, *, supervisor: bo
     make_private(root.parent, "the memory tier's base")
     identity = job_id(durable)
     removed = None
+    owner_path = root / SUPERVISOR_DIRNAME / MEMORY_OWNER_FILENAME
     if os.path.lexists(root):
         check_private(root, "the memory root")
-        owner = _fs.read_json_object(root / SUPERVISOR_DIRNAME / MEMORY_OWNER_FILENAME)
-        if not _belongs_to(owner, identity, durable):
+        owner = _fs.read_json_object(owner_path)
+        # No record yet: another rank of this node is making the root right now.
+        if os.path.lexists(owner_path) and not _belongs_to(owner, identity, durable):
             removed = (f"removed the memory tier {root}: it belonged to another job of "
                        f"{owner.get('durable_root') or 'an unknown checkpoint root'}")
             _refused_unless_done(_fs.discard_directory, root)
     make_private(root, "the memory root")
     make_private(root / SUPERVISOR_DIRNAME, "the memory root's record directory")
-    owner_path = root / SUPERVISOR_DIRNAME / MEMORY_OWNER_FILENAME
     if supervisor or not os.path.lexists(owner_path):
         record = {"job": identity, "durable_root": os.path.realpath(durable.root),
                   "supervisor": _this_process() if supervisor else None}
