@@ -128,6 +128,9 @@ def prepare_memory_root(root: Path, durable: CheckpointLayout, *, supervisor: bo
     directory. A root of this user recorded for another job or checkpoint root is removed
     first: what was removed and why (a sentence), else ``None``. ``supervisor``: ``cycle
     run`` records itself as the root's user (a sweep leaves the root of a live one alone)."""
+    if not os.path.lexists(root.parent.parent):  # the tmpfs's directory (library use)
+        _refused_unless_done(lambda path: os.makedirs(path, 0o700, exist_ok=True),
+                             root.parent.parent)
     make_private(root.parent, "the memory tier's base")
     identity = job_id(durable)
     removed = None
