@@ -69,10 +69,10 @@ from cycler.checkpoint.sharded import (
 )
 from cycler.checkpoint.tiers import (
     MemoryTier,
+    first_tier,
     keep_private,
     memory_tier,
     newest_of,
-    overflowed,
     persist,
     reclaim_leftovers,
     remember_overflow,
@@ -158,7 +158,7 @@ class AtomicDirectory(ShardedSaves):
         self._persist_waiter = _PersistWaiter(self)
         self.layout = self._memory or self.durable
         if self._tier is not None:
-            self.layout = _first_tier(self._memory, self.durable)
+            self.layout = first_tier(self._memory, self.durable)
             remember_overflow_on_crash(self.durable, self._saving_in_memory)
         """Where checkpoints are committed first: the memory root under the memory tier, until
         its share of the tmpfs is full."""
@@ -780,18 +780,6 @@ def _ensure_root(root: Path) -> None:
             f"cannot create the checkpoint directory {root} ({error.strerror}); "
             "choose a writable location"
         ) from None
-
-
-def _first_tier(memory: CheckpointLayout | None, durable: CheckpointLayout) -> CheckpointLayout:
-    """Where a new saver commits first: the memory root, unless the memory tier was found too
-    small for this job before (then the checkpoint root; memory is still read)."""
-    why = None if memory is None else overflowed(durable)
-    if memory is None or why is not None:
-        if why is not None:
-            log.warning("checkpoints go to %s, not to the memory tier: it was too small for "
-                        "this job (%s)", durable.root, why)
-        return durable
-    return memory
 
 
 def _check_writable(root: Path) -> None:

@@ -123,6 +123,18 @@ def overflowed(durable: CheckpointLayout) -> str | None:
     return str(_fs.read_json_object(path).get("why") or "a checkpoint did not fit")
 
 
+def first_tier(memory: CheckpointLayout | None, durable: CheckpointLayout) -> CheckpointLayout:
+    """Where a new saver commits first: the memory root, unless the memory tier was found too
+    small for this job before (then the checkpoint root; memory is still read)."""
+    why = None if memory is None else overflowed(durable)
+    if memory is None or why is not None:
+        if why is not None:
+            log.warning("checkpoints go to %s, not to the memory tier: it was too small for "
+                        "this job (%s)", durable.root, why)
+        return durable
+    return memory
+
+
 _SAVES_IN_MEMORY: list[tuple[CheckpointLayout, Callable[[], Callable[[], bool] | None]]] = []
 """Per saver of the memory tier: its checkpoint root, and (weakly) whether it has a memory
 checkpoint prepared and not committed."""
