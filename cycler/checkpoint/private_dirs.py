@@ -28,13 +28,13 @@ def private_problem(status: os.stat_result) -> str | None:
     effective user, ``None`` when nothing does."""
     mode, user = status.st_mode, os.geteuid()
     if stat.S_ISLNK(mode):
-        return "is a symlink"
+        return "is a symlink, not a directory"
     if not stat.S_ISDIR(mode):
         return "is not a directory"
     if status.st_uid != user:
         return f"belongs to uid {status.st_uid}, not to you (uid {user})"
     if mode & 0o077:
-        return f"has mode {stat.S_IMODE(mode):o}: other users may use it (it must be 700)"
+        return f"has mode {stat.S_IMODE(mode):o}: it is open to other users (it must be 700)"
     return None
 
 
@@ -57,22 +57,29 @@ def make_private(path: Path, what: str) -> bool:
     """Create ``path`` 0700 if it is missing, then :func:`check_private` it; whether it was
     created now."""
     try:
-        os.mkdir(path, PRIVATE_DIRECTORY_MODE)
-        created = True
-    except FileExistsError:
-        created = False
+        created = create_private(path)
     except OSError as error:
         raise CheckpointDirectoryError(
             f"cannot create {what} {path} ({error.strerror}); choose another --memory-dir"
         ) from None
-    if created:  # the umask can only have taken bits away: give the owner's back
-        descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        try:
-            os.fchmod(descriptor, PRIVATE_DIRECTORY_MODE)
-        finally:
-            os.close(descriptor)
     check_private(path, what)
     return created
+
+
+def create_private(path: Path) -> bool:
+    """Create ``path`` 0700, whatever the umask, if nothing is there; whether it was created
+    now (``False``: something was there already, not checked). Raises ``OSError``."""
+    try:
+        os.mkdir(path, PRIVATE_DIRECTORY_MODE)
+    except FileExistsError:
+        return False
+    # The umask can only have taken bits away: give the owner's back.
+    descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        os.fchmod(descriptor, PRIVATE_DIRECTORY_MODE)
+    finally:
+        os.close(descriptor)
+    return True
 
 
 def check_safe_parent(path: Path, what: str) -> None:
