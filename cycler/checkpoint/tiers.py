@@ -37,11 +37,7 @@ from cycler.checkpoint.commit import finalize, link_forward
 from cycler.checkpoint.layout import MANIFEST_NAME, CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import Checkpoint, inspect_checkpoint, list_checkpoints
 from cycler.checkpoint.manifest import check_files, read_manifest
-from cycler.checkpoint.memory_roots import (  # noqa: F401 (memory_root: where it was)
-    DEFAULT_MEMORY_DIR,
-    memory_root,
-    prepare_memory_root,
-)
+from cycler.checkpoint.memory_roots import prepare_memory_root
 from cycler.checkpoint.retainer import reclaim_leftovers
 from cycler.checkpoint.retention import retention_decisions
 from cycler.errors import CorruptCheckpoint, CyclerError, DiskFull

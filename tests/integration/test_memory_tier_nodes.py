@@ -159,7 +159,8 @@ def check_a_corrupt_memory_copy_falls_back_to_an_older_one_then_to_the_checkpoin
     if dist.get_rank() == PER_NODE:  # one bit of node 1's own copy of checkpoint 3 flips
         _flip_a_bit(memory.path_of(_name(3)) / "rank-2.pt")
     dist.barrier()
-    with pytest.warns(CheckpointWarning, match="node 1: damaged: rank-2.pt does not match its checksum"):
+    with pytest.warns(CheckpointWarning,
+                      match="node 1: damaged: rank-2.pt does not match its checksum"):
         latest = _saver(durable).latest_checkpoint()
     assert latest == str(memory.path_of(_name(2)))  # the older memory one, not the disk's 0
     _loads_as_saved(Path(latest), 2)
