@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from cycler.checkpoint.tiers import memory_root
+from cycler.checkpoint.memory_roots import memory_root
 from cycler.protocol.environment import ENV_MEMORY_TIER, ENV_PERSIST_EVERY
 
 SHM = Path("/dev/shm")
@@ -55,8 +55,9 @@ def state_of(size_mb: int) -> dict[str, torch.Tensor]:
     return {f"layer{i}": torch.randn(each) for i in range(parts)}
 
 
-def with_memory_tier(base: Path, every: int = 1000) -> None:
-    os.environ[ENV_MEMORY_TIER] = str(base)
+def with_memory_tier(base: Path, durable: Path, every: int = 1000) -> None:
+    """The memory tier as ``cycle run`` hands it to workers: the job's memory root."""
+    os.environ[ENV_MEMORY_TIER] = str(memory_root(base, durable))
     os.environ[ENV_PERSIST_EVERY] = str(every)
 
 
@@ -71,7 +72,7 @@ def commit_figures(size_mb: int, repeats: int) -> tuple[float, float]:
     state = state_of(size_mb)
     plain, tiered = [], []
     with tempfile.TemporaryDirectory(dir=SHM) as shm, tempfile.TemporaryDirectory() as disk:
-        with_memory_tier(Path(shm))
+        with_memory_tier(Path(shm), Path(disk) / "root")
         saver = AtomicDirectory(Path(disk) / "root", keep_last=2)
         for repeat in range(repeats + 1):
             started = time.perf_counter()
@@ -95,11 +96,12 @@ def stall_figures(size_mb: int, repeats: int) -> dict[str, float]:
     stalls: dict[str, list[float]] = {"disk async": [], "memory sync": [], "memory async": []}
     with tempfile.TemporaryDirectory(dir=SHM) as shm, tempfile.TemporaryDirectory() as disk:
         for label in stalls:
+            root = Path(disk) / label.replace(" ", "-")
             if label.startswith("memory"):
-                with_memory_tier(Path(shm))
+                with_memory_tier(Path(shm), root)
             else:
                 without_memory_tier()
-            saver = AtomicDirectory(Path(disk) / label.replace(" ", "-"), keep_last=2)
+            saver = AtomicDirectory(root, keep_last=2)
             for _ in range(repeats + 1):
                 started = time.perf_counter()
                 saver.save(state, asynchronous=label.endswith("async"))
@@ -143,12 +145,13 @@ def lost_work(every: int, crashes: int, tier: Path | None, persist_every: int,
               rng: random.Random) -> float:
     """Median steps lost per SIGKILL at a random moment (one fresh root per crash)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CYCLER_")}
-    if tier is not None:
-        env.update({ENV_MEMORY_TIER: str(tier), ENV_PERSIST_EVERY: str(persist_every)})
     lost = []
     for crash in range(crashes):
         with tempfile.TemporaryDirectory() as disk:
             root = Path(disk) / "root"
+            if tier is not None:
+                env.update({ENV_MEMORY_TIER: str(memory_root(tier, root)),
+                            ENV_PERSIST_EVERY: str(persist_every)})
             worker = subprocess.Popen([sys.executable, "-c", WORKER, str(every), str(root)],
                                       stdout=subprocess.PIPE, text=True, env=env)
             assert worker.stdout is not None and worker.stdout.readline() == "ready\n"
@@ -174,7 +177,7 @@ def _replica_rank(rank: int, size_mb: int, repeats: int, port: int, base: str,
 
     os.environ.update(WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                       GROUP_RANK=str(rank))
-    with_memory_tier(Path(base) / f"node{rank}")
+    with_memory_tier(Path(base) / f"node{rank}", Path(base) / "root")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2)

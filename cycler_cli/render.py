@@ -53,6 +53,8 @@ def print_json(payload: dict[str, Any]) -> None:
 def render_status(status: RootStatus) -> None:
     if not status.exists:
         console.print(f"No checkpoint directory at {escape(str(status.root))}.", soft_wrap=True)
+        for note in status.notes:
+            console.print(f"[yellow]warning:[/] {escape(note)}")
         return
     if not status.checkpoints:
         console.print(f"No checkpoints in {escape(str(status.root))}.", soft_wrap=True)

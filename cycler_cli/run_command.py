@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from cycler.checkpoint.tiers import DEFAULT_MEMORY_DIR
+from cycler.checkpoint.memory_roots import DEFAULT_MEMORY_DIR
 from cycler.errors import ConfigError
 from cycler.protocol.exit_codes import EXIT_FAILURE, MEANINGS
 from cycler.supervisor.flags import declared, help_line
@@ -90,8 +90,10 @@ def _undeclared(
                                    "not with python."),
     run_path: bool = typer.Option(False, "--run-path", help="Run SCRIPT (an absolute "
                                   "path) with runpy.run_path in torchrun's worker."),
-    memory_dir: str = typer.Option(None, "--memory-dir", help="Where --memory-tier keeps "
-                                    f"them (implies it; default: {DEFAULT_MEMORY_DIR})."),
+    memory_dir: str = typer.Option(None, "--memory-dir", help="The tmpfs where "
+                                   "--memory-tier keeps them, in a private cycler-UID "
+                                   "directory (implies it; default: $XDG_RUNTIME_DIR, "
+                                   f"else {DEFAULT_MEMORY_DIR})."),
     config: Path = typer.Option(None, "--config", help="YAML file with any of these options; "
                                 "flags win."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the torchrun "

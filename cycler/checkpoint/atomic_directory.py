@@ -34,9 +34,13 @@ from cycler.checkpoint.nodes.assembly import assembled_checkpoint
 from cycler.checkpoint.nodes.topology import leaders_group
 from cycler.checkpoint.persisting import Persister
 from cycler.checkpoint.placement import Placement, tiers_of
-from cycler.checkpoint.resume import agreed_checkpoint, requested_by_environment
+from cycler.checkpoint.resume import (
+    agreed_checkpoint,
+    requested_by_environment,
+    requested_in_a_tier,
+)
 from cycler.checkpoint.retainer import Retainer
-from cycler.checkpoint.tiers import newest_of
+from cycler.checkpoint.tiers import newest_of, remember_overflow_on_crash
 from cycler.protocol.control import stop_requested_of_this_job
 from cycler.protocol.environment import ENV_CONTROL_FILE, default_checkpoint_name
 from cycler.protocol.features import USES_CONTROL, USES_SAVER, announce, uses_here
@@ -101,6 +105,8 @@ class AtomicDirectory:
         """The gloo group of the nodes' leaders (partner copies, the resume's fetches)."""
         self._saving: contextlib.AbstractContextManager[None] | None = None
         """The beacon's saving phase, from prepare_checkpoint_directory() to the commit."""
+        if tier is not None:
+            remember_overflow_on_crash(self.durable, self._saving_in_memory)
         self.output_directory = str(self.durable.root)
         self.symlink_name = self.durable.link_name
         announce(USES_SAVER)
@@ -142,7 +148,7 @@ class AtomicDirectory:
         if placement.hold_writer_lock():  # this saver's first prepare
             placement.layout.adopt()  # before its first directory: what was here stays legacy
             placement.expect_size(self._retainer.reclaim_torn(
-                placement.layout, measure=placement.in_memory_tier()))
+                placement.tiers(), placement.layout, measure=placement.in_memory_tier()))
         path = placement.create(pinned, votes)
         self._retainer.prepared(path)
         return path
@@ -152,6 +158,10 @@ class AtomicDirectory:
 
     def _leave_memory_tier(self, why: str) -> None:
         self._placement.leave_memory_tier(why)
+
+    def _saving_in_memory(self) -> bool:
+        """Whether a checkpoint is prepared in the memory tier and not yet committed."""
+        return self._saving is not None and self._in_memory_tier()
 
     def symlink_latest(self, checkpoint_directory: str | os.PathLike[str],
                        metadata: Mapping[str, Any] | None = None) -> None:
@@ -310,6 +320,9 @@ class AtomicDirectory:
         if self._placement.nodes is not None:
             found = self._agreed(None, strict)
             return None if found is None else str(found)
+        requested = requested_in_a_tier(self._placement.tiers())
+        if requested is not None:
+            return str(requested)
         path = newest_of(self.durable, [latest_checkpoint(tier.root, self.name, verify=verify,
                                                           strict=strict)
                                         for tier in self._placement.tiers()])

@@ -30,6 +30,7 @@ from cycler.checkpoint.manifest import (
     sealed,
 )
 from cycler.checkpoint.nodes.node_commit import node_manifest
+from cycler.checkpoint.private_dirs import restrict_tree
 from cycler.errors import CheckpointDirectoryError, CyclerError, RankFailed
 from cycler.protocol.progress import beacon
 
@@ -39,13 +40,18 @@ if TYPE_CHECKING:  # the supervisor persists through finalize() without importin
 
 
 def finalize(layout: CheckpointLayout, name: CheckpointName, manifest: Manifest, *,
-             forward: bool = False) -> None:
+             forward: bool = False, private: bool = False) -> None:
     """The last step of every commit in ``layout``: write the manifest of ``name``'s directory,
     whose files and subdirectories are durable already, and then point the latest link at it;
     with ``forward`` (writers that commit in one root concurrently or out of order: persisting,
-    the nodes' contributions), see :func:`link_forward`."""
+    the nodes' contributions), see :func:`link_forward`. With ``private`` (a memory root), the
+    directory's files are made 0600 and its directories 0700 before the link, and the records
+    beside them too, whatever the umask they were written with."""
     directory = layout.path_of(name)
     _fs.atomic_write_bytes(directory / MANIFEST_NAME, manifest.to_json().encode())
+    if private:
+        restrict_tree(directory)
+        restrict_tree(layout.supervisor_dir)
     if forward:
         link_forward(layout)
     else:  # a saver's own commit: indices only grow, so it is the newest
@@ -191,7 +197,7 @@ class CommitRounds:
         self._placement.wait_recorded()
         name = layout.parse(directory.name)
         assert name is not None  # the prepare round named it
-        finalize(layout, name, manifest)
+        finalize(layout, name, manifest, private=True)  # nodes commit in memory only
 
     def _seal_and_link(self, directory: Path, metadata: dict[str, Any],
                        records: dict[str, FileRecord]) -> None:
@@ -206,7 +212,7 @@ class CommitRounds:
                           world_size=self._coordinator.world_size, version=__version__,
                           records=records)
         self._placement.wait_recorded()
-        finalize(layout, name, manifest)
+        finalize(layout, name, manifest, private=layout is not self._placement.durable)
 
     def _name_of(self, directory: Path) -> CheckpointName:
         """The name of a directory the prepare round made; ``ValueError`` for any other."""

@@ -24,6 +24,7 @@ from cycler.checkpoint.listing import (
     list_checkpoints,
 )
 from cycler.checkpoint.lock import lock_holder
+from cycler.checkpoint.memory_roots import is_private, memory_base, memory_root
 from cycler.checkpoint.retention import Decision, retention_decisions
 from cycler.errors import CheckpointDirectoryError, DirectoryInUse
 from cycler.protocol.events import history_counts, job_history, read_events
@@ -125,7 +126,8 @@ def collect_status(root: str | os.PathLike[str], *, verify: bool = False, events
     """
     path = checked_root(root)
     if path is None:
-        return RootStatus(Path(os.path.abspath(root)), exists=False)
+        path = Path(os.path.abspath(root))
+        return RootStatus(path, exists=False, notes=_memory_tier_without_root(path))
     facts, notes = [], []
     for prefix in saver_prefixes(path):
         saver_layout = CheckpointLayout(path, prefix)
@@ -158,9 +160,20 @@ def memory_tier_here(layout: CheckpointLayout) -> Path | None:
     except (OSError, ValueError):
         return None
     root = Path(str(record.get("root", "")))
-    if record.get("host") != socket.gethostname() or not root.is_absolute() or not root.is_dir():
+    if record.get("host") != socket.gethostname() or not root.is_absolute():
         return None
-    return root
+    # Listed only where it is the user's own private directory: nothing else is read.
+    return root if is_private(root.parent) and is_private(root) else None
+
+
+def _memory_tier_without_root(root: Path) -> list[str]:
+    """A note when this user's default memory base on this host holds a memory tier of
+    ``root``, which is gone: its checkpoints are of a job that no longer has a root."""
+    memory = memory_root(memory_base(), root)
+    if not (is_private(memory.parent) and is_private(memory)):
+        return []
+    return [f"a memory tier of an earlier job of this root is still at {memory}: it is never "
+            "resumed from, and your next `cycle run` on this host removes it"]
 
 
 def _memory_tier(layout: CheckpointLayout, on_disk: list[CheckpointFacts], verify: bool,

@@ -21,7 +21,8 @@ from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import CheckpointWarning
 from cycler.checkpoint.lock import drop_shared, hold_shared
 from cycler.checkpoint.nodes.topology import Nodes, nodes_of
-from cycler.checkpoint.tiers import MemoryTier, memory_tier
+from cycler.checkpoint.private_dirs import PRIVATE_DIRECTORY_MODE
+from cycler.checkpoint.tiers import MemoryTier, first_tier, memory_tier, remember_overflow
 from cycler.errors import CheckpointDirectoryError
 
 log = logging.getLogger(__name__)
@@ -41,9 +42,9 @@ class Placement:
         self.nodes = nodes
         """With the memory tier on several nodes: this rank's place among them."""
         self._memory = None if tier is None else CheckpointLayout(tier.root, durable.prefix)
-        self.layout = self._memory or durable
-        """Where checkpoints are committed first: the memory root under the memory tier, until
-        its share of the tmpfs is full."""
+        self.layout = durable if self._memory is None else first_tier(self._memory, durable)
+        """Where checkpoints are committed first: the memory root under the memory tier (unless
+        it was found too small for this job before), until its share of the tmpfs is full."""
         self._before_leaving = before_leaving
         self._index_floor = -1
         """An index above every index of the other tier (memory tier: read at first prepare)."""
@@ -90,7 +91,7 @@ class Placement:
             self.leave_memory_tier("a node had no room for the next checkpoint")
             return path
         local = self.layout.root / chosen.name
-        local.mkdir(exist_ok=True)
+        local.mkdir(mode=PRIVATE_DIRECTORY_MODE, exist_ok=True)
         name = self.layout.parse(chosen.name)
         if self.nodes is not None and self.nodes.leader and name is not None:
             self._recording = record_in_background(self.layout.record_index, name.index)
@@ -130,7 +131,7 @@ class Placement:
             self._index_floor = max([self._index_floor, *(int(i) for _, i, _ in node_votes)])
         index = max(layout.next_index(), self._index_floor)
         path = layout.path_of(CheckpointName(layout.prefix, index, pinned))
-        path.mkdir()
+        path.mkdir(mode=0o777 if layout is self.durable else PRIVATE_DIRECTORY_MODE)
         # Recording the index takes two fsyncs (5-15 ms on a busy disk): they overlap the
         # ranks' writes, and the commit waits for them before it can link the directory.
         self._recording = record_in_background(layout.record_index, index)
@@ -161,6 +162,7 @@ class Placement:
         assert self.tier is not None
         log.warning("the memory tier %s is full (%s): checkpoints go to %s from now on",
                     self.tier.root, why, self.durable.root)
+        remember_overflow(self.durable, why)
         if self._before_leaving is not None:
             self._before_leaving()  # the persisting queued so far, from the memory root
         self.layout = self.durable

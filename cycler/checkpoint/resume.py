@@ -95,6 +95,14 @@ def requested_by_environment(tiers: Sequence[CheckpointLayout]) -> str | None:
     return None
 
 
+def requested_in_a_tier(tiers: Sequence[CheckpointLayout]) -> Path | None:
+    """The checkpoint ``$CYCLER_RESUME_FROM`` names (``cycle run --resume-from``), from the
+    first tier where it verifies, whichever tier holds it; ``None`` when it names none of this
+    saver's checkpoints. Raises what is wrong with it when it is there and does not verify."""
+    requested = requested_by_environment(tiers)
+    return None if requested is None else _found_in_a_tier(tiers, requested)
+
+
 def _found_in_a_tier(tiers: Sequence[CheckpointLayout], requested: str) -> Path:
     """The requested checkpoint from the first tier where it verifies."""
     error: CyclerError | None = None

@@ -85,11 +85,25 @@ class Retainer:
         self._uncommitted = []
         return sorted(kept) if all(removed) else None
 
-    def reclaim_torn(self, layout: CheckpointLayout, *, measure: bool) -> int:
-        """At a saver's first prepare, under the writer lock: every directory without a
-        manifest was left by a writer that died (a crash loop on a full disk leaves one per
-        run), so it goes now, before this run needs the space. With ``measure``, returns twice
-        the largest one's size (the memory tier's prediction of the next checkpoint), else 0."""
+    def reclaim_torn(self, tiers: list[CheckpointLayout], layout: CheckpointLayout, *,
+                     measure: bool) -> int:
+        """At a saver's first prepare, under the writer locks: every directory without a
+        manifest in any of its ``tiers`` was left by a writer that died (a crash loop on a full
+        disk leaves one per run; under the memory tier, a persist cut by a kill leaves one in
+        the checkpoint root), so it goes now, before this run needs the space; so do the
+        leftovers of dead writers in the tiers other than ``layout`` (whose own go at its first
+        commit). With ``measure``, returns twice the largest torn directory's size in
+        ``layout`` (the memory tier's prediction of the next checkpoint), else 0."""
+        predicted = 0
+        for tier in tiers:
+            predicted = max(predicted, self._reclaim_torn_in(tier, measure=measure and (
+                tier is layout)))
+            if tier is not layout:
+                reclaim_leftovers(tier, everyone=True)
+        return predicted
+
+    @staticmethod
+    def _reclaim_torn_in(layout: CheckpointLayout, *, measure: bool) -> int:
         try:
             torn = [c for c in list_checkpoints(layout.root, layout.prefix,
                                                 commit_state_only=True)
@@ -107,3 +121,16 @@ class Retainer:
         for checkpoint in torn:
             _fs.remove_logged(_fs.discard_directory, checkpoint.path, "torn directory")
         return predicted
+
+
+def reclaim_leftovers(layout: CheckpointLayout, everyone: bool) -> None:
+    """Remove the temporaries of ``layout``'s writers that died (a removal or a copy cut by a
+    kill: a whole checkpoint's size each): on this host those whose writer is gone, and with
+    ``everyone`` (no writer of the job is running: a saver's first prepare) all of them."""
+    try:
+        leftovers = layout.own_temporaries()
+    except OSError:
+        return
+    for path in leftovers:
+        if everyone or _fs.left_by_dead_writer(path.name):
+            _fs.remove_logged(_fs.remove_leftover, path, "leftover of a dead writer")

@@ -19,30 +19,33 @@ nodes are in :mod:`cycler.checkpoint.nodes`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import shutil
 import socket
-from collections.abc import Collection, Mapping
+import sys
+import time
+import weakref
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cycler import _fs
 from cycler.checkpoint.commit import finalize, link_forward
 from cycler.checkpoint.layout import MANIFEST_NAME, CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import Checkpoint, inspect_checkpoint, list_checkpoints
 from cycler.checkpoint.manifest import check_files, read_manifest
+from cycler.checkpoint.memory_roots import prepare_memory_root
+from cycler.checkpoint.retainer import reclaim_leftovers
 from cycler.checkpoint.retention import retention_decisions
-from cycler.errors import CorruptCheckpoint, CyclerError
-from cycler.protocol.environment import ENV_MEMORY_TIER, ENV_PERSIST_EVERY
+from cycler.errors import CorruptCheckpoint, CyclerError, DiskFull
+from cycler.protocol.environment import ENV_CHECKPOINT_DIR, ENV_MEMORY_TIER, ENV_PERSIST_EVERY
 from cycler.protocol.exit_codes import EXIT_NOT_PERSISTED, EXIT_REQUEUE, EXIT_SUCCESS
+from cycler.protocol.names import MEMORY_OVERFLOW_FILENAME
 
 log = logging.getLogger(__name__)
-
-DEFAULT_MEMORY_DIR = Path("/dev/shm/cycler")
-"""Where ``cycle run --memory-tier`` keeps jobs' memory roots unless told otherwise."""
 
 DEFAULT_PERSIST_EVERY = 5
 """Persist every 5th checkpoint (and every stop's and pinned one) by default."""
@@ -52,14 +55,6 @@ MEMORY_KEEP = 2
 
 TMPFS_SHARE = 0.5
 """The most of its filesystem a memory root may fill; past it, saves go to the durable root."""
-
-
-def memory_root(base: str | os.PathLike[str], durable_root: str | os.PathLike[str]) -> Path:
-    """The memory root of the job whose checkpoint root is ``durable_root``: the same for
-    every restart of the job on this node, distinct for two jobs with different roots."""
-    durable = Path(os.path.abspath(durable_root))
-    digest = hashlib.sha256(str(durable).encode()).hexdigest()[:12]
-    return Path(os.path.abspath(base)) / f"{durable.name or 'root'}-{digest}"
 
 
 @dataclass(frozen=True)
@@ -85,16 +80,87 @@ class MemoryTier:
 
 def memory_tier(durable_root: str | os.PathLike[str],
                 environ: Mapping[str, str] | None = None) -> MemoryTier | None:
-    """The memory tier ``cycle run`` set for this worker, ``None`` when there is none."""
+    """The memory tier ``cycle run`` set for this worker's savers of ``durable_root``, ``None``
+    when there is none (or the job's checkpoint root is another: that saver saves there
+    directly). Raises :class:`CheckpointDirectoryError` when the memory root is not this user's
+    private directory of this job: nothing in it is read then."""
     env = os.environ if environ is None else environ
-    base = env.get(ENV_MEMORY_TIER)
-    if not base:
+    root = env.get(ENV_MEMORY_TIER)
+    if not root:
+        return None
+    job_root = env.get(ENV_CHECKPOINT_DIR)
+    if job_root and os.path.realpath(job_root) != os.path.realpath(durable_root):
+        log.info("the memory tier is %s's; checkpoints of %s go there directly", job_root,
+                 durable_root)
         return None
     try:
         every = max(1, int(env.get(ENV_PERSIST_EVERY) or DEFAULT_PERSIST_EVERY))
     except ValueError:
         every = DEFAULT_PERSIST_EVERY
-    return MemoryTier(memory_root(base, durable_root), every)
+    removed = prepare_memory_root(Path(root), CheckpointLayout(durable_root))
+    if removed is not None:
+        log.warning("%s", removed)
+    return MemoryTier(Path(root), every)
+
+
+def remember_overflow(durable: CheckpointLayout, why: str) -> None:
+    """Record in the checkpoint root that a checkpoint did not fit in the memory tier: from
+    the next start on, the job's savers commit in the checkpoint root (memory is still read).
+    A failure is logged, never raised."""
+    record = json.dumps({"why": why, "time": time.time()}).encode()
+    try:
+        _fs.atomic_write_bytes(durable.supervisor_dir / MEMORY_OVERFLOW_FILENAME, record)
+    except OSError as error:
+        log.warning("could not record that the memory tier overflowed (%s)", error)
+
+
+def overflowed(durable: CheckpointLayout) -> str | None:
+    """Why the memory tier was found too small for this checkpoint root's job, if it was."""
+    path = durable.supervisor_dir / MEMORY_OVERFLOW_FILENAME
+    if not os.path.lexists(path):
+        return None
+    return str(_fs.read_json_object(path).get("why") or "a checkpoint did not fit")
+
+
+def first_tier(memory: CheckpointLayout | None, durable: CheckpointLayout) -> CheckpointLayout:
+    """Where a new saver commits first: the memory root, unless the memory tier was found too
+    small for this job before (then the checkpoint root; memory is still read)."""
+    why = None if memory is None else overflowed(durable)
+    if memory is None or why is not None:
+        if why is not None:
+            log.warning("checkpoints go to %s, not to the memory tier: it was too small for "
+                        "this job (%s)", durable.root, why)
+        return durable
+    return memory
+
+
+_SAVES_IN_MEMORY: list[tuple[CheckpointLayout, Callable[[], Callable[[], bool] | None]]] = []
+"""Per saver of the memory tier: its checkpoint root, and (weakly) whether it has a memory
+checkpoint prepared and not committed."""
+
+
+def remember_overflow_on_crash(durable: CheckpointLayout, saving: Callable[[], bool]) -> None:
+    """When the process dies of a full disk while ``saving()`` (a bound method of the saver)
+    says a memory checkpoint is being written, whatever wrote its files (the script's own
+    ``torch.save``, DCP, cycler), remember the overflow (:func:`remember_overflow`)."""
+    if not _SAVES_IN_MEMORY:
+        previous = sys.excepthook
+
+        def on_uncaught(kind: type[BaseException], error: BaseException, trace: Any) -> None:
+            _overflow_if_full(error)
+            previous(kind, error, trace)
+
+        sys.excepthook = on_uncaught
+    _SAVES_IN_MEMORY.append((durable, weakref.WeakMethod(saving)))
+
+
+def _overflow_if_full(error: BaseException) -> None:
+    if not (isinstance(error, DiskFull) or _fs.caused_by_full_disk(error)):
+        return
+    for durable, saving in _SAVES_IN_MEMORY:
+        check = saving()
+        if check is not None and check():
+            remember_overflow(durable, f"a checkpoint did not fit in it ({error})")
 
 
 def newest_of(layout: CheckpointLayout, found: list[Path | None]) -> Path | None:
@@ -187,6 +253,7 @@ def retain_durable(durable: CheckpointLayout, keep_last: int) -> None:
                                         writer_active=True):
         if not decision.keep:
             _fs.remove_logged(_fs.discard_directory, decision.checkpoint.path, "checkpoint")
+    reclaim_leftovers(durable, everyone=False)
 
 
 def retain_memory(memory: CheckpointLayout, busy: Collection[int], keep: int = MEMORY_KEEP,

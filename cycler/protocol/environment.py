@@ -30,10 +30,9 @@ ENV_PROGRESS_DIR = "CYCLER_PROGRESS_DIR"
 """Where this node's workers keep their progress beacons and stack dumps (``cycle run``)."""
 
 ENV_MEMORY_TIER = "CYCLER_MEMORY_TIER"
-"""Set by ``cycle run --memory-tier``: the memory tier's base directory on this node
-(``--memory-dir``, default ``/dev/shm/cycler``), not the job's memory root. Each saver derives the
-job's root under it from the checkpoint root (``checkpoint.tiers.memory_root``), commits every
-checkpoint there first and persists some to the checkpoint root."""
+"""This job's memory root on this node (``cycle run --memory-tier``): savers commit every
+checkpoint there first and persist some to the checkpoint root. ``cycle run`` computes it once
+(``checkpoint.memory_roots``) and checks it before any worker starts; a saver checks it again."""
 
 ENV_PERSIST_EVERY = "CYCLER_PERSIST_EVERY"
 """With the memory tier: every checkpoint whose index is a multiple of this is persisted to the

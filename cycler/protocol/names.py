@@ -18,6 +18,12 @@ PROGRESS_DIRNAME = "progress-node{node}"
 HANG_RECORD_FILENAME = "hang-node{node}.json"
 WORKERS_FINISHED_FILENAME = "finished-node{node}"
 MEMORY_TIER_RECORD_FILENAME = "memory-tier.json"
+JOB_ID_FILENAME = "job-id"
+"""The checkpoint root's job id, also recorded in its memory roots (a root's, not a node's)."""
+MEMORY_OVERFLOW_FILENAME = "memory-tier-overflow.json"
+"""Present once a checkpoint did not fit in the memory tier: the job saves to the root."""
+MEMORY_OWNER_FILENAME = "memory-owner.json"
+"""In a memory root's ``.cycler/``: the job id and checkpoint root it belongs to."""
 
 # Per saver (``<prefix><suffix>``, or ``<prefix>`` after the prefix for verification records).
 INDEX_RECORD_SUFFIX = ".last_index"

@@ -22,8 +22,12 @@ from pathlib import Path
 from cycler._fs import atomic_write_bytes, read_json_object
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.checkpoint.listing import find_checkpoint, no_valid_checkpoint
+from cycler.checkpoint.memory_roots import is_private, prepare_memory_root, sweep_stale_roots
+from cycler.checkpoint.private_dirs import PRIVATE_FILE_MODE, check_safe_parent
+from cycler.checkpoint.tiers import overflowed
 from cycler.errors import CheckpointDirectoryError, ConfigError, CyclerError
 from cycler.protocol.environment import ENV_ISC_ARTIFACT_PATH, ENV_ISC_LOSSY_PATH
+from cycler.protocol.names import MEMORY_OVERFLOW_FILENAME
 from cycler.supervisor.options import RunOptions
 from cycler.supervisor.torchrun import isc_environment
 
@@ -32,13 +36,15 @@ log = logging.getLogger("cycler.supervisor")
 
 def checked_options(options: RunOptions, *, prepare_root: bool) -> RunOptions:
     """The pre-start sequence of ``cycle run``: the script, ``$CHECKPOINT_ARTIFACT_PATH``, the
-    checkpoint root (created and probed when ``prepare_root``; ``--dry-run`` creates nothing),
-    and ``--resume-from``; returns the options this run starts with (``--resume-from`` dropped
-    when an earlier run of the job carried it out). Raises :class:`CyclerError` (exit 2)."""
+    checkpoint root and the memory tier's root (created and probed when ``prepare_root``;
+    ``--dry-run`` creates nothing), and ``--resume-from``; returns the options this run starts
+    with (``--resume-from`` dropped when an earlier run of the job carried it out). Raises
+    :class:`CyclerError` (exit 2)."""
     check_script(options)
     check_artifact_path(options)
     if prepare_root:
         prepare_checkpoint_root(options)
+        prepare_memory_tier(options)
     options = resume_from_for_this_run(options)
     check_resume_from(options)
     if prepare_root:
@@ -135,7 +141,7 @@ def check_resume_from(options: RunOptions) -> None:
     if options.resume_from is None:
         return
     memory = options.memory_layout
-    if memory is not None and memory.root.is_dir():
+    if memory is not None and is_private(memory.root.parent) and is_private(memory.root):
         try:  # in memory (the memory tier of an earlier run of this job on this node)...
             find_checkpoint(memory.root, options.resume_from, options.checkpoint_name)
             return
@@ -174,3 +180,55 @@ def prepare_checkpoint_root(options: RunOptions) -> None:
                 f"cannot create {lossy} for LOSSY_ARTIFACT_PATH ({error.strerror}); set "
                 "LOSSY_ARTIFACT_PATH to a writable directory"
             ) from None
+
+
+def prepare_memory_tier(options: RunOptions) -> None:
+    """With ``--memory-tier``: make this job's memory root on this node (private to the user and
+    to this job; a root of an earlier job of the user's is removed), prove that a file can be
+    written there and that there is room, and remove the user's memory roots that no job can
+    resume from any more. Anything that is not the user's is refused with one line (exit 2),
+    before a worker starts."""
+    memory = options.memory_layout
+    if memory is None:
+        return
+    base = memory.root.parent
+    try:
+        if not os.path.lexists(base.parent):
+            base.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as error:
+        raise CheckpointDirectoryError(f"cannot create the memory directory {base.parent} "
+                                       f"({error.strerror}); choose another --memory-dir"
+                                       ) from None
+    check_safe_parent(base.parent, "the memory directory")
+    said = [prepare_memory_root(memory.root, options.layout, supervisor=True)]
+    _probe_memory_root(memory.root)
+    said += sweep_stale_roots(base, keep=memory.root)
+    for line in said:
+        if line is not None:
+            log.warning("%s", line)
+    why = overflowed(options.layout)
+    if why is not None:
+        log.warning("the memory tier was too small for this job (%s): checkpoints go to %s; "
+                    "remove %s to try memory again", why, options.layout.root,
+                    options.layout.supervisor_dir / MEMORY_OVERFLOW_FILENAME)
+
+
+def _probe_memory_root(root: Path) -> None:
+    """A file can be written in the memory root, and its filesystem has room left."""
+    probe = root / f".probe-{socket.gethostname()}-{os.getpid()}"
+    try:
+        descriptor = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                             PRIVATE_FILE_MODE)
+        try:
+            os.write(descriptor, b"\0")
+        finally:
+            os.close(descriptor)
+            probe.unlink()
+        free = os.statvfs(root).f_bavail
+    except OSError as error:
+        raise CheckpointDirectoryError(f"cannot write to the memory root {root} "
+                                       f"({error.strerror}); choose another --memory-dir"
+                                       ) from None
+    if free == 0:
+        raise CheckpointDirectoryError(f"the memory root {root} has no room left; free some "
+                                       "or choose another --memory-dir")

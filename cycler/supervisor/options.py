@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from cycler.checkpoint.layout import DEFAULT_PREFIX, CheckpointLayout
-from cycler.checkpoint.tiers import DEFAULT_MEMORY_DIR, DEFAULT_PERSIST_EVERY, memory_root
+from cycler.checkpoint.memory_roots import DEFAULT_MEMORY_DIR, memory_base, memory_root
+from cycler.checkpoint.tiers import DEFAULT_PERSIST_EVERY
 from cycler.errors import ConfigError
 from cycler.protocol.environment import ENV_CHECKPOINT_DIR, ENV_ISC_ARTIFACT_PATH
 from cycler.supervisor.config_file import read_config_file
@@ -102,8 +103,9 @@ class RunOptions:
         None, "--memory-tier/--no-memory-tier", kind=bool, yaml=(str, bool), shown="off",
         help="Commit every checkpoint in node memory first and persist some to the checkpoint "
              "root, on one node or several")
-    """Where jobs keep checkpoints in node memory (``None``: no memory tier). This job's
-    memory root is a directory inside it (``tiers.memory_root``)."""
+    """The tmpfs where jobs keep checkpoints in node memory (``None``: no memory tier). This
+    job's memory root is in the user's private base inside it (``memory_roots.memory_base``:
+    ``<dir>/cycler-<uid>``)."""
     persist_every: int = option(
         DEFAULT_PERSIST_EVERY, "--persist-every", yaml=(int,),
         help="With --memory-tier: persist every K-th checkpoint (and every stop's)")
@@ -181,7 +183,8 @@ class RunOptions:
         """This job's memory root on this node (with ``--memory-tier``)."""
         if self.memory_tier is None:
             return None
-        return CheckpointLayout(memory_root(self.memory_tier, self.layout.root),
+        given = None if self.memory_tier == DEFAULT_MEMORY_DIR else self.memory_tier
+        return CheckpointLayout(memory_root(memory_base(given), self.layout.root),
                                 self.checkpoint_name)
 
     def __post_init__(self) -> None:

@@ -172,8 +172,8 @@ def worker_environment(options: RunOptions, *, start_number: int, resume_from: s
     }
     if resume_from is not None:
         environment[ENV_RESUME_FROM] = resume_from
-    if options.memory_layout is not None and options.memory_tier is not None:
-        environment[ENV_MEMORY_TIER] = str(options.memory_tier)
+    if options.memory_layout is not None:  # computed here once: workers take it as it is
+        environment[ENV_MEMORY_TIER] = str(options.memory_layout.root)
         environment[ENV_PERSIST_EVERY] = str(options.persist_every)
     timeout = str(math.ceil(options.grace) + SHUTDOWN_MARGIN_SECONDS)
     environment.update(dict.fromkeys(SHUTDOWN_TIMEOUT_VARIABLES, timeout))

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from cuda_ranks import current_device, nccl_world, need_async_saves, run_ranks
 
 from cycler import AtomicDirectory, CheckpointWarning
-from cycler.checkpoint.tiers import memory_root
+from cycler.checkpoint.memory_roots import memory_root
 from cycler.protocol.environment import ENV_MEMORY_TIER, ENV_PERSIST_EVERY
 
 pytestmark = pytest.mark.gpu
@@ -35,9 +35,9 @@ def gpu_state(step: int) -> dict[str, torch.Tensor]:
 def check_gpu_tensors_resume_from_the_partners_copy_on_a_node_whose_memory_was_wiped(
         root: Path) -> None:
     rank = dist.get_rank()
-    base = root / f"memory-node{rank}"
-    os.environ.update({ENV_MEMORY_TIER: str(base), ENV_PERSIST_EVERY: "100"})
     durable = root / "checkpoints"
+    memory = memory_root(root / f"memory-node{rank}", durable)  # as cycle run hands it over
+    os.environ.update({ENV_MEMORY_TIER: str(memory), ENV_PERSIST_EVERY: "100"})
     saver = AtomicDirectory(durable, keep_last=2)
     saver.save(gpu_state(0), {"step": 0})
     saver.save(gpu_state(1), {"step": 1}, asynchronous=True).wait()
@@ -46,7 +46,6 @@ def check_gpu_tensors_resume_from_the_partners_copy_on_a_node_whose_memory_was_w
     for tensor in saved.values():
         tensor.add_(1.0)  # after the snapshot: not in the checkpoint
     handle.wait()
-    memory = memory_root(base, durable)
     assert Path(handle.directory).parent == memory, handle.directory  # committed in memory
     probe = {key: torch.zeros_like(value) for key, value in saved.items()}
     assert saver.load(probe) == {"step": 2}  # waits for the partner copies too

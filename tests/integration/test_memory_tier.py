@@ -24,9 +24,10 @@ import torch
 
 from cycler import AtomicDirectory, CheckpointWarning, _fs, list_checkpoints, read_manifest
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
-from cycler.checkpoint.tiers import memory_root, persist, persist_newest
+from cycler.checkpoint.memory_roots import memory_base, memory_root
+from cycler.checkpoint.tiers import persist, persist_newest
 from cycler.errors import CorruptCheckpoint
-from cycler.protocol.environment import ENV_MEMORY_TIER, ENV_PERSIST_EVERY
+from cycler.protocol.environment import ENV_MEMORY_TIER, ENV_PERSIST_EVERY, ENV_RESUME_FROM
 
 
 @pytest.fixture
@@ -40,7 +41,7 @@ def tier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
     # make every commit here a stop's, persisted.
     monkeypatch.setattr(in_flight, "_stopping", threading.Event())
     durable, base = tmp_path / "durable", tmp_path / "shm"
-    monkeypatch.setenv(ENV_MEMORY_TIER, str(base))
+    monkeypatch.setenv(ENV_MEMORY_TIER, str(memory_root(base, durable)))
     monkeypatch.setenv(ENV_PERSIST_EVERY, "3")
     return durable, memory_root(base, durable)
 
@@ -143,10 +144,13 @@ class _Set:
 
 
 @pytest.fixture
-def memory_on_small_tmpfs(small_tmpfs: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv(ENV_MEMORY_TIER, str(small_tmpfs))
+def memory_on_small_tmpfs(small_tmpfs: Path, tmp_path: Path,
+                          monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The memory root, on a 4 MB tmpfs, of the tests' checkpoint root ``tmp_path/durable``."""
+    memory = memory_root(memory_base(small_tmpfs), tmp_path / "durable")
+    monkeypatch.setenv(ENV_MEMORY_TIER, str(memory))
     monkeypatch.setenv(ENV_PERSIST_EVERY, "100")
-    return small_tmpfs
+    return memory
 
 
 def test_a_full_tmpfs_share_sends_checkpoints_to_disk_with_one_warning(
@@ -154,7 +158,7 @@ def test_a_full_tmpfs_share_sends_checkpoints_to_disk_with_one_warning(
     durable = tmp_path / "durable"
     saver = AtomicDirectory(durable)
     paths = [save_files(saver, step, size=300_000) for step in range(4)]  # 1.2 MB each
-    in_memory = memory_root(memory_on_small_tmpfs, durable)
+    in_memory = memory_on_small_tmpfs
     assert [p.parent for p in paths] == [in_memory] + [durable] * 3
     assert sum("memory tier" in r.message and "full" in r.message for r in caplog.records) == 1
     assert AtomicDirectory(durable).latest_checkpoint() == str(paths[-1])
@@ -179,7 +183,7 @@ def test_a_first_dcp_save_larger_than_the_tmpfs_goes_to_disk_with_one_warning(
     loaded = {"w": torch.zeros(1_500_000)}
     assert AtomicDirectory(durable).load(loaded, checkpoint=first.directory.rsplit("_", 1)[1])
     assert torch.equal(loaded["w"], big["w"])
-    in_memory = memory_root(memory_on_small_tmpfs, durable)
+    in_memory = memory_on_small_tmpfs
     assert not list(in_memory.glob("AtomicDirectory_checkpoint_*")), "the failed save is gone"
 
 
@@ -202,7 +206,7 @@ def test_a_plain_script_whose_first_checkpoint_filled_the_tmpfs_saves_to_disk_af
                              capture_output=True, text=True, env=environment)
     # torch.save says "unexpected pos" where the disk is full (DiskFull knows it too).
     assert crashed.returncode != 0 and "unexpected pos" in crashed.stderr, crashed.stderr
-    in_memory = memory_root(memory_on_small_tmpfs, durable)
+    in_memory = memory_on_small_tmpfs
     assert list(in_memory.glob("AtomicDirectory_checkpoint_*")), "the crash left a torn one"
     # The rerun (cycle run's restart) saves the same checkpoint: on disk this time, committed.
     saver = AtomicDirectory(durable)
@@ -306,3 +310,82 @@ def test_a_memory_manifest_naming_a_file_outside_is_never_copied(
                 CheckpointName("AtomicDirectory", 1, False))
     assert not list(tmp_path.rglob("escaped.pt"))
     assert not (durable / "AtomicDirectory_checkpoint_1").exists()
+
+
+def test_resume_from_finds_its_checkpoint_in_either_tier_for_latest_checkpoint(
+        tier: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    durable, memory = tier
+    saved(durable, 5)  # K = 3: 0 and 3 persisted; memory keeps 3 and 4
+    assert indices(durable) == [0, 3] and indices(memory) == [3, 4]
+    for requested, where in (("0", durable), ("AtomicDirectory_checkpoint_0", durable),
+                             ("4", memory), ("3", memory)):
+        monkeypatch.setenv(ENV_RESUME_FROM, requested)
+        found = AtomicDirectory(durable).latest_checkpoint()
+        assert found == str(where / f"AtomicDirectory_checkpoint_{requested[-1]}"), requested
+
+
+TOO_BIG_FOR_MEMORY = """
+import sys, torch
+from pathlib import Path
+from cycler import AtomicDirectory, atomic_torch_save
+saver = AtomicDirectory(sys.argv[1])
+directory = Path(saver.prepare_checkpoint_directory())
+atomic_torch_save({"w": torch.zeros(1_500_000)}, directory / "model.pt")  # 6 MB into 4
+saver.symlink_latest(directory)
+print(directory.parent)
+"""
+
+
+def test_a_first_checkpoint_too_big_for_memory_fails_once_whatever_removed_its_files(
+        tmp_path: Path, memory_on_small_tmpfs: Path) -> None:
+    """cycler's atomic_torch_save removes its temporary when the tmpfs is full, so nothing in
+    memory shows how big the checkpoint was: the overflow is remembered in the checkpoint root
+    and the next process saves there."""
+    durable = tmp_path / "durable"
+    runs = [subprocess.run([sys.executable, "-c", TOO_BIG_FOR_MEMORY, str(durable)],
+                           capture_output=True, text=True) for _ in range(2)]
+    assert runs[0].returncode != 0 and "no space left" in runs[0].stderr, runs[0].stderr
+    assert runs[1].returncode == 0, runs[1].stderr
+    assert runs[1].stdout.strip() == str(durable)
+    assert indices(durable) == [1]
+
+
+SAVES_FOREVER = """
+import sys, torch
+from pathlib import Path
+from cycler import AtomicDirectory
+saver = AtomicDirectory(sys.argv[1], keep_last=2)
+found = saver.latest_checkpoint()
+step = 0 if found is None else torch.load(Path(found) / "step.pt")["step"] + 1
+print("saving", flush=True)
+for _ in range(int(sys.argv[2])):
+    directory = Path(saver.prepare_checkpoint_directory())
+    for part in range(8):
+        torch.save({"w": torch.full((65536,), float(step))}, directory / f"part-{part}.pt")
+    torch.save({"step": step}, directory / "step.pt")
+    saver.symlink_latest(directory, metadata={"step": step})
+    step += 1
+"""
+
+
+def test_kill_9_during_background_persists_leaves_nothing_partial_in_the_checkpoint_root(
+        tier: tuple[Path, Path]) -> None:
+    """Persists (every 3rd checkpoint, 2 MB each) and the durable root's retention run in the
+    background of a process killed with SIGKILL at random moments, again and again: every
+    restart goes on from the newest commit, and after the next start the checkpoint root holds
+    no torn directory older than its newest commit and no leftover of a cut removal."""
+    durable, _ = tier
+    rng = random.Random(3)
+    for _ in range(12):
+        process = subprocess.Popen([sys.executable, "-c", SAVES_FOREVER, str(durable), "1000"],
+                                   stdout=subprocess.PIPE, text=True)
+        assert process.stdout is not None and process.stdout.readline() == "saving\n"
+        time.sleep(rng.uniform(0.05, 0.8))
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    subprocess.run([sys.executable, "-c", SAVES_FOREVER, str(durable), "4"], check=True,
+                   stdout=subprocess.DEVNULL)
+    checkpoints = list_checkpoints(durable, commit_state_only=True)
+    newest = max(c.index for c in checkpoints if c.valid)
+    assert [c.path.name for c in checkpoints if not c.valid and c.index < newest] == []
+    assert [e for e in os.listdir(durable) if _fs.TEMP_MARKER in e] == []

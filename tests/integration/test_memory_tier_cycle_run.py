@@ -20,7 +20,7 @@ import torch
 from gloo_ranks import free_port
 
 from cycler import EXIT_REQUEUE, EXIT_SUCCESS, latest_checkpoint, list_checkpoints, read_manifest
-from cycler.checkpoint.tiers import memory_root
+from cycler.checkpoint.memory_roots import memory_base, memory_root
 
 pytestmark = pytest.mark.e2e
 
@@ -101,7 +101,7 @@ def training_workers(process: subprocess.Popen[str]) -> list[psutil.Process]:
 def test_a_crash_restarts_from_memory_and_ends_bit_identical(tmp_path: Path,
                                                              reference: Path) -> None:
     root, shm, final = tmp_path / "checkpoints", tmp_path / "shm", tmp_path / "weights.pt"
-    memory = memory_root(shm, root)
+    memory = memory_root(memory_base(shm), root)
     process = start(root, final, "--memory-dir", str(shm), "--persist-every", "4")
     newest_in_memory, newest_durable = wait_for_memory_only_checkpoint(root, memory, process)
     workers = training_workers(process)
@@ -120,7 +120,7 @@ def test_a_crash_restarts_from_memory_and_ends_bit_identical(tmp_path: Path,
 
 def test_a_stop_persists_its_checkpoint_before_exit_75(tmp_path: Path, reference: Path) -> None:
     root, shm, final = tmp_path / "checkpoints", tmp_path / "shm", tmp_path / "weights.pt"
-    memory = memory_root(shm, root)
+    memory = memory_root(memory_base(shm), root)
     process = start(root, final, "--memory-dir", str(shm), "--persist-every", "100")
     wait_for_memory_only_checkpoint(root, memory, process)
     process.send_signal(signal.SIGTERM)
@@ -143,7 +143,7 @@ def test_a_stop_of_two_nodes_persists_both_nodes_files_before_exit_75_and_resume
     """The memory tier on two nodes: node 1's SIGTERM stops both; the stop's checkpoint, whose
     files are in two nodes' memories, is whole in the checkpoint root before exit 75."""
     root, shm, final = tmp_path / "checkpoints", tmp_path / "shm", tmp_path / "weights.pt"
-    memories = [memory_root(shm / f"node{rank}", root) for rank in (0, 1)]
+    memories = [memory_root(memory_base(shm / f"node{rank}"), root) for rank in (0, 1)]
     nodes = start_two_nodes(root, final, shm, "--persist-every", "100")
     wait_for_memory_only_checkpoint(root, memories[0], nodes[0])
     nodes[1].send_signal(signal.SIGTERM)
@@ -169,7 +169,7 @@ def test_kill_9_of_node_1s_worker_at_random_moments_of_the_partner_copies_ends_e
     import random
 
     root, shm, final = tmp_path / "checkpoints", tmp_path / "shm", tmp_path / "weights.pt"
-    memories = [memory_root(shm / f"node{rank}", root) for rank in (0, 1)]
+    memories = [memory_root(memory_base(shm / f"node{rank}"), root) for rank in (0, 1)]
     nodes = start_two_nodes(root, final, shm, "--persist-every", "3")
     rng = random.Random(18)
     resumes = 0

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cycler import EXIT_REQUEUE, EXIT_SUCCESS, list_checkpoints
-from cycler.checkpoint.tiers import memory_root
+from cycler.checkpoint.memory_roots import memory_base, memory_root
 from cycler.protocol.events import read_events
 from cycler.protocol.exit_codes import EXIT_NOT_PERSISTED
 
@@ -99,7 +99,7 @@ def assert_newest_only_in_memory(output: str, code: int, root: Path, memory: Pat
 def test_an_end_whose_newest_checkpoint_is_only_in_memory_is_not_exit_0(
         tmp_path: Path, root_tmpfs: Path) -> None:
     root = root_tmpfs / "ck"
-    memory = memory_root(tmp_path / "shm", root)
+    memory = memory_root(memory_base(tmp_path / "shm"), root)
     process = start(tmp_path, root, steps=40)
     wait_for(lambda: valid(root), process, "a first persisted checkpoint")
     fill(root_tmpfs)
@@ -111,7 +111,7 @@ def test_an_end_whose_newest_checkpoint_is_only_in_memory_is_not_exit_0(
 def test_a_stop_whose_checkpoint_did_not_reach_the_root_is_not_exit_75(
         tmp_path: Path, root_tmpfs: Path) -> None:
     root = root_tmpfs / "ck"
-    memory = memory_root(tmp_path / "shm", root)
+    memory = memory_root(memory_base(tmp_path / "shm"), root)
     process = start(tmp_path, root, steps=1000)
     wait_for(lambda: valid(root), process, "a first persisted checkpoint")
     fill(root_tmpfs)

@@ -20,11 +20,11 @@ from cycler.checkpoint.atomic_directory import AtomicDirectory
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import CheckpointWarning, inspect_checkpoint
 from cycler.checkpoint.manifest import check_files, read_manifest
+from cycler.checkpoint.memory_roots import memory_root
 from cycler.checkpoint.nodes.assembly import assembly_plan
 from cycler.checkpoint.nodes.node_commit import JOB_MANIFEST_NAME, node_files
 from cycler.checkpoint.nodes.partner_copy import replica_path
 from cycler.checkpoint.saving import atomic_torch_save
-from cycler.checkpoint.tiers import memory_root
 from cycler.protocol.environment import ENV_MEMORY_TIER, ENV_PERSIST_EVERY
 
 PER_NODE = 2
@@ -37,9 +37,10 @@ def _node() -> int:
 
 def _on_node(root: Path, persist_every: int) -> Path:
     """This rank's memory tier: one base directory per node, as on separate machines."""
-    os.environ[ENV_MEMORY_TIER] = str(root / f"memory-node{_node()}")
+    durable = root / "checkpoints"
+    os.environ[ENV_MEMORY_TIER] = str(memory_root(root / f"memory-node{_node()}", durable))
     os.environ[ENV_PERSIST_EVERY] = str(persist_every)
-    return root / "checkpoints"
+    return durable
 
 
 def _saver(durable: Path) -> AtomicDirectory:
@@ -60,7 +61,7 @@ def _save(saver: AtomicDirectory, step: int) -> Path:
 
 
 def _memory(durable: Path) -> CheckpointLayout:
-    return CheckpointLayout(memory_root(os.environ[ENV_MEMORY_TIER], durable))
+    return CheckpointLayout(os.environ[ENV_MEMORY_TIER])
 
 
 def _name(index: int) -> CheckpointName:
@@ -158,7 +159,8 @@ def check_a_corrupt_memory_copy_falls_back_to_an_older_one_then_to_the_checkpoin
     if dist.get_rank() == PER_NODE:  # one bit of node 1's own copy of checkpoint 3 flips
         _flip_a_bit(memory.path_of(_name(3)) / "rank-2.pt")
     dist.barrier()
-    with pytest.warns(CheckpointWarning, match="node 1: rank-2.pt does not match its checksum"):
+    with pytest.warns(CheckpointWarning,
+                      match="node 1: damaged: rank-2.pt does not match its checksum"):
         latest = _saver(durable).latest_checkpoint()
     assert latest == str(memory.path_of(_name(2)))  # the older memory one, not the disk's 0
     _loads_as_saved(Path(latest), 2)

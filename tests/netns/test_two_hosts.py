@@ -38,9 +38,9 @@ from hosts import Host
 from cycler import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS, latest_checkpoint, read_manifest
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.checkpoint.manifest import check_files
+from cycler.checkpoint.memory_roots import memory_base, memory_root
 from cycler.checkpoint.nodes.node_commit import node_files
 from cycler.checkpoint.nodes.partner_copy import replica_path
-from cycler.checkpoint.tiers import memory_root
 from cycler.protocol.events import read_events
 
 pytestmark = pytest.mark.netns
@@ -292,7 +292,7 @@ def test_a_node_whose_memory_is_wiped_restarts_from_its_partners_copy_and_ends_e
 
     root, final = tmp_path / "ck", tmp_path / "final.pt"
     with tmpfs(tmp_path / "shm0") as shm0, tmpfs(tmp_path / "shm1") as shm1:
-        memories = [CheckpointLayout(memory_root(shm, root)) for shm in (shm0, shm1)]
+        memories = [CheckpointLayout(memory_root(memory_base(shm), root)) for shm in (shm0, shm1)]
         flags = (("--memory-dir", str(shm0)), ("--memory-dir", str(shm1)))
         with job(hosts, root, final, flags=("--persist-every", "1000"),
                  node_flags=flags) as nodes:
@@ -300,7 +300,7 @@ def test_a_node_whose_memory_is_wiped_restarts_from_its_partners_copy_and_ends_e
             worker = nodes[1].worker()
             worker.suspend()  # nothing more is written on node 1 from here
             durable = [name.index for name in CheckpointLayout(root).checkpoint_names()]
-            shutil.rmtree(memories[1].root)
+            shutil.rmtree(memories[1].root.parent)  # the user's base, with the memory root
             assert not any(shm1.iterdir())
             worker.kill()
             wait_for_text(nodes[0], "[train] resumed from")

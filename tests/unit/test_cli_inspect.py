@@ -314,6 +314,8 @@ def test_status_counts_the_checkpoints_only_in_memory_not_the_index_gaps(
     make_checkpoints(memory, 10)
     for index in (6, 7, 8):  # removed by the memory tier's retention
         shutil.rmtree(memory / f"AtomicDirectory_checkpoint_{index}")
+    for private in (tmp_path, memory):  # a memory tier is listed only where it is private
+        private.chmod(0o700)
     record = CheckpointLayout(root).memory_tier_record_path
     record.write_text(json.dumps({"root": str(memory), "host": socket.gethostname()}))
     shown = status_json(root)["memory"]

@@ -282,7 +282,7 @@ def test_standalone_ignores_the_schedulers_node_count_but_not_a_given_one():
 
 def test_the_memory_tier_reaches_one_nodes_workers_with_its_persist_interval(
         tmp_path: Path) -> None:
-    from cycler.checkpoint.tiers import DEFAULT_MEMORY_DIR, memory_root
+    from cycler.checkpoint.memory_roots import DEFAULT_MEMORY_DIR, memory_base, memory_root
     from cycler.protocol.environment import ENV_MEMORY_TIER, ENV_PERSIST_EVERY
 
     options = resolve_run_options(script="train.py", environ={},
@@ -290,26 +290,27 @@ def test_the_memory_tier_reaches_one_nodes_workers_with_its_persist_interval(
                                          "checkpoint_dir": tmp_path / "ck"})
     assert options.memory_tier == DEFAULT_MEMORY_DIR
     assert options.memory_layout is not None
-    assert options.memory_layout.root == memory_root(DEFAULT_MEMORY_DIR, tmp_path / "ck")
+    assert options.memory_layout.root == memory_root(memory_base(), tmp_path / "ck")
     env = worker_environment(options, start_number=0, resume_from=None, environ={})
-    assert env[ENV_MEMORY_TIER] == str(DEFAULT_MEMORY_DIR) and env[ENV_PERSIST_EVERY] == "7"
+    # The job's memory root, computed once by cycle run: the workers take it as it is.
+    assert env[ENV_MEMORY_TIER] == str(options.memory_layout.root)
+    assert env[ENV_PERSIST_EVERY] == "7"
     off = resolve_run_options(script="train.py", environ={}, flags={})
     assert ENV_MEMORY_TIER not in worker_environment(off, start_number=0, resume_from=None,
                                                      environ={})
 
 
 def test_the_memory_tier_reaches_the_workers_of_every_node() -> None:
-    from cycler.checkpoint.tiers import DEFAULT_MEMORY_DIR
     from cycler.protocol.environment import ENV_MEMORY_TIER
 
     options = resolve_run_options(script="train.py", environ=ISC, flags={"memory_tier": True})
     assert options.nnodes == 2 and options.memory_layout is not None
     env = worker_environment(options, start_number=0, resume_from=None, environ={})
-    assert env[ENV_MEMORY_TIER] == str(DEFAULT_MEMORY_DIR)
+    assert env[ENV_MEMORY_TIER] == str(options.memory_layout.root)
 
 
 @pytest.mark.parametrize(("text", "expected"), [
-    ("memory_tier: true", "/dev/shm/cycler"), ("memory-tier: /mnt/ram", "/mnt/ram"),
+    ("memory_tier: true", "/dev/shm"), ("memory-tier: /mnt/ram", "/mnt/ram"),
     ("memory_tier: false", None)])
 def test_the_config_file_turns_the_memory_tier_on_or_points_it(
         tmp_path: Path, text: str, expected: str | None) -> None:

@@ -124,7 +124,7 @@ def assemble(memory: CheckpointLayout, plan: Mapping[str, Any], nodes: Nodes, gr
         return problem
     try:
         _fs.fsync_directory(own)
-        finalize(memory, name, job)
+        finalize(memory, name, job, private=True)
     except OSError as error:
         return f"node {nodes.node}: {error}"
     return None

@@ -15,6 +15,7 @@ from cycler.checkpoint.manifest import Manifest, check_files
 from cycler.checkpoint.nodes.node_commit import check_names
 from cycler.checkpoint.nodes.topology import Nodes
 from cycler.checkpoint.nodes.transport import swap_bytes, swap_files
+from cycler.checkpoint.private_dirs import restrict_tree
 from cycler.errors import CorruptCheckpoint, CyclerError
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ def replicate(memory: CheckpointLayout, name: CheckpointName, nodes: Nodes, grou
         if problem is not None:
             raise CorruptCheckpoint(f"the copy of node {nodes.source}'s {name}: {problem}")
         _fs.atomic_write_bytes(target / MANIFEST_NAME, theirs_bytes)
+        restrict_tree(target)
     except BaseException:
         _fs.remove_logged(_fs.discard_directory, target, "unfinished partner copy")
         raise

@@ -1,0 +1,240 @@
+"""Where the memory tier lives, and whose it is (DESIGN.md, "Tiers" and "Shared places belong
+to the user").
+
+::
+
+    /dev/shm/cycler-<uid>/                  the user's base (or $XDG_RUNTIME_DIR/cycler), 0700
+      <root name>-<sha256 of its path>/     a job's memory root, 0700
+        .cycler/memory-owner.json           the job id, the checkpoint root, cycle run's pid
+        <checkpoints: the checkpoint root's layout, files 0600>
+    <checkpoint root>/.cycler/job-id         the job id: random, made once per checkpoint root
+
+``cycle run`` computes the job's memory root once and hands it to the workers
+(``$CYCLER_MEMORY_TIER``). Before anything in it is read, the base and the root must be private
+directories of the user (:mod:`cycler.checkpoint.private_dirs`) and the root's record must name
+the checkpoint root and its job id: a memory root left by an earlier job whose checkpoint root was
+removed or replaced is never resumed from; being the user's own, it is removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from cycler import _fs
+from cycler.checkpoint.layout import CheckpointLayout, saver_prefixes
+from cycler.checkpoint.listing import list_checkpoints
+from cycler.checkpoint.private_dirs import (
+    PRIVATE_FILE_MODE,
+    check_private,
+    make_private,
+    private_problem,
+)
+from cycler.errors import CheckpointDirectoryError
+from cycler.protocol.names import JOB_ID_FILENAME, MEMORY_OWNER_FILENAME, SUPERVISOR_DIRNAME
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MEMORY_DIR = Path("/dev/shm")
+"""The tmpfs that holds users' memory tiers unless ``--memory-dir`` names another."""
+
+UNOWNED_GRACE_SECONDS = 60.0
+"""How old a memory root without a record must be before a sweep takes it for a leftover
+(younger, it may be one that another ``cycle run`` of the user is making now)."""
+
+
+def memory_base(memory_dir: str | os.PathLike[str] | None = None,
+                environ: Mapping[str, str] | None = None) -> Path:
+    """The user's base for memory roots: ``<memory_dir>/cycler-<uid>``; without a
+    ``memory_dir``, ``$XDG_RUNTIME_DIR/cycler`` where that is a private directory of this
+    user, else ``/dev/shm/cycler-<uid>``."""
+    if memory_dir is None:
+        runtime = (os.environ if environ is None else environ).get("XDG_RUNTIME_DIR", "")
+        if runtime and os.path.isabs(runtime) and is_private(Path(runtime)):
+            return Path(runtime) / "cycler"
+        memory_dir = DEFAULT_MEMORY_DIR
+    return Path(os.path.abspath(memory_dir)) / f"cycler-{os.geteuid()}"
+
+
+def is_private(path: Path) -> bool:
+    """Whether ``path`` is a private directory of the effective user (never raises)."""
+    try:
+        return private_problem(os.lstat(path)) is None
+    except OSError:
+        return False
+
+
+def memory_root(base: str | os.PathLike[str], durable_root: str | os.PathLike[str]) -> Path:
+    """The memory root in ``base`` of the job whose checkpoint root is ``durable_root``: the
+    same for every restart of the job on this node, distinct for two jobs with different
+    roots."""
+    import hashlib
+
+    durable = Path(os.path.abspath(durable_root))
+    digest = hashlib.sha256(str(durable).encode()).hexdigest()[:12]
+    return Path(os.path.abspath(base)) / f"{durable.name or 'root'}-{digest}"
+
+
+def job_id(durable: CheckpointLayout) -> str:
+    """The checkpoint root's job id, made now if it has none (the first writer wins, on any
+    node: the id is linked into place, never overwritten)."""
+    path = durable.supervisor_dir / JOB_ID_FILENAME
+    found = _read_id(path)
+    if found is None:
+        try:
+            durable.supervisor_dir.mkdir(parents=True, exist_ok=True)
+            temporary = _fs.temporary_sibling(path)
+            temporary.write_text(uuid.uuid4().hex)
+            try:
+                os.link(temporary, path)
+                _fs.fsync_directory(path.parent)
+            except FileExistsError:
+                pass  # another node's, or another rank's: that one is the job's
+            finally:
+                temporary.unlink()
+        except OSError as error:
+            raise CheckpointDirectoryError(f"cannot record the job id in {path} "
+                                           f"({error.strerror}); choose a writable "
+                                           "--checkpoint-dir") from None
+        found = _read_id(path)
+    if not found:
+        raise CheckpointDirectoryError(f"{path} does not hold a job id (32 hex digits); "
+                                       "remove it and start again")
+    return found
+
+
+def _read_id(path: Path) -> str | None:
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return ""
+    valid = len(text) == 32 and all(c in "0123456789abcdef" for c in text)
+    return text if valid else ""
+
+
+def prepare_memory_root(root: Path, durable: CheckpointLayout, *, supervisor: bool = False,
+                        ) -> str | None:
+    """Make ``root`` this job's memory root, private, with its record; refuse it
+    (:class:`CheckpointDirectoryError`) when the base or the root is not the user's private
+    directory. A root of this user recorded for another job or checkpoint root is removed
+    first: what was removed and why (a sentence), else ``None``. ``supervisor``: ``cycle
+    run`` records itself as the root's user (a sweep leaves the root of a live one alone)."""
+    if not os.path.lexists(root.parent.parent):  # the tmpfs's directory (library use)
+        _refused_unless_done(lambda path: os.makedirs(path, 0o700, exist_ok=True),
+                             root.parent.parent)
+    make_private(root.parent, "the memory tier's base")
+    identity = job_id(durable)
+    removed = None
+    owner_path = root / SUPERVISOR_DIRNAME / MEMORY_OWNER_FILENAME
+    if os.path.lexists(root):
+        check_private(root, "the memory root")
+        owner = _fs.read_json_object(owner_path)
+        # No record yet: another rank of this node is making the root right now.
+        if os.path.lexists(owner_path) and not _belongs_to(owner, identity, durable):
+            removed = (f"removed the memory tier {root}: it belonged to another job of "
+                       f"{owner.get('durable_root') or 'an unknown checkpoint root'}")
+            _refused_unless_done(_fs.discard_directory, root)
+    make_private(root, "the memory root")
+    make_private(root / SUPERVISOR_DIRNAME, "the memory root's record directory")
+    if supervisor or not os.path.lexists(owner_path):
+        record = {"job": identity, "durable_root": os.path.realpath(durable.root),
+                  "supervisor": _this_process() if supervisor else None}
+        _refused_unless_done(_write_private, owner_path, json.dumps(record).encode())
+    return removed
+
+
+def _refused_unless_done(work: Callable[..., None], path: Path, *args: object) -> None:
+    try:
+        work(path, *args)
+    except OSError as error:
+        why = "no room left" if _fs.caused_by_full_disk(error) else error.strerror or error
+        raise CheckpointDirectoryError(f"cannot prepare the memory root: {path} ({why}); "
+                                       "free some room or choose another --memory-dir"
+                                       ) from None
+
+
+def _belongs_to(owner: Mapping[str, object], identity: str, durable: CheckpointLayout) -> bool:
+    return (owner.get("job") == identity
+            and owner.get("durable_root") == os.path.realpath(durable.root))
+
+
+def _this_process() -> dict[str, object]:
+    return {"host": socket.gethostname(), "pid": os.getpid(),
+            "start": _fs.process_start(os.getpid())}
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    _fs.atomic_write_bytes(path, data, durable=False)
+    os.chmod(path, PRIVATE_FILE_MODE)
+
+
+def sweep_stale_roots(base: Path, keep: Path) -> list[str]:
+    """Remove the user's memory roots in ``base`` (other than ``keep``) that no job can resume
+    from: their checkpoint root is gone or belongs to another job now, or they hold nothing
+    newer than it and no live ``cycle run`` uses them. What was removed, one sentence each;
+    failures are logged, never raised."""
+    said: list[str] = []
+    try:
+        entries = sorted(Path(entry.path) for entry in os.scandir(base))
+    except OSError:
+        return said
+    for path in entries:
+        if path == keep or _fs.is_temporary(path.name) or not is_private(path):
+            continue
+        why = _stale(path)
+        if why is not None and _fs.remove_logged(_fs.discard_directory, path, "memory tier"):
+            said.append(f"removed the memory tier {path}: {why}")
+    return said
+
+
+def _stale(root: Path) -> str | None:
+    """Why the memory root ``root`` is of no use to any job, ``None`` while it may be."""
+    owner = _fs.read_json_object(root / SUPERVISOR_DIRNAME / MEMORY_OWNER_FILENAME)
+    durable = owner.get("durable_root")
+    if not isinstance(durable, str) or not durable:
+        with contextlib.suppress(OSError):
+            if time.time() - os.lstat(root).st_mtime > UNOWNED_GRACE_SECONDS:
+                return "it has no owner record (an older cycler's, or cut short)"
+        return None
+    try:
+        os.stat(durable)
+    except FileNotFoundError:  # only ENOENT means gone: an NFS hiccup is not a removal
+        return f"its checkpoint root {durable} is gone"
+    except OSError:
+        return None
+    layout = CheckpointLayout(durable)
+    if _read_id(layout.supervisor_dir / JOB_ID_FILENAME) != owner.get("job"):
+        return f"its checkpoint root {durable} belongs to another job now"
+    if _alive(owner.get("supervisor")) or _holds_newer(root, Path(durable)):
+        return None
+    return f"everything in it is in {durable} and its job is not running here"
+
+
+def _alive(process: object) -> bool:
+    if not isinstance(process, dict) or process.get("host") != socket.gethostname():
+        return False
+    pid = process.get("pid")
+    return isinstance(pid, int) and _fs.process_start(pid) == process.get("start")
+
+
+def _holds_newer(memory: Path, durable: Path) -> bool:
+    """Whether a saver's newest valid checkpoint in ``memory`` is newer than its newest in
+    ``durable`` (sizes checked, no data read)."""
+    try:
+        for prefix in saver_prefixes(memory):
+            newest = [max((c.index for c in list_checkpoints(root, prefix) if c.valid),
+                          default=-1) for root in (memory, durable)]
+            if newest[0] > newest[1]:
+                return True
+    except OSError:
+        return True  # what cannot be read is not judged useless
+    return False
