@@ -139,6 +139,9 @@ class Supervisor:
         self._tree: WorkerTree | None = None
         self._watchdog: Watchdog | None = None
         self._outcome: RunOutcome | None = None
+        self._exit_said: core.Log | None = None
+        """With the memory tier: the core's exit line, held until the end of job decided the
+        code (a persist that fails changes it)."""
         self._failure: str | None = None
         self._linked = self._links()
         self._started_at = clock()
@@ -348,11 +351,16 @@ class Supervisor:
         if end.removed:
             self._record("memory_tier_removed", root=str(memory.root))
         code = end.exit_code(outcome.exit_code)
+        said, self._exit_said = self._exit_said, None
         if end.failure is None:
+            if said is not None:
+                self._record(said.event, warning=said.warning, **said.fields)
             return outcome
         fields = {"newest": str(end.newest), "error": end.failure, "code": code,
                   "planned": outcome.exit_code}
         self._record("persist_failed", warning=True, **fields)
+        self._record("exit", warning=True, code=code,
+                     reason="the newest checkpoint is only in this node's memory")
         return RunOutcome(code, describe("persist_failed", fields), outcome.failure)
 
     # -- actions ----------------------------------------------------------------------------
@@ -360,7 +368,10 @@ class Supervisor:
     def _execute(self, actions: list[core.SupervisorAction]) -> None:
         actions = requeue_on_foreign_checkpoint(actions, self._config, self._foreign)
         for action in actions:
-            if isinstance(action, core.Log):
+            if isinstance(action, core.Log) and action.event == "exit" \
+                    and self.options.memory_layout is not None:
+                self._exit_said = action  # said once the memory tier's end fixed the code
+            elif isinstance(action, core.Log):
                 self._record(action.event, warning=action.warning, **action.fields)
             elif isinstance(action, core.WriteControl):
                 self._write_control(action.request)

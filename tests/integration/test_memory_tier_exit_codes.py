@@ -92,6 +92,8 @@ def assert_newest_only_in_memory(output: str, code: int, root: Path, memory: Pat
     said = [line for line in output.splitlines() if str(memory) in line and "only" in line]
     assert said, output
     assert "persist_failed error=" not in output, "events are sentences, not raw names"
+    assert "exit 0:" not in output and "exit 75:" not in output, \
+        "the exit said is the one that happens (hostile review: 'exit 0' came before 74)"
     events = read_events(root / ".cycler" / "events-node0.jsonl")
     assert any(e.get("event") == "persist_failed" for e in events)
 
