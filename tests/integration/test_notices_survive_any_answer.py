@@ -92,3 +92,5 @@ def test_a_notice_after_a_malformed_answer_is_still_read(
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1, [r.getMessage() for r in warned]
     assert "keeps polling" in warned[0].getMessage()
+    assert "\n" not in warned[0].getMessage() and "\r" not in warned[0].getMessage(), \
+        "the service's answer is never a line of cycle's log of its own"
