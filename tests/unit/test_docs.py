@@ -3,7 +3,9 @@ name it uses exists, and README's two commands are the ones CI runs."""
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -133,9 +135,29 @@ def resolves(dotted: str) -> bool:
             continue
         try:
             current = importlib.import_module(path)
-        except ImportError:
-            return False
+        except ImportError as error:
+            if error.name is None or error.name.split(".")[0] == "cycler":
+                return False
+            # An optional extra that is not installed (transformers, lightning): the name must
+            # still be defined at the top of the module's source.
+            rest = dotted[len(path) + 1:].split(".")[0] if len(dotted) > len(path) else ""
+            return defined_in_source(path, rest)
     return True
+
+
+def defined_in_source(module: str, name: str) -> bool:
+    """Whether ``module``'s source (not executed) exists and defines ``name`` at its top."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        return False
+    if not name:
+        return True
+    tree = ast.parse(Path(spec.origin).read_text())
+    defined = {node.name for node in tree.body
+               if isinstance(node, ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef)}
+    defined |= {target.id for node in tree.body if isinstance(node, ast.Assign)
+                for target in node.targets if isinstance(target, ast.Name)}
+    return name in defined
 
 
 def quickstart_commands() -> list[str]:
