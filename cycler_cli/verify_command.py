@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,9 @@ import typer
 from cycler.errors import ConfigError
 from cycler_cli import render
 from cycler_cli.errors import exit_on_cycler_error
+
+CYCLE_RUN = (sys.executable, "-m", "cycler_cli", "run")
+"""How verify starts each ``cycle run``: this interpreter, this CLI."""
 
 HELP = (
     "Prove that a stopped and resumed run of SCRIPT ends identical to an uninterrupted one. "
@@ -51,7 +55,8 @@ def register(app: typer.Typer) -> None:
         run_args = list(command or [])
         with exit_on_cycler_error():
             _refuse_own_root(app, ctx, run_args)
-            options = VerifyOptions(run_args=run_args, stops=stops, kills=kills, seed=seed,
+            options = VerifyOptions(run_args=run_args, cycle_run=CYCLE_RUN, stops=stops,
+                                    kills=kills, seed=seed,
                                     determinism_check=determinism_check,
                                     scratch_dir=scratch_dir, keep=keep)
             with render.verify_progress(enabled=not as_json) as (progress, compared):

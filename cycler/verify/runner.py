@@ -87,9 +87,11 @@ Progress = Callable[[str, int, int], None]
 class Runner:
     """Starts ``cycle run`` with the user's options, in a scratch directory of its own."""
 
-    def __init__(self, run_args: list[str], scratch: Path, *,
+    def __init__(self, cycle_run: Sequence[str], run_args: list[str], scratch: Path, *,
                  environ: Mapping[str, str] | None = None,
                  progress: Progress = lambda name, step, kept: None) -> None:
+        self.cycle_run = list(cycle_run)
+        """The command that starts ``cycle run`` (the CLI's own: the library never names it)."""
         self.run_args = run_args
         self.scratch = scratch
         source = os.environ if environ is None else environ
@@ -130,8 +132,8 @@ class Runner:
     def _one_start(self, record: RunRecord, pending: list[Interruption], log: IO[bytes],
                    count_delay: float) -> int:
         """One ``cycle run`` until it exits; a planned stop ends it, a planned kill does not."""
-        command = [sys.executable, "-m", "cycler_cli", "run", "--checkpoint-dir",
-                   str(record.capture.root), *self.run_args]
+        command = [*self.cycle_run, "--checkpoint-dir", str(record.capture.root),
+                   *self.run_args]
         log.write(f"$ {' '.join(command)}\n".encode())
         log.flush()
         guarded = [sys.executable, "-c", _STOPPED_WITH_VERIFY, str(os.getpid()), *command]

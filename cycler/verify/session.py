@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import random
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +59,8 @@ class VerifyOptions:
 
     run_args: list[str]
     """``cycle run`` options, then SCRIPT and its arguments (passed through unchanged)."""
+    cycle_run: Sequence[str] = ()
+    """The command that starts ``cycle run`` (given by the CLI, which is what knows it)."""
     stops: int = 3
     """Stops (the stop signal, then a fresh start) of the interrupted run."""
     kills: int = 0
@@ -73,6 +75,8 @@ class VerifyOptions:
     """Keep the runs' checkpoints even when identical."""
 
     def __post_init__(self) -> None:
+        if not self.cycle_run:
+            raise ConfigError("cycle verify needs the command that starts cycle run")
         if not self.run_args:
             raise ConfigError("cycle verify needs the script to run: cycle verify [OPTIONS] "
                               "SCRIPT [ARGS]...")
@@ -90,7 +94,7 @@ def verify(options: VerifyOptions, progress: Progress = lambda name, step, kept:
     when the runs are identical (unless ``options.keep``) and kept, and named, otherwise."""
     seed = options.seed if options.seed is not None else random.randrange(1 << 31)
     scratch = make_scratch(options.scratch_dir)
-    runner = Runner(options.run_args, scratch, progress=progress)
+    runner = Runner(options.cycle_run, options.run_args, scratch, progress=progress)
     try:
         result = _verify(options, runner, seed, compared)
     except ConfigError:

@@ -145,3 +145,17 @@ def test_the_core_imports_no_integration_nor_its_stack() -> None:
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             wrong += [f"{module} imports {n}" for n in names if n.startswith(stacks)]
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_library_never_names_the_cli_nor_typer() -> None:
+    """The arrow runs cycler_cli -> cycler only, also through a subprocess's command line: a
+    library that starts ``python -m cycler_cli`` would need the CLI installed beside it."""
+    wrong = []
+    for module, path in all_modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [node.value] if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and len(node.value) < 40 else []
+            wrong += [f"{module}: {n}" for n in names if n.split(".")[0] in ("cycler_cli", "typer")]
+    assert not wrong, "\n".join(wrong)
