@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 from cycle_jobs import Job
+from tmpfs import mounted_tmpfs
 
 
 @pytest.fixture
@@ -28,13 +28,5 @@ def jobs() -> Iterator[list[Job]]:
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A real 4 MB tmpfs mounted for the test (skipped where mounting needs root)."""
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.strip()}): needs root")
-    try:
+    with mounted_tmpfs(tmp_path / "tmpfs", "4m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)

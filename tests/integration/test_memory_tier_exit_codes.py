@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tmpfs import mounted_tmpfs
 
 from cycler import EXIT_REQUEUE, EXIT_SUCCESS, list_checkpoints
 from cycler.checkpoint.memory_roots import memory_base, memory_root
@@ -43,16 +44,8 @@ c.close()
 @pytest.fixture
 def root_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A real 8 MB tmpfs for the checkpoint root (skipped where mounting needs root)."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.strip()}): needs root")
-    try:
+    with mounted_tmpfs(tmp_path / "small", "8m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def start(tmp_path: Path, root: Path, steps: int) -> subprocess.Popen[str]:
