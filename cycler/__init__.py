@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from cycler.protocol.control import Action, ControlRequest
     from cycler.protocol.environment import default_checkpoint_root
     from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS, EXIT_USAGE
+    from cycler.training.auto_interval import AutoInterval
     from cycler.training.epochs import (
         EpochLoop,
         current_epoch,
@@ -78,6 +79,7 @@ _PUBLIC = {
     "Action": "cycler.protocol.control",
     "AdvancedTooFarError": "cycler.data.samplers",
     "AtomicDirectory": "cycler.checkpoint.atomic_directory",
+    "AutoInterval": "cycler.training.auto_interval",
     "Checkpoint": "cycler.checkpoint.listing",
     "CheckpointNotFound": "cycler.errors",
     "CheckpointState": "cycler.checkpoint.listing",
@@ -163,6 +165,7 @@ __all__ = [
     "Action",
     "AdvancedTooFarError",
     "AtomicDirectory",
+    "AutoInterval",
     "Checkpoint",
     "CheckpointNotFound",
     "CheckpointState",

@@ -80,6 +80,11 @@ MESSAGES = {
                       "from it",
     "control_unwritable": "cannot write the control file ({error}): the workers are told by "
                           "SIGTERM instead, and the stop may end without a checkpoint",
+    "checkpoint_interval": "checkpoint interval: every {steps} steps (about {seconds:g} s) "
+                           "from a save stall of {stall:g} s and a mean time between failures "
+                           "of {mtbf_hours:g} h ({failures} failures in {wall_hours:g} h)",
+    "checkpoint_interval.first": "checkpoint interval: every {steps} steps (about {seconds:g} "
+                                 "s) until a save's stall is measured",
     "preemption_notices": "polling {cloud}'s metadata service at {endpoint} for preemption "
                           "notices",
 }
@@ -94,7 +99,7 @@ HISTORY = frozenset({
     "requeue_skipped", "exit",
     "hang", "start_failed", "waiting_for_node", "persisted", "memory_tier_removed",
     "persist_failed", "control_unwritable",
-    "checkpoint_committed",
+    "checkpoint_committed", "checkpoint_interval",
 })
 """The events ``cycle status`` shows: what the job went through, not every checkpoint."""
 

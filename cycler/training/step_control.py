@@ -15,7 +15,9 @@ signal. The answer comes from three sources:
 - the control file ``$CYCLER_CONTROL_FILE`` that ``cycle run`` writes: ``checkpoint`` asks for one
   checkpoint, ``checkpoint_and_exit`` for a checkpoint and a stop;
 - ``every_steps``: a checkpoint whenever the global step count is a multiple of it (the same on
-  every rank without communication);
+  every rank without communication); ``"auto"`` (or an :class:`AutoInterval` with limits) lets
+  rank 0 choose the interval from the measured save stall and the job's failure rate
+  (:mod:`cycler.training.auto_interval`) and tell the other ranks in the exchange;
 - ``every_seconds``: a checkpoint when that long has passed since the last one (for platforms that
   stop jobs with no warning). Clocks differ per rank, so any rank's expired timer counts.
 
@@ -57,6 +59,12 @@ from cycler.protocol.control import Action, ControlFileWatcher, ControlRequest
 from cycler.protocol.environment import ENV_CONTROL_FILE
 from cycler.protocol.progress import AFTER_THE_LOOP, PAUSED, beacon
 from cycler.protocol.stop_signals import shield_from_stray_signals
+from cycler.training.auto_interval import (
+    AutoInterval,
+    IntervalChooser,
+    as_auto_interval,
+    events_beside,
+)
 from cycler.training.exchange import Exchange, record_close, starter, wait_or_name_the_missing
 
 STEP_CONTROL_STATE_VERSION = 1
@@ -167,7 +175,7 @@ class StepControl:
     def __init__(
         self,
         *,
-        every_steps: int | None = None,
+        every_steps: int | str | AutoInterval | None = None,
         every_seconds: float | None = None,
         control_file: Path | str | None | _Default = FROM_ENVIRONMENT,
         process_group: Any = None,
@@ -184,7 +192,9 @@ class StepControl:
         ``sync_every`` fixes the steps between exchanges with other ranks; ``None`` adapts them
         to the step time (see the module's docstring for the latency either way).
         ``every_steps`` counts global steps: resuming at ``start_step=1000`` with
-        ``every_steps=100`` checkpoints at 1100, 1200... ``every_seconds`` is measured with
+        ``every_steps=100`` checkpoints at 1100, 1200...; ``every_steps="auto"`` counts the
+        chosen interval from the last checkpoint (:mod:`cycler.training.auto_interval`).
+        ``every_seconds`` is measured with
         ``clock`` from this call or the last checkpoint. ``control_file=None`` ignores the control
         file. Requests written (``requested_at``, wall clock) before ``ignore_requests_before``
         are never acted on. By default every request is: ``cycle run`` resets the control file
@@ -210,6 +220,12 @@ class StepControl:
             float("-inf") if ignore_requests_before is None else ignore_requests_before
         )
         self._group = _distributed_group(process_group)
+        self._auto = as_auto_interval(every_steps)
+        self._interval: int | None = None
+        """The auto interval every rank uses now (steps), once rank 0 chose one."""
+        self._chooser = None if self._auto is None or (
+            self._group is not None and dist.get_rank(self._group) != 0) else IntervalChooser(
+            self._auto, events_beside(self.control_file), clock(), environ)
         self._start = None if self._group is None else starter(self._group)
         self.exchange_timeout = exchange_timeout
         self._exchanges = 0
@@ -252,9 +268,12 @@ class StepControl:
         self._step += 1
         self._steps_taken += 1
         self._beacon.progress(self._step)
+        if self._chooser is not None:
+            self._chooser.tick(self._clock(), self._last_decision.checkpoint)
         if self._last_decision.stop:
             return self._remember(checkpoint=False, stop=True, reason=self._last_decision.reason)
         if self._group is None:
+            self._adopt(self._chooser.proposal if self._chooser is not None else None)
             decision = self._decide(self._take_local_signals())
         else:
             decision = self._decide_together()
@@ -339,6 +358,7 @@ class StepControl:
         pending, self._pending = self._pending, None
         values = self._wait(pending)
         agreed, step_seconds = _Signals.from_list(values), values[3] / 1e6
+        self._adopt(values[4] or None)  # rank 0's proposal; the others sent 0
         # A checkpoint saved after the signals were gathered already answers a checkpoint request
         # or an expired timer: a second one at once would only cost time.
         if self._last_checkpoint_step >= pending.started_at:
@@ -352,7 +372,8 @@ class StepControl:
         self._last_exchange = (self._step, now)
         step_micros = round((now - last_time) * 1e6 / max(1, self._step - last_step))
         values = self._take_local_signals().to_list() + [
-            min(_MICROSECONDS_LIMIT, max(0, step_micros))
+            min(_MICROSECONDS_LIMIT, max(0, step_micros)),
+            min(_MICROSECONDS_LIMIT, self._chooser.proposal or 0) if self._chooser else 0,
         ]
         self._pending = Exchange(self._exchanges, self._step, self._start(values, self._group))
         self._exchanges += 1
@@ -391,8 +412,21 @@ class StepControl:
             self.last_request = request
             self._requested = _Signals(stop=self._requested.stop, checkpoint=True)
 
+    def _adopt(self, interval: int | None) -> None:
+        """Checkpoint every ``interval`` steps from now on (the same step on every rank)."""
+        if interval is not None and interval != self._interval:
+            self._interval = interval
+            if self._chooser is not None:
+                self._chooser.adopt(interval, self._clock())
+
+    def _scheduled(self) -> bool:
+        if self._auto is not None:
+            return (self._interval is not None
+                    and self._step - self._last_checkpoint_step >= self._interval)
+        return isinstance(self.every_steps, int) and self._step % self.every_steps == 0
+
     def _decide(self, signals: _Signals) -> StepDecision:
-        scheduled = self.every_steps is not None and self._step % self.every_steps == 0
+        scheduled = self._scheduled()
         if not (scheduled or signals.any):
             return self._remember(checkpoint=False, stop=False, reason="")
         self._last_checkpoint_step = self._step
@@ -408,7 +442,8 @@ class StepControl:
         if signals.checkpoint:
             reasons.append("checkpoint requested")
         if scheduled:
-            reasons.append(f"every {self.every_steps} steps")
+            reasons.append(f"every {self._interval if self._auto else self.every_steps} steps"
+                           + (" (auto)" if self._auto else ""))
         if signals.timer:
             reasons.append(f"every {self.every_seconds:g} seconds")
         return ", ".join(reasons)
@@ -421,14 +456,16 @@ class StepControl:
 
 
 def _validate(
-    every_steps: int | None,
+    every_steps: int | str | AutoInterval | None,
     every_seconds: float | None,
     sync_every: int | None,
     poll_interval: float,
     start_step: int,
 ) -> None:
-    if every_steps is not None and (not isinstance(every_steps, int) or every_steps < 1):
-        raise ConfigError(f"every_steps must be an int >= 1 or None, got {every_steps!r}")
+    if every_steps is not None and as_auto_interval(every_steps) is None and (
+            not isinstance(every_steps, int) or every_steps < 1):
+        raise ConfigError(f"every_steps must be an int >= 1, \"auto\", an AutoInterval or "
+                          f"None, got {every_steps!r}")
     if every_seconds is not None and not every_seconds > 0:
         raise ConfigError(f"every_seconds must be a number > 0 or None, got {every_seconds!r}")
     if sync_every is not None and (not isinstance(sync_every, int) or sync_every < 1):

@@ -7,7 +7,7 @@ import cycler
 EXPECTED = {
     "EXIT_FAILURE", "EXIT_REQUEUE", "EXIT_SUCCESS", "EXIT_USAGE", "IS_TORCH_CYCLER", "Action",
     "AdvancedTooFarError",
-    "AtomicDirectory", "Checkpoint", "CheckpointNotFound", "CheckpointState",
+    "AtomicDirectory", "AutoInterval", "Checkpoint", "CheckpointNotFound", "CheckpointState",
     "CheckpointWarning", "ConfigError", "ControlRequest", "CoordinationTimeout",
     "CorruptCheckpoint", "CyclerError", "DatasetNotFound", "DistributedShardedDataset",
     "EpochLoop", "InterruptableDistributedGroupedBatchSampler",
