@@ -208,7 +208,10 @@ class IntervalChooser:
         elif after_checkpoint:
             self._stalls.append(max(took - self._step_seconds, 0.0))
         else:
-            self._step_seconds += STEP_TIME_WEIGHT * (took - self._step_seconds)
+            # Clipped at twice the average: one long pause between steps (an evaluation, a
+            # collection) must not make the steps look long, which would shorten the interval.
+            self._step_seconds += STEP_TIME_WEIGHT * (
+                min(took, 2 * self._step_seconds) - self._step_seconds)
             if self.proposal is not None:
                 return
         self._propose(now)
