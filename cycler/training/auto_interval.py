@@ -159,6 +159,14 @@ def failures_in(figures: Goodput) -> int:
                if i.kind != "stop" or i.parts.get("redone", 0.0) > 0)
 
 
+def _read_history(events: Path | None) -> FailureHistory:
+    """The job's history, or none when its log cannot be read (then the prior alone counts)."""
+    try:
+        return FailureHistory.from_events(read_events(events)) if events else FailureHistory()
+    except (OSError, UnicodeError):
+        return FailureHistory()
+
+
 def events_beside(control_file: Path | None) -> Path | None:
     """This node's events log, beside its control file (``None`` without ``cycle run``)."""
     if control_file is None:
@@ -177,8 +185,7 @@ class IntervalChooser:
                  environ: Mapping[str, str] | None = None) -> None:
         self.limits = limits
         self._events = events
-        self._history = FailureHistory.from_events(read_events(events)) if events else \
-            FailureHistory()
+        self._history = _read_history(events)
         self._prior = limits.mtbf_prior or prior_mtbf(environ)
         self._started = now
         self._stalls: deque[float] = deque(maxlen=STALL_WINDOW)
@@ -203,9 +210,10 @@ class IntervalChooser:
         if last is None:
             return
         took = now - last
-        if self._step_seconds is None:
+        if not self._step_seconds:  # none measured yet, or a clock that stood still
             self._step_seconds = took
-        elif after_checkpoint:
+            return
+        if after_checkpoint:
             self._stalls.append(max(took - self._step_seconds, 0.0))
         else:
             # Clipped at twice the average: one long pause between steps (an evaluation, a
@@ -236,7 +244,7 @@ class IntervalChooser:
         self.adopted = steps
         fields = self._fields(steps, now)
         print(f"cycler: {describe(EVENT, fields)}", file=sys.stderr, flush=True)
-        if self._events is not None:
+        if self._events is not None and self._events.is_file():  # made by cycle run's start
             try:
                 EventLog(self._events).append(EVENT, **fields)
             except OSError:

@@ -204,6 +204,7 @@ def test_each_change_is_an_event_in_the_jobs_log(tmp_path: Path) -> None:
     supervisor = tmp_path / ".cycler"
     supervisor.mkdir()
     control_file = supervisor / "control-node0.json"
+    (supervisor / "events-node0.jsonl").touch()  # cycle run's start made it
     clock = FakeClock()
     control = StepControl(every_steps=AutoInterval(min_seconds=5.0, mtbf_prior=3600.0),
                           control_file=control_file, clock=clock)
@@ -214,3 +215,31 @@ def test_each_change_is_an_event_in_the_jobs_log(tmp_path: Path) -> None:
     assert records[0]["path"] == "first" and records[0]["steps"] == 50
     assert records[1]["stall"] == pytest.approx(0.5, abs=0.01)
     assert records[1]["steps"] == control._interval
+
+
+def test_without_cycle_runs_events_log_no_event_is_written(tmp_path: Path) -> None:
+    clock = FakeClock()
+    control = StepControl(every_steps=AutoInterval(min_seconds=5.0),
+                          control_file=tmp_path / "control-node0.json", clock=clock)
+    run_steps(control, clock, 200, step_seconds=0.1, stall=0.5)
+    assert control._interval is not None and not (tmp_path / "events-node0.jsonl").exists()
+
+
+def test_an_unreadable_events_log_leaves_the_prior_alone(tmp_path: Path) -> None:
+    (tmp_path / "events-node0.jsonl").mkdir()  # not a file: reading it fails
+    clock = FakeClock()
+    control = StepControl(every_steps=AutoInterval(min_seconds=5.0, mtbf_prior=3600.0),
+                          control_file=tmp_path / "control-node0.json", clock=clock)
+    saved = run_steps(control, clock, 3000, step_seconds=0.1, stall=0.5)
+    assert saved[0] == 50 and control._interval == pytest.approx(
+        (daly_interval(0.5, 3600.0) + 0.5) / 0.1, rel=0.1)
+
+
+def test_a_clock_that_stood_still_for_a_step_does_not_freeze_the_step_time() -> None:
+    clock = FakeClock()
+    control = StepControl(every_steps=AutoInterval(min_seconds=5.0, mtbf_prior=3600.0),
+                          control_file=None, clock=clock)
+    control.step()
+    control.step()  # no time passed: a step of 0 s
+    saved = run_steps(control, clock, 3000, step_seconds=0.1, stall=0.5)
+    assert 40 <= saved[0] <= 60, saved[:3]
