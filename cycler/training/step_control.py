@@ -270,10 +270,11 @@ class StepControl:
         self._beacon.progress(self._step)
         if self._chooser is not None:
             self._chooser.tick(self._clock(), self._last_decision.checkpoint)
+            if self._group is None:  # alone: no one to tell, the proposal holds at once
+                self._adopt(self._chooser.proposal)
         if self._last_decision.stop:
             return self._remember(checkpoint=False, stop=True, reason=self._last_decision.reason)
         if self._group is None:
-            self._adopt(self._chooser.proposal if self._chooser is not None else None)
             decision = self._decide(self._take_local_signals())
         else:
             decision = self._decide_together()
