@@ -42,6 +42,7 @@ from torch.utils.data import DataLoader
 from cycler.checkpoint.atomic_directory import AtomicDirectory
 from cycler.checkpoint.saving import atomic_torch_save
 from cycler.protocol.environment import default_checkpoint_root
+from cycler.training.auto_interval import EverySteps
 from cycler.training.rng import capture_rng_state, restore_rng_state
 from cycler.training.step_control import StepControl, StepDecision
 
@@ -72,7 +73,7 @@ class CyclerCallback(pl.Callback):
     """
 
     def __init__(self, checkpoint_dir: str | os.PathLike[str] | None = None, *,
-                 exit_on_stop: bool = True, every_steps: int | None = None,
+                 exit_on_stop: bool = True, every_steps: EverySteps = None,
                  every_seconds: float | None = None, keep_last: int = 2) -> None:
         self.checkpoint_dir = checkpoint_dir
         self.exit_on_stop = exit_on_stop

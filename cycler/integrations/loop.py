@@ -41,6 +41,7 @@ from cycler.checkpoint.atomic_directory import AtomicDirectory
 from cycler.checkpoint.saving import atomic_torch_save
 from cycler.errors import ConfigError, StateMismatch
 from cycler.protocol.environment import default_checkpoint_root
+from cycler.training.auto_interval import EverySteps
 from cycler.training.rng import capture_rng_state, restore_rng_state
 from cycler.training.step_control import StepControl
 
@@ -72,7 +73,7 @@ class LoopState:
     """
 
     def __init__(self, checkpoint_dir: str | os.PathLike[str] | None = None, *,
-                 every_steps: int | None = None, every_seconds: float | None = None,
+                 every_steps: EverySteps = None, every_seconds: float | None = None,
                  keep_last: int = 2, **objects: Stateful) -> None:
         self.objects = objects
         self.saver = AtomicDirectory(checkpoint_dir or default_checkpoint_root(),

@@ -42,6 +42,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 from cycler.checkpoint.atomic_directory import AtomicDirectory
 from cycler.errors import ConfigError
 from cycler.protocol.environment import default_checkpoint_root
+from cycler.training.auto_interval import EverySteps
 from cycler.training.step_control import StepControl
 
 TRAINER_STATE = "trainer_state.json"
@@ -73,7 +74,7 @@ class CyclerCallback(TrainerCallback):
     """
 
     def __init__(self, checkpoint_dir: str | os.PathLike[str] | None = None, *,
-                 exit_on_stop: bool = True, every_steps: int | None = None,
+                 exit_on_stop: bool = True, every_steps: EverySteps = None,
                  every_seconds: float | None = None) -> None:
         self.checkpoint_dir = checkpoint_dir
         self.exit_on_stop = exit_on_stop

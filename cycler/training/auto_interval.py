@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from cycler.errors import ConfigError
 from cycler.protocol.events import EventLog, describe, read_events
@@ -126,6 +126,10 @@ class AutoInterval:
         steps = round(seconds / step_seconds) if step_seconds > 0 else self.min_steps
         high = self.max_steps if self.max_steps is not None else 2**31 - 1
         return int(min(max(steps, self.min_steps), high))
+
+
+EverySteps: TypeAlias = "int | str | AutoInterval | None"
+"""What ``every_steps=`` takes: a step count, ``"auto"``, an :class:`AutoInterval` or ``None``."""
 
 
 def as_auto_interval(every_steps: Any) -> AutoInterval | None:

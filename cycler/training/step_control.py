@@ -60,7 +60,7 @@ from cycler.protocol.environment import ENV_CONTROL_FILE
 from cycler.protocol.progress import AFTER_THE_LOOP, PAUSED, beacon
 from cycler.protocol.stop_signals import shield_from_stray_signals
 from cycler.training.auto_interval import (
-    AutoInterval,
+    EverySteps,
     IntervalChooser,
     as_auto_interval,
     events_beside,
@@ -175,7 +175,7 @@ class StepControl:
     def __init__(
         self,
         *,
-        every_steps: int | str | AutoInterval | None = None,
+        every_steps: EverySteps = None,
         every_seconds: float | None = None,
         control_file: Path | str | None | _Default = FROM_ENVIRONMENT,
         process_group: Any = None,
@@ -457,7 +457,7 @@ class StepControl:
 
 
 def _validate(
-    every_steps: int | str | AutoInterval | None,
+    every_steps: EverySteps,
     every_seconds: float | None,
     sync_every: int | None,
     poll_interval: float,
