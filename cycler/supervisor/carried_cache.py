@@ -20,7 +20,7 @@ import json
 import os
 import shutil
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING
 
@@ -32,25 +32,32 @@ if TYPE_CHECKING:
 
 FORMAT = 1
 KEY_MEMBER = "key.json"
-FILES_PREFIX = "cache/"
+CACHE, HEADERS = "cache", "headers"
+"""The member folders: the node cache's files; torch's precompiled C++ headers, which it keeps
+in its default directory whatever ``TORCHINDUCTOR_CACHE_DIR`` says (without them a fresh node
+spends seconds building them again)."""
 MAX_CARRIED_BYTES = 2 << 30
 """A node cache larger than this (2 GiB) is not carried: the root is not a cache store."""
 _LEFT_OUT_SUFFIXES = (".lock",)
 
 
-def pack(directory: Path, carried: Path, key: CacheKey) -> str | None:
-    """Write ``directory``'s files to ``carried`` under ``key`` unless the carried file
-    already holds them (same key, nothing newer in ``directory``); what was done or why
-    not (a sentence), ``None`` when there was nothing to do. Never raises ``OSError``."""
+def pack(sources: Mapping[str, Path], carried: Path, key: CacheKey) -> str | None:
+    """Write the files of ``sources`` (member folder -> directory) to ``carried`` under
+    ``key`` unless the carried file already holds them (same key, nothing newer); what was
+    done or why not (a sentence), ``None`` when there was nothing to do. Never raises
+    ``OSError``."""
     try:
-        files = list(_cache_files(directory))
-        if not files or _up_to_date(carried, files, key):
+        files = [(folder, directory, path) for folder, directory in sources.items()
+                 for path in _cache_files(directory)
+                 if folder != HEADERS or path.parent == directory]
+        if not any(folder == CACHE for folder, _, _ in files) \
+                or _up_to_date(carried, [path for _, _, path in files], key):
             return None
-        size = sum(os.lstat(path).st_size for path in files)
+        size = sum(os.lstat(path).st_size for _, _, path in files)
         if size > MAX_CARRIED_BYTES:
-            return (f"the compile cache {directory} ({size >> 20} MiB) is larger than "
+            return (f"the compile cache ({size >> 20} MiB) is larger than "
                     f"{MAX_CARRIED_BYTES >> 20} MiB: not carried in {carried}")
-        _fs.atomic_write(carried, lambda handle: _write_tar(handle, directory, files, key))
+        _fs.atomic_write(carried, lambda handle: _write_tar(handle, files, key))
         os.chmod(carried, PRIVATE_FILE_MODE)
     except OSError as error:
         return f"the compile cache could not be carried in {carried}: {error.strerror or error}"
@@ -79,8 +86,7 @@ def _up_to_date(carried: Path, files: list[Path], key: CacheKey) -> bool:
     return key.difference(found) is None and newest <= made
 
 
-def _write_tar(handle: IO[bytes], directory: Path, files: list[Path],
-               key: CacheKey) -> None:
+def _write_tar(handle: IO[bytes], files: list[tuple[str, Path, Path]], key: CacheKey) -> None:
     import dataclasses
 
     with tarfile.open(fileobj=handle, mode="w", format=tarfile.PAX_FORMAT) as archive:
@@ -88,9 +94,9 @@ def _write_tar(handle: IO[bytes], directory: Path, files: list[Path],
         info = tarfile.TarInfo(KEY_MEMBER)
         info.size, info.mode = len(record), PRIVATE_FILE_MODE
         archive.addfile(info, io.BytesIO(record))
-        for path in files:
-            info = archive.gettarinfo(str(path), FILES_PREFIX + path.relative_to(directory)
-                                      .as_posix())
+        for folder, directory, path in files:
+            name = f"{folder}/{path.relative_to(directory).as_posix()}"
+            info = archive.gettarinfo(str(path), name)
             info.mode, info.uid, info.gid, info.uname, info.gname = PRIVATE_FILE_MODE, 0, 0, "", ""
             with open(path, "rb") as source:
                 archive.addfile(info, source)
@@ -110,9 +116,10 @@ def _read_key(carried: Path) -> dict[str, object]:
     return found
 
 
-def unpack(carried: Path, directory: Path, key: CacheKey) -> str | None:
-    """Fill the empty private ``directory`` from ``carried`` when it was made under ``key``;
-    what was done or why not (a sentence), ``None`` when nothing is carried."""
+def unpack(carried: Path, directory: Path, headers: Path, key: CacheKey) -> str | None:
+    """Fill the empty private ``directory`` from ``carried`` when it was made under ``key``,
+    and add the carried precompiled headers that ``headers`` lacks; what was done or why not
+    (a sentence), ``None`` when nothing is carried."""
     if not os.path.lexists(carried):
         return None
     try:
@@ -125,26 +132,29 @@ def unpack(carried: Path, directory: Path, key: CacheKey) -> str | None:
     staging = _fs.temporary_sibling(directory)
     try:
         count = _extract(carried, staging)
-        os.rmdir(directory)  # empty: checked by the caller, private, the user's
-        os.rename(staging, directory)
+        if os.path.lexists(staging / CACHE):
+            os.rmdir(directory)  # empty: checked by the caller, private, the user's
+            os.rename(staging / CACHE, directory)
+        _add_headers(staging / HEADERS, headers)
     except (OSError, ValueError, tarfile.TarError) as error:
-        _fs.remove_leftover(staging)
         with contextlib.suppress(OSError):
             create_private(directory)
         return f"the carried compile cache {carried} is not loaded: {error}"
+    finally:
+        _fs.remove_leftover(staging)
     return f"loaded the carried compile cache ({count} files) from {carried} into {directory}"
 
 
 def _extract(carried: Path, staging: Path) -> int:
     """Write the carried files into a new private ``staging``; how many. Raises
-    ``ValueError`` for a member that is not a plain file inside the cache."""
+    ``ValueError`` for a member that is not a plain file inside one of the folders."""
     create_private(staging)
     count = 0
     with tarfile.open(carried, mode="r:") as archive:
         for member in archive:
             if member.name == KEY_MEMBER:
                 continue
-            target = staging / _relative_name(member)
+            target = staging / _checked_name(member)
             target.parent.mkdir(parents=True, exist_ok=True)
             source = archive.extractfile(member)
             assert source is not None
@@ -156,10 +166,22 @@ def _extract(carried: Path, staging: Path) -> int:
     return count
 
 
-def _relative_name(member: tarfile.TarInfo) -> str:
+def _checked_name(member: tarfile.TarInfo) -> str:
     name = PurePosixPath(member.name)
     parts = name.parts
-    if not member.isfile() or not member.name.startswith(FILES_PREFIX) or name.is_absolute() \
-            or ".." in parts or len(parts) < 2:
+    if not member.isfile() or name.is_absolute() or ".." in parts or len(parts) < 2 \
+            or parts[0] not in (CACHE, HEADERS) or (parts[0] == HEADERS and len(parts) != 2):
         raise ValueError(f"it holds {member.name!r}, which is not a file of the cache")
-    return str(PurePosixPath(*parts[1:]))
+    return str(name)
+
+
+def _add_headers(staged: Path, headers: Path) -> None:
+    """Link each staged header into ``headers`` (made private if missing; checked by the
+    caller if not) unless a file of that name is there: headers are named by the hash of what
+    they were built from."""
+    if not staged.is_dir():
+        return
+    create_private(headers)
+    for entry in sorted(staged.iterdir()):
+        with contextlib.suppress(FileExistsError):
+            os.link(entry, headers / entry.name)

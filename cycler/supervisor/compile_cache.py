@@ -188,7 +188,7 @@ def prepare_compile_cache(options: RunOptions, environ: Mapping[str, str] | None
     make_private(directory, "the compile cache", fix=_FIX)
     check_torch_default_dir()
     if not any(directory.iterdir()):
-        said = unpack(carried_path(options), directory, key)
+        said = unpack(carried_path(options), directory, headers_dir(), key)
         if said:
             log.info("%s", said)
     return directory
@@ -204,10 +204,16 @@ def torch_default_dir() -> Path:
     return Path(tempfile.gettempdir()) / ("torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
 
 
+def headers_dir() -> Path:
+    """Where torch keeps its precompiled C++ headers."""
+    return torch_default_dir() / "precompiled_headers"
+
+
 def check_torch_default_dir() -> None:
     """torch keeps precompiled C++ headers in its default directory whatever
-    ``TORCHINDUCTOR_CACHE_DIR`` says: create it 0700, or refuse one that another user owns or
-    may write to (a planted header would be compiled into the job's kernels)."""
+    ``TORCHINDUCTOR_CACHE_DIR`` says: create it 0700, or refuse one (or a headers directory in
+    it) that another user owns or may write to (a planted header would be compiled into the
+    job's kernels)."""
     path = torch_default_dir()
     try:
         os.mkdir(path, 0o700)
@@ -216,6 +222,12 @@ def check_torch_default_dir() -> None:
     except OSError as error:
         raise CheckpointDirectoryError(
             f"cannot create torch's compile cache directory {path} ({error.strerror})") from None
+    _check_owned(path)
+    if os.path.lexists(headers_dir()):
+        _check_owned(headers_dir())
+
+
+def _check_owned(path: Path) -> None:
     status = os.lstat(path)
     problem = None
     if not stat.S_ISDIR(status.st_mode):
@@ -233,11 +245,12 @@ def check_torch_default_dir() -> None:
 def carry_compile_cache(options: RunOptions) -> None:
     """When a run ends (node 0): pack the node cache into the root if it changed since the
     last carry. Never raises: a cache that cannot be carried is said in one line."""
-    from cycler.supervisor.carried_cache import pack
+    from cycler.supervisor.carried_cache import CACHE, HEADERS, pack
 
     if options.node_rank != 0 or uses_own_cache(os.environ):
         return
     key = cache_key(options.script)
-    said = pack(node_cache_dir(options, key), carried_path(options), key)
+    sources = {CACHE: node_cache_dir(options, key), HEADERS: headers_dir()}
+    said = pack(sources, carried_path(options), key)
     if said:
         log.info("%s", said)
