@@ -41,11 +41,12 @@ MAX_CARRIED_BYTES = 2 << 30
 _LEFT_OUT_SUFFIXES = (".lock",)
 
 
-def pack(sources: Mapping[str, Path], carried: Path, key: CacheKey) -> str | None:
+def pack(sources: Mapping[str, Path], carried: Path, key: CacheKey,
+         limit: int = MAX_CARRIED_BYTES) -> str | None:
     """Write the files of ``sources`` (member folder -> directory) to ``carried`` under
-    ``key`` unless the carried file already holds them (same key, nothing newer); what was
-    done or why not (a sentence), ``None`` when there was nothing to do. Never raises
-    ``OSError``."""
+    ``key`` unless the carried file already holds them (same key, nothing newer) or they hold
+    more than ``limit`` bytes; what was done or why not (a sentence), ``None`` when there was
+    nothing to do. Never raises ``OSError``."""
     try:
         files = [(folder, directory, path) for folder, directory in sources.items()
                  for path in _cache_files(directory)
@@ -54,9 +55,9 @@ def pack(sources: Mapping[str, Path], carried: Path, key: CacheKey) -> str | Non
                 or _up_to_date(carried, [path for _, _, path in files], key):
             return None
         size = sum(os.lstat(path).st_size for _, _, path in files)
-        if size > MAX_CARRIED_BYTES:
-            return (f"the compile cache ({size >> 20} MiB) is larger than "
-                    f"{MAX_CARRIED_BYTES >> 20} MiB: not carried in {carried}")
+        if size > limit:
+            return (f"the compile cache ({size >> 20} MiB) is larger than {limit >> 20} MiB: "
+                    f"not carried in {carried}")
         _fs.atomic_write(carried, lambda handle: _write_tar(handle, files, key))
         os.chmod(carried, PRIVATE_FILE_MODE)
     except OSError as error:
@@ -90,7 +91,8 @@ def _write_tar(handle: IO[bytes], files: list[tuple[str, Path, Path]], key: Cach
     import dataclasses
 
     with tarfile.open(fileobj=handle, mode="w", format=tarfile.PAX_FORMAT) as archive:
-        record = json.dumps({"format": FORMAT, **dataclasses.asdict(key)}).encode()
+        record = json.dumps({"format": FORMAT, "files": len(files),
+                             **dataclasses.asdict(key)}).encode()
         info = tarfile.TarInfo(KEY_MEMBER)
         info.size, info.mode = len(record), PRIVATE_FILE_MODE
         archive.addfile(info, io.BytesIO(record))
@@ -132,6 +134,8 @@ def unpack(carried: Path, directory: Path, headers: Path, key: CacheKey) -> str 
     staging = _fs.temporary_sibling(directory)
     try:
         count = _extract(carried, staging)
+        if count != found.get("files"):  # a tar cut at a member's end reads as a whole one
+            raise ValueError(f"it is cut short ({count} of {found.get('files')} files)")
         if os.path.lexists(staging / CACHE):
             os.rmdir(directory)  # empty: checked by the caller, private, the user's
             os.rename(staging / CACHE, directory)
