@@ -58,11 +58,21 @@ def pack(sources: Mapping[str, Path], carried: Path, key: CacheKey,
         if size > limit:
             return (f"the compile cache ({size >> 20} MiB) is larger than {limit >> 20} MiB: "
                     f"not carried in {carried}")
+        _remove_dead_writers_leftovers(carried)  # a cycle run killed while it carried
         _fs.atomic_write(carried, lambda handle: _write_tar(handle, files, key))
         os.chmod(carried, PRIVATE_FILE_MODE)
     except OSError as error:
         return f"the compile cache could not be carried in {carried}: {error.strerror or error}"
     return f"carried the compile cache ({len(files)} files, {size >> 10} KiB) in {carried}"
+
+
+def _remove_dead_writers_leftovers(path: Path) -> None:
+    """Remove the temporaries (files or trees) for ``path`` of writers on this host that died."""
+    prefix = f".{path.name}{_fs.TEMP_MARKER}"
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(path.parent):
+            if entry.name.startswith(prefix) and _fs.left_by_dead_writer(entry.name):
+                _fs.remove_leftover(Path(entry.path))
 
 
 def _cache_files(directory: Path) -> Iterator[Path]:
@@ -131,6 +141,7 @@ def unpack(carried: Path, directory: Path, headers: Path, key: CacheKey) -> str 
     different = key.difference(found)
     if different is not None:
         return f"the carried compile cache {carried} is not loaded: {different}"
+    _remove_dead_writers_leftovers(directory)
     staging = _fs.temporary_sibling(directory)
     try:
         count = _extract(carried, staging)

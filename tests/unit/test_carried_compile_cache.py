@@ -151,3 +151,14 @@ def test_a_cache_larger_than_the_bound_is_not_carried(tmp_path: Path) -> None:
     carried = tmp_path / "compile-cache.tar"
     said = pack(node_cache(tmp_path), carried, cache_key(script(tmp_path)), limit=10)
     assert said is not None and "is larger than" in said and not carried.exists()
+
+
+def test_a_carry_removes_what_a_killed_carry_left_behind(tmp_path: Path) -> None:
+    from cycler import _fs
+
+    carried = tmp_path / "compile-cache.tar"
+    mine = _fs.temporary_sibling(carried).name
+    dead = tmp_path / mine.replace(f"-{os.getpid()}-", "-999999999-")
+    dead.write_bytes(b"half a tar")
+    pack(node_cache(tmp_path), carried, cache_key(script(tmp_path)))
+    assert not dead.exists() and carried.exists()
