@@ -10,6 +10,13 @@ starting ``cycle run`` to the workers' first step (the events log's ``first_step
 breakdown's ``compile`` part beside it.
 
     python benchmarks/bench_compile_cache.py [--repeats 3] [--nproc-per-node 1]
+    python benchmarks/bench_compile_cache.py --portable
+
+``--portable`` measures instead why the cache directory is carried rather than torch's
+portable artifacts (``torch.compiler.save_cache_artifacts``): one process each, the first
+compiled training step of a small model, uncached; on the same node (cache directory and
+``TMPDIR`` kept); on a fresh node after ``load_cache_artifacts`` of the first process's
+artifacts; on a fresh node given a copy of the cache directory and precompiled headers.
 """
 
 from __future__ import annotations
@@ -64,11 +71,62 @@ def restart(kind: str, prepared: Path, warm_node: Path, work: Path, nproc: int,
     return cycle_run(root, node, epochs=2, nproc=nproc)
 
 
+PORTABLE_STEP = """
+import sys, time
+import torch
+from torch import nn
+from torch._dynamo.utils import counters
+mode, artifacts = sys.argv[1], sys.argv[2]
+started = time.monotonic()
+if mode == "portable":
+    with open(artifacts, "rb") as source:
+        torch.compiler.load_cache_artifacts(source.read())
+loaded = time.monotonic()
+model = torch.compile(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+loss = nn.functional.cross_entropy(model(torch.randn(32, 32)), torch.randint(0, 4, (32,)))
+loss.backward()
+optimizer.step()
+print(round(loaded - started, 2), round(time.monotonic() - loaded, 2),
+      dict(counters["inductor"]).get("fxgraph_cache_hit", 0))
+if mode == "uncached":
+    with open(artifacts, "wb") as sink:
+        sink.write(torch.compiler.save_cache_artifacts()[0])
+"""
+
+
+def portable_comparison(work: Path) -> dict[str, object]:
+    """The first compiled step per kind of start (see the module's docstring)."""
+    script, artifacts = work / "step.py", work / "artifacts.bin"
+    script.write_text(PORTABLE_STEP)
+
+    def step(mode: str, node: str) -> dict[str, float]:
+        env = {**os.environ, "TMPDIR": str(work / node / "tmp"),
+               "TORCHINDUCTOR_CACHE_DIR": str(work / node / "cache")}
+        (work / node / "tmp").mkdir(parents=True, exist_ok=True)
+        out = subprocess.run([sys.executable, str(script), mode, str(artifacts)], env=env,
+                             check=True, capture_output=True, text=True).stdout.split()
+        return {"load_s": float(out[0]), "first_step_s": float(out[1]), "hits": int(out[2])}
+
+    report: dict[str, object] = {"uncached": step("uncached", "a"), "warm": step("warm", "a")}
+    report["fresh_portable"] = step("portable", "b")
+    shutil.copytree(work / "a" / "cache", work / "c" / "cache")
+    shutil.copytree(work / "a" / "tmp", work / "c" / "tmp")
+    report["fresh_directory_copy"] = step("copy", "c")
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--nproc-per-node", type=int, default=1)
+    parser.add_argument("--portable", action="store_true",
+                        help="compare with torch's portable cache artifacts instead")
     args = parser.parse_args()
+    if args.portable:
+        with tempfile.TemporaryDirectory(prefix="bench-compile-") as scratch:
+            print(json.dumps(portable_comparison(Path(scratch)), indent=1))
+        return
     with tempfile.TemporaryDirectory(prefix="bench-compile-") as scratch:
         work = Path(scratch)
         prepared, warm_node = work / "prepared", work / "node-warm"
