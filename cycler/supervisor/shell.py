@@ -166,8 +166,8 @@ class Supervisor:
         """Start the workers and supervise them until the core decides to exit."""
         with ExitStack() as stack:
             stack.enter_context(self._locked())
-            stack.callback(carry_compile_cache, self.options)  # last: the workers are gone
             stack.enter_context(self._signals_trapped())
+            stack.callback(carry_compile_cache, self.options)  # once the workers are gone
             if not become_subreaper():
                 log.debug("not a subreaper: orphans of crashed workers may escape the tree")
             self._watchdog = Watchdog()
