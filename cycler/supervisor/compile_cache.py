@@ -47,7 +47,7 @@ log = logging.getLogger("cycler.supervisor")
 ENV_INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
 ENV_TRITON_CACHE = "TRITON_CACHE_DIR"
 INDUCTOR_SUBDIR, TRITON_SUBDIR = "inductor", "triton"
-_FIX = "remove it if it is yours, or set TORCHINDUCTOR_CACHE_DIR to a directory of your own"
+_FIX = "remove it if it is yours, or set TMPDIR to a directory of your own"
 
 
 @dataclass(frozen=True)
