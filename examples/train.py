@@ -15,11 +15,16 @@ count; NCCL unless ``--backend`` says otherwise, e.g. ``cpu:gloo,cuda:nccl``, wh
 a group of one rank) a resume is bit-identical only with deterministic
 kernels: the script sets ``torch.use_deterministic_algorithms(True)`` and
 ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (cuBLAS reads it when it starts) for that.
+
+``--compile`` runs the model through ``torch.compile``; under ``cycle run`` its compiled code
+is kept for the next start on this node and carried with the checkpoint root to the next node
+(docs/compile-cache.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -63,6 +68,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--backend", default=None,
                         help="process group backend, given: a group even of one rank "
                         "(default: gloo on cpu, nccl on cuda, with several ranks)")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile the model (its caches survive restarts under "
+                        "cycle run)")
     return parser.parse_args()
 
 
@@ -93,6 +101,9 @@ class Trainer:
         self.model = DistributedDataParallel(model, device_ids=ids) if dist.is_initialized() \
             else model
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=args.lr, momentum=0.9)
+        # Compiled calls go through the wrapper; the checkpoint keeps the plain model's names.
+        self.forward = torch.compile(self.model) if args.compile else self.model
+        self.compiled_once = not args.compile
         dataset = synthetic_dataset(args.samples, args.seed)
         self.sampler = InterruptableDistributedSampler(dataset, shuffle=True, seed=args.seed)
         # A private generator for the loader: iter() then draws nothing from the global RNG,
@@ -154,9 +165,13 @@ class Trainer:
         self.model.train()
         for inputs, targets in self.loader:
             inputs, targets = inputs.to(self.device), targets.to(self.device)
-            loss = nn.functional.cross_entropy(self.model(inputs), targets)
-            self.optimizer.zero_grad()
-            loss.backward()
+            # The first compiled step compiles: marked, so cycle status counts it apart.
+            with contextlib.nullcontext() if self.compiled_once \
+                    else self.control.paused("compile"):
+                loss = nn.functional.cross_entropy(self.forward(inputs), targets)
+                self.optimizer.zero_grad()
+                loss.backward()
+            self.compiled_once = True
             self.optimizer.step()
             self.sampler.advance(len(inputs))
             self.metrics.update(loss=loss.item(), batches=1)

@@ -38,7 +38,10 @@ def private_problem(status: os.stat_result) -> str | None:
     return None
 
 
-def check_private(path: Path, what: str) -> None:
+_FIX = "choose another --memory-dir"
+
+
+def check_private(path: Path, what: str, fix: str = _FIX) -> None:
     """Refuse ``path`` (:class:`CheckpointDirectoryError`, one line) unless it is a private
     directory of the effective user; nothing in it is read before this passed."""
     try:
@@ -50,19 +53,18 @@ def check_private(path: Path, what: str) -> None:
     if problem is not None:
         raise CheckpointDirectoryError(
             f"{what} {path} {problem}: refusing to use it; if it is yours, remove it, else "
-            "choose another --memory-dir")
+            f"{fix.removeprefix('remove it if it is yours, or ')}")
 
 
-def make_private(path: Path, what: str) -> bool:
+def make_private(path: Path, what: str, fix: str = _FIX) -> bool:
     """Create ``path`` 0700 if it is missing, then :func:`check_private` it; whether it was
-    created now."""
+    created now. ``fix``: what the one-line refusal tells the user to do."""
     try:
         created = create_private(path)
     except OSError as error:
         raise CheckpointDirectoryError(
-            f"cannot create {what} {path} ({error.strerror}); choose another --memory-dir"
-        ) from None
-    check_private(path, what)
+            f"cannot create {what} {path} ({error.strerror}); {fix}") from None
+    check_private(path, what, fix)
     return created
 
 
@@ -82,7 +84,7 @@ def create_private(path: Path) -> bool:
     return True
 
 
-def check_safe_parent(path: Path, what: str) -> None:
+def check_safe_parent(path: Path, what: str, fix: str = _FIX) -> None:
     """Refuse a directory that would let another user rename a private directory out of it:
     ``path`` (followed: ``/dev/shm`` may be a link to ``/run/shm``) must be a directory owned
     by the effective user or root, and sticky if group or others may write to it."""
@@ -90,7 +92,7 @@ def check_safe_parent(path: Path, what: str) -> None:
         status = os.stat(path)
     except OSError as error:
         raise CheckpointDirectoryError(f"{what} {path} cannot be used ({error.strerror}); "
-                                       "choose another --memory-dir") from None
+                                       f"{fix}") from None
     problem = None
     if not stat.S_ISDIR(status.st_mode):
         problem = "is not a directory"
@@ -100,7 +102,7 @@ def check_safe_parent(path: Path, what: str) -> None:
         problem = ("is writable by other users without the sticky bit: they could replace "
                    "what cycler keeps there")
     if problem is not None:
-        raise CheckpointDirectoryError(f"{what} {path} {problem}; choose another --memory-dir")
+        raise CheckpointDirectoryError(f"{what} {path} {problem}; {fix}")
 
 
 def restrict_tree(path: Path) -> None:

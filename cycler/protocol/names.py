@@ -24,6 +24,8 @@ MEMORY_OVERFLOW_FILENAME = "memory-tier-overflow.json"
 """Present once a checkpoint did not fit in the memory tier: the job saves to the root."""
 MEMORY_OWNER_FILENAME = "memory-owner.json"
 """In a memory root's ``.cycler/``: the job id and checkpoint root it belongs to."""
+COMPILE_CACHE_FILENAME = "compile-cache.tar"
+"""torch.compile's caches of the job, carried with the root (a root's, written by node 0)."""
 
 # Per saver (``<prefix><suffix>``, or ``<prefix>`` after the prefix for verification records).
 INDEX_RECORD_SUFFIX = ".last_index"

@@ -28,6 +28,7 @@ from cycler.checkpoint.tiers import overflowed
 from cycler.errors import CheckpointDirectoryError, ConfigError, CyclerError
 from cycler.protocol.environment import ENV_ISC_ARTIFACT_PATH, ENV_ISC_LOSSY_PATH
 from cycler.protocol.names import MEMORY_OVERFLOW_FILENAME
+from cycler.supervisor.compile_cache import prepare_compile_cache
 from cycler.supervisor.options import RunOptions
 from cycler.supervisor.torchrun import isc_environment
 
@@ -36,15 +37,16 @@ log = logging.getLogger("cycler.supervisor")
 
 def checked_options(options: RunOptions, *, prepare_root: bool) -> RunOptions:
     """The pre-start sequence of ``cycle run``: the script, ``$CHECKPOINT_ARTIFACT_PATH``, the
-    checkpoint root and the memory tier's root (created and probed when ``prepare_root``;
-    ``--dry-run`` creates nothing), and ``--resume-from``; returns the options this run starts
-    with (``--resume-from`` dropped when an earlier run of the job carried it out). Raises
-    :class:`CyclerError` (exit 2)."""
+    checkpoint root, the memory tier's root and the compile cache's node directory (created
+    and probed when ``prepare_root``; ``--dry-run`` creates nothing), and ``--resume-from``;
+    returns the options this run starts with (``--resume-from`` dropped when an earlier run of
+    the job carried it out). Raises :class:`CyclerError` (exit 2)."""
     check_script(options)
     check_artifact_path(options)
     if prepare_root:
         prepare_checkpoint_root(options)
         prepare_memory_tier(options)
+        prepare_compile_cache(options)
     options = resume_from_for_this_run(options)
     check_resume_from(options)
     if prepare_root:

@@ -33,6 +33,7 @@ from cycler.protocol.features import announced, clear_announcements
 from cycler.protocol.stop_signals import lower_shields, raise_shields
 from cycler.supervisor import core, notices
 from cycler.supervisor.checks import checked_options, record_resume_from
+from cycler.supervisor.compile_cache import carry_compile_cache
 from cycler.supervisor.failure import failure_report, failure_signature
 from cycler.supervisor.foreign import finder_for, requeue_on_foreign_checkpoint
 from cycler.supervisor.hangs import HangPolicy, WorkerProgress
@@ -166,6 +167,7 @@ class Supervisor:
         with ExitStack() as stack:
             stack.enter_context(self._locked())
             stack.enter_context(self._signals_trapped())
+            stack.callback(carry_compile_cache, self.options)  # once the workers are gone
             if not become_subreaper():
                 log.debug("not a subreaper: orphans of crashed workers may escape the tree")
             self._watchdog = Watchdog()

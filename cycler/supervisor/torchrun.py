@@ -34,6 +34,7 @@ from cycler.protocol.environment import (
     ENV_RESUME_FROM,
     ENV_STOP_SIGNALS,
 )
+from cycler.supervisor.compile_cache import compile_cache_environment
 from cycler.supervisor.options import RunOptions
 
 # torch >= 2.10 reads the first; PET_* is torchrun's generic "flag from the environment" and
@@ -175,6 +176,8 @@ def worker_environment(options: RunOptions, *, start_number: int, resume_from: s
     if options.memory_layout is not None:  # computed here once: workers take it as it is
         environment[ENV_MEMORY_TIER] = str(options.memory_layout.root)
         environment[ENV_PERSIST_EVERY] = str(options.persist_every)
+    environment.update(compile_cache_environment(options, os.environ if environ is None
+                                                 else environ))
     timeout = str(math.ceil(options.grace) + SHUTDOWN_MARGIN_SECONDS)
     environment.update(dict.fromkeys(SHUTDOWN_TIMEOUT_VARIABLES, timeout))
     return environment

@@ -1,0 +1,154 @@
+"""Time to the first step after a restart of ``examples/train.py --compile``: on a warm node,
+on a fresh node with the compile cache carried in the checkpoint root, and on a fresh node
+without it (the uncached cost).
+
+Goal (issue 28 item 4): the fresh node with the carried cache within 1.3x of the warm node.
+A "node" is a ``TMPDIR`` and a ``HOME`` of its own: a fresh one is empty (no torch cache, no
+precompiled header, no cycler directory). Every restart resumes the same checkpoint from its
+own copy of a prepared root; the kinds are interleaved, the medians compared. The time is from
+starting ``cycle run`` to the workers' first step (the events log's ``first_step``), with the
+breakdown's ``compile`` part beside it.
+
+    python benchmarks/bench_compile_cache.py [--repeats 3] [--nproc-per-node 1]
+    python benchmarks/bench_compile_cache.py --portable
+
+``--portable`` measures instead why the cache directory is carried rather than torch's
+portable artifacts (``torch.compiler.save_cache_artifacts``): one process each, the first
+compiled training step of a small model, uncached; on the same node (cache directory and
+``TMPDIR`` kept); on a fresh node after ``load_cache_artifacts`` of the first process's
+artifacts; on a fresh node given a copy of the cache directory and precompiled headers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+SCRIPT = REPOSITORY / "examples" / "train.py"
+TRAIN = ["--compile", "--samples", "1024", "--checkpoint-every", "16", "--hidden", "64"]
+KINDS = ("warm", "fresh_carried", "fresh_uncached")
+
+
+def cycle_run(root: Path, node: Path, epochs: int, nproc: int) -> tuple[float, float]:
+    """Run the example for ``epochs`` under ``cycle run`` on ``node``; seconds from the start
+    to the first step of the workers."""
+    env = {**os.environ, "TMPDIR": str(node / "tmp"), "HOME": str(node / "home")}
+    for name in ("tmp", "home"):
+        (node / name).mkdir(parents=True, exist_ok=True)
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    started = time.time()
+    subprocess.run([sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", str(nproc),
+                    "--checkpoint-dir", str(root), str(SCRIPT), *TRAIN, "--epochs", str(epochs)],
+                   env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = [e for e in events(root) if e["event"] == "first_step"][-1]
+    return float(first["at"]) - started, float(first.get("compile", 0.0))
+
+
+def events(root: Path) -> list[dict[str, object]]:
+    lines = (root / ".cycler" / "events-node0.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def restart(kind: str, prepared: Path, warm_node: Path, work: Path, nproc: int,
+            ) -> tuple[float, float]:
+    root = work / f"root-{kind}"
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(prepared, root, symlinks=True)
+    if kind == "fresh_uncached":
+        (root / ".cycler" / "compile-cache.tar").unlink()
+    node = warm_node if kind == "warm" else work / f"node-{kind}"
+    if kind != "warm":
+        shutil.rmtree(node, ignore_errors=True)
+    return cycle_run(root, node, epochs=2, nproc=nproc)
+
+
+PORTABLE_STEP = """
+import sys, time
+import torch
+from torch import nn
+from torch._dynamo.utils import counters
+mode, artifacts = sys.argv[1], sys.argv[2]
+started = time.monotonic()
+if mode == "portable":
+    with open(artifacts, "rb") as source:
+        torch.compiler.load_cache_artifacts(source.read())
+loaded = time.monotonic()
+model = torch.compile(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+loss = nn.functional.cross_entropy(model(torch.randn(32, 32)), torch.randint(0, 4, (32,)))
+loss.backward()
+optimizer.step()
+print(round(loaded - started, 2), round(time.monotonic() - loaded, 2),
+      dict(counters["inductor"]).get("fxgraph_cache_hit", 0))
+if mode == "uncached":
+    with open(artifacts, "wb") as sink:
+        sink.write(torch.compiler.save_cache_artifacts()[0])
+"""
+
+
+def portable_comparison(work: Path) -> dict[str, object]:
+    """The first compiled step per kind of start (see the module's docstring)."""
+    script, artifacts = work / "step.py", work / "artifacts.bin"
+    script.write_text(PORTABLE_STEP)
+
+    def step(mode: str, node: str) -> dict[str, float]:
+        env = {**os.environ, "TMPDIR": str(work / node / "tmp"),
+               "TORCHINDUCTOR_CACHE_DIR": str(work / node / "cache")}
+        (work / node / "tmp").mkdir(parents=True, exist_ok=True)
+        out = subprocess.run([sys.executable, str(script), mode, str(artifacts)], env=env,
+                             check=True, capture_output=True, text=True).stdout.split()
+        return {"load_s": float(out[0]), "first_step_s": float(out[1]), "hits": int(out[2])}
+
+    report: dict[str, object] = {"uncached": step("uncached", "a"), "warm": step("warm", "a")}
+    report["fresh_portable"] = step("portable", "b")
+    shutil.copytree(work / "a" / "cache", work / "c" / "cache")
+    shutil.copytree(work / "a" / "tmp", work / "c" / "tmp")
+    report["fresh_directory_copy"] = step("copy", "c")
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--nproc-per-node", type=int, default=1)
+    parser.add_argument("--portable", action="store_true",
+                        help="compare with torch's portable cache artifacts instead")
+    args = parser.parse_args()
+    if args.portable:
+        with tempfile.TemporaryDirectory(prefix="bench-compile-") as scratch:
+            print(json.dumps(portable_comparison(Path(scratch)), indent=1))
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-compile-") as scratch:
+        work = Path(scratch)
+        prepared, warm_node = work / "prepared", work / "node-warm"
+        first, _ = cycle_run(prepared, warm_node, epochs=1, nproc=args.nproc_per_node)
+        if not (prepared / ".cycler" / "compile-cache.tar").exists():
+            sys.exit("the first run carried no compile cache")
+        # The warm node knows the restart's graphs too (one warm-up restart).
+        restart("warm", prepared, warm_node, work, args.nproc_per_node)
+        times: dict[str, list[tuple[float, float]]] = {kind: [] for kind in KINDS}
+        for _ in range(args.repeats):
+            for kind in KINDS:
+                times[kind].append(restart(kind, prepared, warm_node, work, args.nproc_per_node))
+        report = {"first_run_s": round(first, 2)}
+        for kind in KINDS:
+            report[f"{kind}_first_step_s"] = round(statistics.median(t for t, _ in times[kind]), 2)
+            report[f"{kind}_compile_s"] = round(statistics.median(c for _, c in times[kind]), 2)
+        warm = report["warm_first_step_s"]
+        report["fresh_carried_over_warm"] = round(report["fresh_carried_first_step_s"] / warm, 2)
+        report["fresh_uncached_over_warm"] = round(report["fresh_uncached_first_step_s"] / warm, 2)
+        report["all_s"] = {kind: [round(t, 2) for t, _ in times[kind]] for kind in KINDS}
+        print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

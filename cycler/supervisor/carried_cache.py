@@ -1,0 +1,202 @@
+"""The compile cache carried in the checkpoint root: one tar file, its key first.
+
+``<root>/.cycler/compile-cache.tar`` holds a member ``key.json`` (the format and the
+:class:`~cycler.supervisor.compile_cache.CacheKey` it was made under), then the node cache's
+regular files under ``cache/``. It is replaced atomically (temporary, fsync, rename), 0600, at
+most :data:`MAX_CARRIED_BYTES`; lock files, links and anything else are left out. It is not a
+checkpoint: no name of the layout matches it, so listings, ``cycle prune`` and retention never
+see it.
+
+Unpacking never trusts it more than a checkpoint: a key that differs, a file that is not such a
+tar, is cut short, or names a path outside the cache, a link or a device is not loaded (one
+line says why) and nothing of it is left in the node cache, which is filled in one rename.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import tarfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path, PurePosixPath
+from typing import IO, TYPE_CHECKING
+
+from cycler import _fs
+from cycler.checkpoint.private_dirs import PRIVATE_FILE_MODE, create_private, restrict_tree
+
+if TYPE_CHECKING:
+    from cycler.supervisor.compile_cache import CacheKey
+
+FORMAT = 1
+KEY_MEMBER = "key.json"
+CACHE, HEADERS = "cache", "headers"
+"""The member folders: the node cache's files; torch's precompiled C++ headers, which it keeps
+in its default directory whatever ``TORCHINDUCTOR_CACHE_DIR`` says (without them a fresh node
+spends seconds building them again)."""
+MAX_CARRIED_BYTES = 2 << 30
+"""A node cache larger than this (2 GiB) is not carried: the root is not a cache store."""
+_LEFT_OUT_SUFFIXES = (".lock",)
+
+
+def pack(sources: Mapping[str, Path], carried: Path, key: CacheKey,
+         limit: int = MAX_CARRIED_BYTES) -> str | None:
+    """Write the files of ``sources`` (member folder -> directory) to ``carried`` under
+    ``key`` unless the carried file already holds them (same key, nothing newer) or they hold
+    more than ``limit`` bytes; what was done or why not (a sentence), ``None`` when there was
+    nothing to do. Never raises ``OSError``."""
+    try:
+        files = [(folder, directory, path) for folder, directory in sources.items()
+                 for path in _cache_files(directory)
+                 if folder != HEADERS or path.parent == directory]
+        if not any(folder == CACHE for folder, _, _ in files) \
+                or _up_to_date(carried, [path for _, _, path in files], key):
+            return None
+        size = sum(os.lstat(path).st_size for _, _, path in files)
+        if size > limit:
+            return (f"the compile cache ({size >> 20} MiB) is larger than {limit >> 20} MiB: "
+                    f"not carried in {carried}")
+        _remove_dead_writers_leftovers(carried)  # a cycle run killed while it carried
+        _fs.atomic_write(carried, lambda handle: _write_tar(handle, files, key))
+        os.chmod(carried, PRIVATE_FILE_MODE)
+    except OSError as error:
+        return f"the compile cache could not be carried in {carried}: {error.strerror or error}"
+    return f"carried the compile cache ({len(files)} files, {size >> 10} KiB) in {carried}"
+
+
+def _remove_dead_writers_leftovers(path: Path) -> None:
+    """Remove the temporaries (files or trees) for ``path`` of writers on this host that died."""
+    prefix = f".{path.name}{_fs.TEMP_MARKER}"
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(path.parent):
+            if entry.name.startswith(prefix) and _fs.left_by_dead_writer(entry.name):
+                _fs.remove_leftover(Path(entry.path))
+
+
+def _cache_files(directory: Path) -> Iterator[Path]:
+    """The regular files of the node cache worth carrying."""
+    if not directory.is_dir():
+        return
+    for parent, _, names in os.walk(directory):
+        for name in sorted(names):
+            path = Path(parent) / name
+            if not name.endswith(_LEFT_OUT_SUFFIXES) and not _fs.is_temporary(name) \
+                    and path.is_file() and not path.is_symlink():
+                yield path
+
+
+def _up_to_date(carried: Path, files: list[Path], key: CacheKey) -> bool:
+    try:
+        made = os.lstat(carried).st_mtime
+        found = _read_key(carried)
+    except (OSError, ValueError, tarfile.TarError):
+        return False
+    newest = max(os.lstat(path).st_mtime for path in files)
+    return key.difference(found) is None and newest <= made
+
+
+def _write_tar(handle: IO[bytes], files: list[tuple[str, Path, Path]], key: CacheKey) -> None:
+    import dataclasses
+
+    with tarfile.open(fileobj=handle, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        record = json.dumps({"format": FORMAT, "files": len(files),
+                             **dataclasses.asdict(key)}).encode()
+        info = tarfile.TarInfo(KEY_MEMBER)
+        info.size, info.mode = len(record), PRIVATE_FILE_MODE
+        archive.addfile(info, io.BytesIO(record))
+        for folder, directory, path in files:
+            name = f"{folder}/{path.relative_to(directory).as_posix()}"
+            info = archive.gettarinfo(str(path), name)
+            info.mode, info.uid, info.gid, info.uname, info.gname = PRIVATE_FILE_MODE, 0, 0, "", ""
+            with open(path, "rb") as source:
+                archive.addfile(info, source)
+
+
+def _read_key(carried: Path) -> dict[str, object]:
+    """The key member of ``carried`` (raises ``OSError``, ``ValueError``, ``TarError``)."""
+    with tarfile.open(carried, mode="r:") as archive:
+        member = archive.next()
+        if member is None or member.name != KEY_MEMBER or not member.isfile():
+            raise ValueError("it does not start with its key")
+        data = archive.extractfile(member)
+        assert data is not None
+        found = json.loads(data.read(1 << 16))
+    if not isinstance(found, dict) or found.get("format") != FORMAT:
+        raise ValueError("its format is not one this cycler reads")
+    return found
+
+
+def unpack(carried: Path, directory: Path, headers: Path, key: CacheKey) -> str | None:
+    """Fill the empty private ``directory`` from ``carried`` when it was made under ``key``,
+    and add the carried precompiled headers that ``headers`` lacks; what was done or why not
+    (a sentence), ``None`` when nothing is carried."""
+    if not os.path.lexists(carried):
+        return None
+    try:
+        found = _read_key(carried)
+    except (OSError, ValueError, tarfile.TarError, UnicodeError) as error:
+        return f"the carried compile cache {carried} is not loaded: it is unreadable ({error})"
+    different = key.difference(found)
+    if different is not None:
+        return f"the carried compile cache {carried} is not loaded: {different}"
+    _remove_dead_writers_leftovers(directory)
+    staging = _fs.temporary_sibling(directory)
+    try:
+        count = _extract(carried, staging)
+        if count != found.get("files"):  # a tar cut at a member's end reads as a whole one
+            raise ValueError(f"it is cut short ({count} of {found.get('files')} files)")
+        if os.path.lexists(staging / CACHE):
+            os.rmdir(directory)  # empty: checked by the caller, private, the user's
+            os.rename(staging / CACHE, directory)
+        _add_headers(staging / HEADERS, headers)
+    except (OSError, ValueError, tarfile.TarError) as error:
+        with contextlib.suppress(OSError):
+            create_private(directory)
+        return f"the carried compile cache {carried} is not loaded: {error}"
+    finally:
+        _fs.remove_leftover(staging)
+    return f"loaded the carried compile cache ({count} files) from {carried} into {directory}"
+
+
+def _extract(carried: Path, staging: Path) -> int:
+    """Write the carried files into a new private ``staging``; how many. Raises
+    ``ValueError`` for a member that is not a plain file inside one of the folders."""
+    create_private(staging)
+    count = 0
+    with tarfile.open(carried, mode="r:") as archive:
+        for member in archive:
+            if member.name == KEY_MEMBER:
+                continue
+            target = staging / _checked_name(member)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            source = archive.extractfile(member)
+            assert source is not None
+            with source, open(target, "xb") as sink:
+                shutil.copyfileobj(source, sink)
+            os.utime(target, (member.mtime, member.mtime))
+            count += 1
+    restrict_tree(staging)
+    return count
+
+
+def _checked_name(member: tarfile.TarInfo) -> str:
+    name = PurePosixPath(member.name)
+    parts = name.parts
+    if not member.isfile() or name.is_absolute() or ".." in parts or len(parts) < 2 \
+            or parts[0] not in (CACHE, HEADERS) or (parts[0] == HEADERS and len(parts) != 2):
+        raise ValueError(f"it holds {member.name!r}, which is not a file of the cache")
+    return str(name)
+
+
+def _add_headers(staged: Path, headers: Path) -> None:
+    """Link each staged header into ``headers`` (made private if missing; checked by the
+    caller if not) unless a file of that name is there: headers are named by the hash of what
+    they were built from."""
+    if not staged.is_dir():
+        return
+    create_private(headers)
+    for entry in sorted(staged.iterdir()):
+        with contextlib.suppress(FileExistsError):
+            os.link(entry, headers / entry.name)

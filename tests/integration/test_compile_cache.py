@@ -1,0 +1,168 @@
+"""torch.compile's caches under real ``cycle run`` processes: kept on the node, carried with the
+root to a fresh node (a ``TMPDIR`` and ``HOME`` of its own), refused where another user could
+have planted them, ignored when carried under another key or corrupt.
+
+The runs that compile are marked ``e2e`` (inductor builds C++ here: seconds each); the others
+start no compile and check what ``cycle run`` does before and after the workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cycler.protocol.exit_codes import EXIT_USAGE
+from cycler.supervisor.carried_cache import CACHE, HEADERS, pack
+from cycler.supervisor.compile_cache import cache_key
+
+COMPILING = """
+import json, os, sys
+import torch
+from torch._dynamo.utils import counters
+
+step = torch.compile(lambda x: (x.sin() * 2 + 1).sum())
+step(torch.randn(16))
+with open(sys.argv[1], "w") as out:
+    json.dump({"inductor": dict(counters["inductor"]),
+               "cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}, out)
+"""
+
+PLAIN = """
+import json, os, sys
+with open(sys.argv[1], "w") as out:
+    json.dump({"cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+               "triton": os.environ.get("TRITON_CACHE_DIR")}, out)
+"""
+
+
+def cycle_run(tmp_path: Path, node: str, worker: str,
+              env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """``cycle run`` of ``worker`` on the node named ``node`` (its own TMPDIR and HOME), with
+    the checkpoint root ``tmp_path/ck``; the process and what the worker reported."""
+    script, report = tmp_path / "worker.py", tmp_path / f"report-{node}.json"
+    script.write_text(worker)
+    report.unlink(missing_ok=True)
+    for name in ("tmp", "home"):
+        (tmp_path / node / name).mkdir(parents=True, exist_ok=True, mode=0o700)
+    environment = {key: value for key, value in os.environ.items()
+                   if not key.startswith(("SLURM_", "CYCLER_", "TORCHINDUCTOR_", "TRITON_"))}
+    environment.update(TMPDIR=str(tmp_path / node / "tmp"), HOME=str(tmp_path / node / "home"),
+                       **(env or {}))
+    done = subprocess.run([sys.executable, "-m", "cycler_cli", "run", "--checkpoint-dir",
+                           str(tmp_path / "ck"), str(script), str(report)], env=environment,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    return done, json.loads(report.read_text()) if report.exists() else {}
+
+
+def carried(tmp_path: Path) -> Path:
+    return tmp_path / "ck" / ".cycler" / "compile-cache.tar"
+
+
+def user_base(tmp_path: Path, node: str) -> Path:
+    return tmp_path / node / "tmp" / f"cycler-{os.geteuid()}"
+
+
+@pytest.mark.e2e
+def test_a_restart_on_the_same_node_and_on_a_fresh_node_reuses_the_compiled_code(
+        tmp_path: Path) -> None:
+    first, compiled = cycle_run(tmp_path, "node-a", COMPILING)
+    assert first.returncode == 0, first.stderr
+    assert compiled["inductor"].get("fxgraph_cache_miss", 0) >= 1
+    assert compiled["cache"].startswith(str(user_base(tmp_path, "node-a")))
+    assert "carried the compile cache" in first.stderr and carried(tmp_path).exists()
+
+    again, warm = cycle_run(tmp_path, "node-a", COMPILING)
+    assert again.returncode == 0, again.stderr
+    assert warm["inductor"].get("fxgraph_cache_hit", 0) >= 1
+    assert warm["inductor"].get("fxgraph_cache_miss", 0) == 0
+    assert "carried the compile cache" not in again.stderr  # nothing new to carry
+
+    moved, fresh = cycle_run(tmp_path, "node-b", COMPILING)
+    assert moved.returncode == 0, moved.stderr
+    assert "loaded the carried compile cache" in moved.stderr
+    assert fresh["inductor"].get("fxgraph_cache_hit", 0) >= 1
+    assert fresh["inductor"].get("fxgraph_cache_miss", 0) == 0
+    assert fresh["cache"].startswith(str(user_base(tmp_path, "node-b")))
+
+
+def test_workers_get_a_private_cache_of_the_job_unless_the_user_chose_one(
+        tmp_path: Path) -> None:
+    done, seen = cycle_run(tmp_path, "node-a", PLAIN)
+    assert done.returncode == 0, done.stderr
+    cache = Path(seen["cache"])
+    assert cache.is_relative_to(user_base(tmp_path, "node-a") / "compile")
+    assert seen["triton"] == str(cache.parent / "triton")
+    for level in (cache.parent, *list(cache.parents)[:3]):
+        status = os.lstat(level)
+        assert status.st_mode & 0o777 == 0o700 and status.st_uid == os.geteuid()
+    mine = tmp_path / "my-cache"
+    done, seen = cycle_run(tmp_path, "node-a", PLAIN, env={"TORCHINDUCTOR_CACHE_DIR": str(mine)})
+    assert done.returncode == 0 and seen == {"cache": str(mine), "triton": None}
+
+
+def test_a_cache_directory_open_to_other_users_is_refused_before_any_worker_starts(
+        tmp_path: Path) -> None:
+    base = user_base(tmp_path, "node-a")
+    base.mkdir(parents=True)
+    os.chmod(base, 0o777)
+    done, seen = cycle_run(tmp_path, "node-a", PLAIN)
+    assert done.returncode == EXIT_USAGE and seen == {}
+    assert f"{base} has mode 777: it is open to other users" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_torch_default_directory_writable_by_others_is_refused(tmp_path: Path) -> None:
+    import getpass
+
+    default = tmp_path / "node-a" / "tmp" / f"torchinductor_{getpass.getuser()}"
+    default.mkdir(parents=True)
+    os.chmod(default, 0o777)
+    done, seen = cycle_run(tmp_path, "node-a", PLAIN)
+    assert done.returncode == EXIT_USAGE and seen == {}
+    assert f"torch's compile cache directory {default} has mode 777" in done.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="planting as another user needs root (chown)")
+def test_a_cache_directory_planted_by_another_user_is_refused(tmp_path: Path) -> None:
+    planted = user_base(tmp_path, "node-a") / "compile"
+    planted.mkdir(parents=True, mode=0o700)
+    os.chmod(planted.parent, 0o700)
+    os.chown(planted, 65534, 65534)
+    done, seen = cycle_run(tmp_path, "node-a", PLAIN)
+    assert done.returncode == EXIT_USAGE and seen == {}
+    assert f"{planted} belongs to uid 65534, not to you" in done.stderr
+
+
+def plant_carried(tmp_path: Path, torch_version: str | None = None) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(PLAIN)
+    cache = tmp_path / "elsewhere" / "cache"
+    cache.mkdir(parents=True)
+    (cache / "entry").write_bytes(b"compiled")
+    carried(tmp_path).parent.mkdir(parents=True)
+    pack({CACHE: cache, HEADERS: tmp_path / "elsewhere" / "headers"}, carried(tmp_path),
+         cache_key(script, torch_version=torch_version))
+
+
+def test_a_carried_cache_of_another_torch_version_is_not_loaded(tmp_path: Path) -> None:
+    plant_carried(tmp_path, torch_version="0.0.1+fake")
+    done, seen = cycle_run(tmp_path, "node-b", PLAIN)
+    assert done.returncode == 0, done.stderr
+    assert "is not loaded: it was made for torch 0.0.1+fake, this run has" in done.stderr
+    assert list(Path(seen["cache"]).parent.iterdir()) == []
+
+
+def test_a_corrupt_carried_cache_is_ignored_and_the_job_runs(tmp_path: Path) -> None:
+    plant_carried(tmp_path)
+    whole = carried(tmp_path).read_bytes()
+    carried(tmp_path).write_bytes(whole[:700])
+    done, seen = cycle_run(tmp_path, "node-b", PLAIN)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "compile cache" in line]
+    assert len(lines) == 1 and "is not loaded" in lines[0]
+    assert list(Path(seen["cache"]).parent.iterdir()) == []
