@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import socket
 import sys
 import time
@@ -171,12 +170,28 @@ def newest_of(layout: CheckpointLayout, found: list[Path | None]) -> Path | None
     return max(ranked)[2] if ranked else None
 
 
-def persist(memory: CheckpointLayout, durable: CheckpointLayout, name: CheckpointName) -> Path:
+class PersistAbandoned(CyclerError):
+    """A persist given up for a newer one that must start at once (a stop's); its unfinished
+    copy is removed."""
+
+
+Abandon = Callable[[], bool]
+"""Asked between chunks of a copy: whether to give the persist up (:class:`PersistAbandoned`)."""
+
+
+def never_abandon() -> bool:
+    """The default :data:`Abandon`: a persist runs to its end."""
+    return False
+
+
+def persist(memory: CheckpointLayout, durable: CheckpointLayout, name: CheckpointName,
+            abandon: Abandon = never_abandon) -> Path:
     """Copy the committed memory checkpoint ``name`` into the durable root and commit it there
     once the copy verifies; return the durable directory.
 
     The durable link moves only forward. Raises :class:`CorruptCheckpoint` (the copy removed)
-    when the memory copy does not match its own manifest.
+    when the memory copy does not match its own manifest, and :class:`PersistAbandoned` (the
+    copy removed) when ``abandon()`` says so before the commit.
     """
     source = memory.path_of(name)
     manifest = read_manifest(source)
@@ -195,7 +210,7 @@ def persist(memory: CheckpointLayout, durable: CheckpointLayout, name: Checkpoin
     try:
         for file in sorted(manifest.files):
             (target / file).parent.mkdir(parents=True, exist_ok=True)
-            _copy_durably(source / file, target / file)
+            copy_durably(source / file, target / file, abandon)
         problem = check_files(target, manifest, checksums=True)
         if problem is not None:
             raise CorruptCheckpoint(f"{source} cannot be persisted: its copy's {problem}")
@@ -234,9 +249,17 @@ def newer_than_persisted(memory: CheckpointLayout, durable: CheckpointLayout,
             if c.valid and (linked is None or c.index > linked.index)]
 
 
-def _copy_durably(source: Path, target: Path) -> None:
+COPY_CHUNK = 8 << 20
+
+
+def copy_durably(source: Path, target: Path, abandon: Abandon = never_abandon) -> None:
+    """Copy ``source`` to the new file ``target`` and fsync it; :class:`PersistAbandoned`
+    between two chunks once ``abandon()`` says so (the caller removes what it made)."""
     with open(source, "rb") as reading, open(target, "xb") as writing:
-        shutil.copyfileobj(reading, writing, 8 << 20)
+        while chunk := reading.read(COPY_CHUNK):
+            if abandon():
+                raise PersistAbandoned(f"the copy of {source} was given up for a newer one")
+            writing.write(chunk)
         writing.flush()
         os.fsync(writing.fileno())
 
