@@ -10,7 +10,7 @@ for it too (:mod:`cycler.checkpoint.in_flight`): the partner copies use a proces
 A stop's persist starts as soon as its checkpoint is committed in memory: the copy of an older,
 unpinned checkpoint still in flight is given up (the stop's stands for it), so the grace pays
 for one copy, not two. ``cycle run`` does not copy it again after the workers exit: it only
-checks that it landed (:func:`cycler.checkpoint.tiers.finish_job`).
+checks that it landed (:func:`cycler.checkpoint.job_end.finish_job`).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from cycler.checkpoint import tiers
+from cycler.checkpoint import job_end
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import inspect_checkpoint, list_checkpoints
 from cycler.checkpoint.lock import SupervisorLock
@@ -336,15 +336,15 @@ class Supervisor:
     def _announce_memory_tier(self) -> None:
         memory = self.options.memory_layout
         if memory is not None and self.options.node_rank == 0:  # one record per job: node 0's
-            tiers.announce(memory, self.layout, self.options.persist_every)
+            job_end.announce(memory, self.layout, self.options.persist_every)
 
     def _finish_memory_tier(self, outcome: RunOutcome) -> RunOutcome:
-        """The workers are gone: :func:`tiers.finish_job`, said in events; the outcome with
+        """The workers are gone: :func:`job_end.finish_job`, said in events; the outcome with
         the exit code that says where the newest state is."""
         memory = self.options.memory_layout
         if memory is None:
             return outcome
-        end = tiers.finish_job(memory, self.layout, several_nodes=self.options.nnodes > 1,
+        end = job_end.finish_job(memory, self.layout, several_nodes=self.options.nnodes > 1,
                                exit_code=outcome.exit_code)
         if end.persisted is not None:
             self._record("persisted", index=end.persisted.index, why=f"exit {outcome.exit_code}")

@@ -1,4 +1,4 @@
-"""tiers.finish_job, the memory tier's end of a job's run: what it persists, when it keeps the
+"""job_end.finish_job, the memory tier's end of a job's run: what it persists, when it keeps the
 tier, and the exit code that says where the newest state is (issue 25, finding 3)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from cycler import AtomicDirectory, atomic_torch_save
 from cycler.checkpoint.layout import CheckpointLayout
-from cycler.checkpoint.tiers import finish_job
+from cycler.checkpoint.job_end import finish_job
 from cycler.protocol.exit_codes import (
     EXIT_FAILURE,
     EXIT_NOT_PERSISTED,
