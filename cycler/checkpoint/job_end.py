@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cycler import _fs
+from cycler.checkpoint.commit import link_forward
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
+from cycler.checkpoint.listing import inspect_checkpoint
 from cycler.checkpoint.tiers import newer_than_persisted, persist_newest, remove_memory_root
 from cycler.errors import CyclerError
 from cycler.protocol.exit_codes import EXIT_NOT_PERSISTED, EXIT_REQUEUE, EXIT_SUCCESS
@@ -48,14 +50,22 @@ class JobEnd:
 
 
 def finish_job(memory: CheckpointLayout, durable: CheckpointLayout, *, several_nodes: bool,
-               exit_code: int) -> JobEnd:
+               exit_code: int, stopped: bool = False) -> JobEnd:
     """A run of the job ended and its workers are gone: persist the newest memory checkpoint
     if the checkpoint root has nothing as new (on several nodes this node contributes what it
     holds; the node that completes it commits it), then remove the memory tier unless the job
     may rerun here (``exit_code`` 75) or it holds the only copy of the newest state (the
-    persist failed). Never raises for a failed persist: the returned :class:`JobEnd` says it."""
+    persist failed). Never raises for a failed persist: the returned :class:`JobEnd` says it.
+
+    After a stop (``stopped``) nothing is copied: the workers persisted the stop's checkpoint
+    within the grace, and a copy now would run past the deadline the stop was given. Only
+    whether it landed is checked (:func:`check_landed`); where it did not, that is the
+    failure."""
     try:
-        if several_nodes:
+        persisted = None
+        if stopped:
+            check_landed(memory, durable, several_nodes)
+        elif several_nodes:
             # Imported here: nodes.contribution imports this module.
             from cycler.checkpoint.nodes.contribution import contribute_newest
 
@@ -69,6 +79,35 @@ def finish_job(memory: CheckpointLayout, durable: CheckpointLayout, *, several_n
     if removed:
         remove_memory_root(memory.root)
     return JobEnd(persisted=persisted, removed=removed)
+
+
+class NotPersisted(CyclerError):
+    """The newest memory checkpoint is not in the checkpoint root after a stop."""
+
+
+def check_landed(memory: CheckpointLayout, durable: CheckpointLayout, several_nodes: bool,
+                 ) -> None:
+    """After a stop: return when the newest valid memory checkpoint is committed in the
+    checkpoint root (its link moved forward if a kill left it behind) or, on several nodes,
+    when this node's share of it is there (the node that completes it commits it); raise
+    :class:`NotPersisted` otherwise. Copies nothing."""
+    # Imported here: nodes.contribution imports the tiers this module builds on.
+    from cycler.checkpoint.nodes.contribution import contributed, whole
+
+    newer = newer_than_persisted(memory, durable)
+    if several_nodes:  # one only some nodes committed (a rank died in between) is no one's
+        newer = [checkpoint for checkpoint in newer if whole(checkpoint.path)]
+    if not newer:
+        return
+    name = newer[0].name
+    if inspect_checkpoint(durable, name).valid:
+        link_forward(durable)  # killed between the manifest and the link
+        return
+    if several_nodes and contributed(memory, durable, name):
+        return
+    raise NotPersisted(f"checkpoint {name.index}, the newest, was not in {durable.root} when "
+                       "the workers exited: its copy did not finish within the stop's time "
+                       "(the grace, or Slurm's deadline) or failed (the workers' log says why)")
 
 
 def _newest_in_memory(memory: CheckpointLayout, durable: CheckpointLayout) -> Path:

@@ -16,11 +16,16 @@ checks that it landed (:func:`cycler.checkpoint.job_end.finish_job`).
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from cycler.checkpoint.in_flight import remember_in_flight, wait_before_destroying_process_groups
+from cycler.checkpoint.in_flight import (
+    remember_in_flight,
+    stopping,
+    wait_before_destroying_process_groups,
+)
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.nodes.contribution import contribute
 from cycler.checkpoint.nodes.partner_copy import replicate, retain_replicas
@@ -32,6 +37,7 @@ from cycler.checkpoint.tiers import (
     retain_durable,
     retain_memory,
 )
+from cycler.protocol.control import stop_requested_of_this_job
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +144,14 @@ class Persister:
         queued, self.queued = self.queued, None
         if queued is not None:
             queued.result()
+
+    def before_leaving(self) -> None:
+        """The saver leaves the memory tier (it is full): wait for what is queued; during a
+        stop, older unpinned copies give way first (the stop's checkpoint goes to the
+        checkpoint root directly and must not wait behind them in the grace)."""
+        if stopping() or stop_requested_of_this_job():
+            self._stop_index = sys.maxsize
+        self.finish()
 
     def wait(self, reported_too: bool = True) -> None:
         """What a stop, ``destroy_process_group()`` and the exit wait for (after every save

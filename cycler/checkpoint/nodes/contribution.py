@@ -65,6 +65,22 @@ def contribute(memory: CheckpointLayout, durable: CheckpointLayout, name: Checkp
     return True
 
 
+def whole(checkpoint: Path) -> bool:
+    """Whether a node's memory checkpoint was committed by every node (it has the job's
+    manifest), not only by some (a rank died in between)."""
+    return (checkpoint / JOB_MANIFEST_NAME).is_file()
+
+
+def contributed(memory: CheckpointLayout, durable: CheckpointLayout, name: CheckpointName,
+                ) -> bool:
+    """Whether every file this node holds of checkpoint ``name`` (that the job's manifest
+    names) is complete in the checkpoint root's directory of it."""
+    job = job_manifest(memory.path_of(name))
+    target = durable.path_of(name)
+    return all(_complete(target / file, job.files[file])
+               for file in held_files(memory, name) if file in job.files)
+
+
 def _complete(path: Path, record: FileRecord) -> bool:
     try:
         return path.lstat().st_size == record.size and not path.is_symlink()
@@ -95,7 +111,6 @@ def contribute_newest(memory: CheckpointLayout, durable: CheckpointLayout,
     only some nodes committed (a rank died in between): then an older one is the newest
     whole one."""
     for checkpoint in newer_than_persisted(memory, durable):
-        if (checkpoint.path / JOB_MANIFEST_NAME).is_file() \
-                and contribute(memory, durable, checkpoint.name):
+        if whole(checkpoint.path) and contribute(memory, durable, checkpoint.name):
             return checkpoint.name
     return None
