@@ -97,7 +97,7 @@ class AtomicDirectory:
         self._persister = None if tier is None else Persister(
             tier, CheckpointLayout(tier.root, self.name), self.durable, nodes, keep_last)
         self._placement = Placement(self.durable, tier, nodes, before_leaving=None if (
-            self._persister is None) else self._persister.finish)
+            self._persister is None) else self._persister.before_leaving)
         self._retainer = Retainer(keep_last)
         self._rounds = CommitRounds(self._coordinator, self._placement, strategy)
         self._dcp = DcpSaves(self._coordinator, strategy)

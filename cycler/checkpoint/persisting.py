@@ -6,21 +6,38 @@ A commit waits for none of it (removing a 100 MB checkpoint from tmpfs alone too
 runs on one thread of its own, in order. A stop's checkpoint is waited for (the node may be
 taken away next), and with several nodes a stop, ``destroy_process_group()`` and the exit wait
 for it too (:mod:`cycler.checkpoint.in_flight`): the partner copies use a process group.
+
+A stop's persist starts as soon as its checkpoint is committed in memory: the copy of an older,
+unpinned checkpoint still in flight is given up (the stop's stands for it), so the grace pays
+for one copy, not two. ``cycle run`` does not copy it again after the workers exit: it only
+checks that it landed (:func:`cycler.checkpoint.job_end.finish_job`).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from cycler.checkpoint.in_flight import remember_in_flight, wait_before_destroying_process_groups
+from cycler.checkpoint.in_flight import (
+    remember_in_flight,
+    stopping,
+    wait_before_destroying_process_groups,
+)
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.nodes.contribution import contribute
 from cycler.checkpoint.nodes.partner_copy import replicate, retain_replicas
 from cycler.checkpoint.nodes.topology import Nodes
-from cycler.checkpoint.tiers import MemoryTier, persist, retain_durable, retain_memory
+from cycler.checkpoint.tiers import (
+    MemoryTier,
+    PersistAbandoned,
+    persist,
+    retain_durable,
+    retain_memory,
+)
+from cycler.protocol.control import stop_requested_of_this_job
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +59,8 @@ class Persister:
         self.busy: set[int] = set()
         """Memory checkpoints queued or being copied to the checkpoint root: kept in memory."""
         self._busy_lock = threading.Lock()
+        self._stop_index: int | None = None
+        """The stop's checkpoint, once committed: older copies in flight give way to it."""
 
     def after_commit(self, committed: str, stop: bool) -> None:
         """After a commit in memory: queue its partner copy, its persisting if it is an
@@ -54,6 +73,8 @@ class Persister:
         if wanted:
             with self._busy_lock:
                 self.busy.add(name.index)
+        if stop:
+            self._stop_index = name.index  # read by the copy in flight, between two chunks
         if self._thread is None:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="cycler-persist")
             if self._nodes is not None:  # the partner copies run on a group the script may end
@@ -81,22 +102,33 @@ class Persister:
 
     def _persist_unless_superseded(self, name: CheckpointName) -> None:
         """Copy ``name`` to the checkpoint root, unless a newer one is queued to be (it stands
-        for this one: the durable root keeps up however slow it is); pinned ones always."""
-        memory, durable = self._memory, self._durable
+        for this one: the durable root keeps up however slow it is); pinned ones always. A
+        copy in flight gives way to a stop's checkpoint (:meth:`_gives_way`)."""
         try:
             with self._busy_lock:
                 superseded = not name.pinned and max(self.busy) > name.index
-            if superseded:
-                pass
-            elif self._nodes is not None:  # every node gives what it holds; the last seals
-                if contribute(memory, durable, name):
-                    retain_durable(durable, self._keep_last)
-            else:
-                persist(memory, durable, name)
-                retain_durable(durable, self._keep_last)
+            if not superseded:
+                self._persist(name)
+        except PersistAbandoned:
+            log.info("the persist of checkpoint %d gave way to the stop's", name.index)
         finally:
             with self._busy_lock:
                 self.busy.discard(name.index)
+
+    def _persist(self, name: CheckpointName) -> None:
+        memory, durable = self._memory, self._durable
+        if self._nodes is not None:  # every node gives what it holds; the last seals
+            if contribute(memory, durable, name, lambda: self._gives_way(name)):
+                retain_durable(durable, self._keep_last)
+        else:
+            persist(memory, durable, name, lambda: self._gives_way(name))
+            retain_durable(durable, self._keep_last)
+
+    def _gives_way(self, name: CheckpointName) -> bool:
+        """Whether the copy of ``name`` stops for a newer stop's checkpoint (pinned ones never
+        do: nothing else would persist them)."""
+        stop = self._stop_index
+        return stop is not None and stop > name.index and not name.pinned
 
     def _copy_to_partner(self, name: CheckpointName, nodes: Nodes) -> None:
         """The partner copy of a committed checkpoint (every leader, in step); a failure is
@@ -112,6 +144,14 @@ class Persister:
         queued, self.queued = self.queued, None
         if queued is not None:
             queued.result()
+
+    def before_leaving(self) -> None:
+        """The saver leaves the memory tier (it is full): wait for what is queued; during a
+        stop, older unpinned copies give way first (the stop's checkpoint goes to the
+        checkpoint root directly and must not wait behind them in the grace)."""
+        if stopping() or stop_requested_of_this_job():
+            self._stop_index = sys.maxsize
+        self.finish()
 
     def wait(self, reported_too: bool = True) -> None:
         """What a stop, ``destroy_process_group()`` and the exit wait for (after every save

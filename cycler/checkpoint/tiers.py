@@ -22,8 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-import socket
 import sys
 import time
 import weakref
@@ -42,7 +40,6 @@ from cycler.checkpoint.retainer import reclaim_leftovers
 from cycler.checkpoint.retention import retention_decisions
 from cycler.errors import CorruptCheckpoint, CyclerError, DiskFull
 from cycler.protocol.environment import ENV_CHECKPOINT_DIR, ENV_MEMORY_TIER, ENV_PERSIST_EVERY
-from cycler.protocol.exit_codes import EXIT_NOT_PERSISTED, EXIT_REQUEUE, EXIT_SUCCESS
 from cycler.protocol.names import MEMORY_OVERFLOW_FILENAME
 
 log = logging.getLogger(__name__)
@@ -171,12 +168,28 @@ def newest_of(layout: CheckpointLayout, found: list[Path | None]) -> Path | None
     return max(ranked)[2] if ranked else None
 
 
-def persist(memory: CheckpointLayout, durable: CheckpointLayout, name: CheckpointName) -> Path:
+class PersistAbandoned(CyclerError):
+    """A persist given up for a newer one that must start at once (a stop's); its unfinished
+    copy is removed."""
+
+
+Abandon = Callable[[], bool]
+"""Asked between chunks of a copy: whether to give the persist up (:class:`PersistAbandoned`)."""
+
+
+def never_abandon() -> bool:
+    """The default :data:`Abandon`: a persist runs to its end."""
+    return False
+
+
+def persist(memory: CheckpointLayout, durable: CheckpointLayout, name: CheckpointName,
+            abandon: Abandon = never_abandon) -> Path:
     """Copy the committed memory checkpoint ``name`` into the durable root and commit it there
     once the copy verifies; return the durable directory.
 
     The durable link moves only forward. Raises :class:`CorruptCheckpoint` (the copy removed)
-    when the memory copy does not match its own manifest.
+    when the memory copy does not match its own manifest, and :class:`PersistAbandoned` (the
+    copy removed) when ``abandon()`` says so before the commit.
     """
     source = memory.path_of(name)
     manifest = read_manifest(source)
@@ -195,7 +208,7 @@ def persist(memory: CheckpointLayout, durable: CheckpointLayout, name: Checkpoin
     try:
         for file in sorted(manifest.files):
             (target / file).parent.mkdir(parents=True, exist_ok=True)
-            _copy_durably(source / file, target / file)
+            copy_durably(source / file, target / file, abandon)
         problem = check_files(target, manifest, checksums=True)
         if problem is not None:
             raise CorruptCheckpoint(f"{source} cannot be persisted: its copy's {problem}")
@@ -234,9 +247,17 @@ def newer_than_persisted(memory: CheckpointLayout, durable: CheckpointLayout,
             if c.valid and (linked is None or c.index > linked.index)]
 
 
-def _copy_durably(source: Path, target: Path) -> None:
+COPY_CHUNK = 8 << 20
+
+
+def copy_durably(source: Path, target: Path, abandon: Abandon = never_abandon) -> None:
+    """Copy ``source`` to the new file ``target`` and fsync it; :class:`PersistAbandoned`
+    between two chunks once ``abandon()`` says so (the caller removes what it made)."""
     with open(source, "rb") as reading, open(target, "xb") as writing:
-        shutil.copyfileobj(reading, writing, 8 << 20)
+        while chunk := reading.read(COPY_CHUNK):
+            if abandon():
+                raise PersistAbandoned(f"the copy of {source} was given up for a newer one")
+            writing.write(chunk)
         writing.flush()
         os.fsync(writing.fileno())
 
@@ -279,71 +300,3 @@ def retain_memory(memory: CheckpointLayout, busy: Collection[int], keep: int = M
 def remove_memory_root(root: Path) -> None:
     """Remove a job's memory root (the job ended for good); logged, never raised."""
     _fs.remove_logged(_fs.discard_directory, root, "memory tier")
-
-
-# ---------------------------------------------------------------------------------------------
-# The supervisor's side: where the tier is, and what happens to it when a job's run ends
-
-
-def announce(memory: CheckpointLayout, durable: CheckpointLayout, persist_every: int) -> None:
-    """Record where this job's memory tier is (root, host, persist interval) in the checkpoint
-    root's ``.cycler/``, for ``cycle status``; one record per job (the caller is node 0)."""
-    record = {"root": str(memory.root), "host": socket.gethostname(),
-              "persist_every": persist_every}
-    _fs.atomic_write_bytes(durable.memory_tier_record_path, json.dumps(record).encode(),
-                           durable=False)
-
-
-@dataclass(frozen=True)
-class JobEnd:
-    """What :func:`finish_job` did with the memory tier when a run of the job ended."""
-
-    persisted: CheckpointName | None = None
-    """The checkpoint persisted now (``None``: none needed to be, or it failed)."""
-    failure: str | None = None
-    """Why the newest memory checkpoint did not reach the checkpoint root (``None``: it did,
-    or the root had everything already)."""
-    newest: Path | None = None
-    """With a failure: the memory checkpoint (or root) that holds the newest state."""
-    removed: bool = False
-    """Whether the memory root was removed (the job ended for good)."""
-
-    def exit_code(self, planned: int) -> int:
-        """``cycle run``'s exit code: :data:`EXIT_NOT_PERSISTED` where the planned code would
-        say the state is safe in the checkpoint root (the script finished, or a stop's
-        checkpoint to resume) and it is not; a failure's code stays what it was."""
-        if self.failure is not None and planned in (EXIT_SUCCESS, EXIT_REQUEUE):
-            return EXIT_NOT_PERSISTED
-        return planned
-
-
-def finish_job(memory: CheckpointLayout, durable: CheckpointLayout, *, several_nodes: bool,
-               exit_code: int) -> JobEnd:
-    """A run of the job ended and its workers are gone: persist the newest memory checkpoint
-    if the checkpoint root has nothing as new (on several nodes this node contributes what it
-    holds; the node that completes it commits it), then remove the memory tier unless the job
-    may rerun here (``exit_code`` 75) or it holds the only copy of the newest state (the
-    persist failed). Never raises for a failed persist: the returned :class:`JobEnd` says it."""
-    try:
-        if several_nodes:
-            # Imported here: nodes.contribution imports this module.
-            from cycler.checkpoint.nodes.contribution import contribute_newest
-
-            persisted = contribute_newest(memory, durable)
-        else:
-            persisted = persist_newest(memory, durable)
-    except (OSError, CyclerError) as error:
-        return JobEnd(failure=str(error) or type(error).__name__,
-                      newest=_newest_in_memory(memory, durable))
-    removed = exit_code != EXIT_REQUEUE and memory.root.exists()
-    if removed:
-        remove_memory_root(memory.root)
-    return JobEnd(persisted=persisted, removed=removed)
-
-
-def _newest_in_memory(memory: CheckpointLayout, durable: CheckpointLayout) -> Path:
-    try:
-        newer = newer_than_persisted(memory, durable)
-    except OSError:
-        newer = []
-    return newer[0].path if newer else memory.root

@@ -78,6 +78,9 @@ MESSAGES = {
                       "persisting it to the checkpoint root failed ({error}); exit {code}, not "
                       "{planned}, and the memory tier is kept: a rerun on this node resumes "
                       "from it",
+    "requeue_withheld": "not requeued: a requeued job starts on another node, from the older "
+                        "checkpoint in the checkpoint root, while the newest state is in this "
+                        "node's memory ({newest})",
     "control_unwritable": "cannot write the control file ({error}): the workers are told by "
                           "SIGTERM instead, and the stop may end without a checkpoint",
     "checkpoint_interval": "checkpoint interval: every {steps} steps (about {seconds:g} s) "
@@ -98,7 +101,7 @@ HISTORY = frozenset({
     "failed_after_training", "requeue",
     "requeue_skipped", "exit",
     "hang", "start_failed", "waiting_for_node", "persisted", "memory_tier_removed",
-    "persist_failed", "control_unwritable",
+    "persist_failed", "requeue_withheld", "control_unwritable",
     "checkpoint_committed", "checkpoint_interval",
 })
 """The events ``cycle status`` shows: what the job went through, not every checkpoint."""

@@ -153,6 +153,8 @@ class SupervisorCore:
         self._stop_signals: list[str] = []
         self._stop_path: StopPath | None = None
         self._stop_deadline = 0.0
+        self.stopped = False
+        """Whether the run ended as a stop (exit 75, or 1 with nothing to resume)."""
 
     # -- entry points -----------------------------------------------------------------------
 
@@ -430,6 +432,7 @@ class SupervisorCore:
 
     def _finish_stop(self, handled_by_script: bool = False) -> list[SupervisorAction]:
         """End a stop. ``handled_by_script``: a plain script got the signal and exited 0."""
+        self.stopped = True
         latest = self.latest_checkpoint
         made = latest is not None and latest != self._checkpoint_at_stop
         if latest is None and not handled_by_script:

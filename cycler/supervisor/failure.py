@@ -11,6 +11,7 @@ in native code, a missing script).
 from __future__ import annotations
 
 import re
+import signal
 
 TAIL_LINES = 20
 _TRACEBACK_START = "Traceback (most recent call last):"
@@ -31,28 +32,63 @@ def failure_report(stderr: str, code: int) -> str:
 
 
 _VARYING = re.compile(r"^\[(?:rank|default)\d+\]:|0x[0-9a-fA-F]+|\b(?:pid|port) \d+")
+_FRAME = re.compile(r"^\s*File \"")
+_TEMPORARY = re.compile(r"(?:/tmp|/var/tmp|/dev/shm|/run/user/\d+)/[^\s'\"):,]*")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+_SIGNAL_DEATH = re.compile(r"^-(\d+)\b")
 
 
 def failure_signature(stderr: str) -> str | None:
-    """The failing worker's traceback with what differs between two runs of the same failure
-    (rank prefixes, addresses, pids) taken out; ``None`` when there is no traceback."""
-    body = _worker_traceback(stderr.splitlines())
-    return "\n".join(_VARYING.sub("", line) for line in body) or None
+    """What two runs of the same failure share: the failing worker's traceback, its frames
+    (file, line, function: the kind of failure) kept and, in the other lines (the message),
+    what differs between runs taken out: rank prefixes, addresses, pids, ports, temporary
+    paths, numbers (a time, a count of seconds). With no traceback, the signal that killed the
+    failing rank (``killed by SIGSEGV``); ``None`` when there is neither."""
+    lines = stderr.splitlines()
+    body = _worker_traceback(lines)
+    if body:
+        return "\n".join(_without_varying(line) for line in body)
+    return _signal_death(lines)
+
+
+def _without_varying(line: str) -> str:
+    line = _VARYING.sub("", line)
+    if _FRAME.match(line):
+        return line  # the frame's line number is where it failed: the kind, not a detail
+    return _NUMBER.sub("N", _TEMPORARY.sub("<temporary path>", line))
+
+
+def _signal_death(lines: list[str]) -> str | None:
+    """``killed by SIGSEGV`` when torchrun's root cause is a rank killed by a signal."""
+    code = _root_cause_fields(lines).get("exitcode", "")
+    match = _SIGNAL_DEATH.match(code)
+    if match is None:
+        return None
+    number = int(match.group(1))
+    try:
+        return f"killed by {signal.Signals(number).name}"
+    except ValueError:
+        return f"killed by signal {number}"
 
 
 def _root_cause(lines: list[str]) -> str | None:
+    found = _root_cause_fields(lines)
+    if "rank" not in found:
+        return None
+    return f"rank {found['rank']} failed with exit code {found.get('exitcode', '?')}"
+
+
+def _root_cause_fields(lines: list[str]) -> dict[str, str]:
     try:
         start = max(i for i, line in enumerate(lines) if line.startswith("Root Cause"))
     except ValueError:
-        return None
+        return {}
     found: dict[str, str] = {}
     for line in lines[start:start + 8]:
         match = _ROOT_CAUSE_FIELD.match(line)
         if match:
             found.setdefault(match.group(1), match.group(2))
-    if "rank" not in found:
-        return None
-    return f"rank {found['rank']} failed with exit code {found.get('exitcode', '?')}"
+    return found
 
 
 def _traceback_blocks(lines: list[str]) -> list[list[str]]:

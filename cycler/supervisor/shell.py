@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from cycler.checkpoint import tiers
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import inspect_checkpoint, list_checkpoints
 from cycler.checkpoint.lock import SupervisorLock
@@ -48,6 +47,7 @@ from cycler.supervisor.slurm import (
     read_job,
     requeue_job,
 )
+from cycler.supervisor.tier_end import TierEnd
 from cycler.supervisor.torchrun import (
     LaunchPlan,
     full_environment,
@@ -140,9 +140,9 @@ class Supervisor:
         self._tree: WorkerTree | None = None
         self._watchdog: Watchdog | None = None
         self._outcome: RunOutcome | None = None
-        self._exit_said: core.Log | None = None
-        """With the memory tier: the core's exit line, held until the end of job decided the
-        code (a persist that fails changes it)."""
+        self._tier_end = TierEnd(options, self._record, self._requeue)
+        self._stopped = False
+        """Whether the run ended as a stop (its persist is checked, never repeated)."""
         self._failure: str | None = None
         self._linked = self._links()
         self._started_at = clock()
@@ -186,7 +186,7 @@ class Supervisor:
         self._record("start", pid=os.getpid(), script=str(self.options.script),
                      nproc_per_node=self.options.nproc_per_node, nnodes=self.options.nnodes,
                      node_rank=self.options.node_rank, grace=self.options.grace, **process_start())
-        self._announce_memory_tier()
+        self._tier_end.announce()
         self._config = decisions.config
         self._execute(decisions.start(self._clock()))
         while self._outcome is None:
@@ -205,6 +205,7 @@ class Supervisor:
                 self._learn_hard_deadline(self._clock(), decisions.config.kill_after)
             if decisions.listening:
                 self._execute(decisions.handle(core.Announced(self._announced(), self._clock())))
+        self._stopped = decisions.stopped
         return self._outcome
 
     def _watch_other_nodes(self, decisions: core.SupervisorCore) -> None:
@@ -335,45 +336,20 @@ class Supervisor:
         memory = self.options.memory_layout
         return [self.layout] if memory is None else [memory, self.layout]
 
-    def _announce_memory_tier(self) -> None:
-        memory = self.options.memory_layout
-        if memory is not None and self.options.node_rank == 0:  # one record per job: node 0's
-            tiers.announce(memory, self.layout, self.options.persist_every)
-
     def _finish_memory_tier(self, outcome: RunOutcome) -> RunOutcome:
-        """The workers are gone: :func:`tiers.finish_job`, said in events; the outcome with
-        the exit code that says where the newest state is."""
-        memory = self.options.memory_layout
-        if memory is None:
-            return outcome
-        end = tiers.finish_job(memory, self.layout, several_nodes=self.options.nnodes > 1,
-                               exit_code=outcome.exit_code)
-        if end.persisted is not None:
-            self._record("persisted", index=end.persisted.index, why=f"exit {outcome.exit_code}")
-        if end.removed:
-            self._record("memory_tier_removed", root=str(memory.root))
-        code = end.exit_code(outcome.exit_code)
-        said, self._exit_said = self._exit_said, None
-        if end.failure is None:
-            if said is not None:
-                self._record(said.event, warning=said.warning, **said.fields)
-            return outcome
-        fields = {"newest": str(end.newest), "error": end.failure, "code": code,
-                  "planned": outcome.exit_code}
-        self._record("persist_failed", warning=True, **fields)
-        self._record("exit", warning=True, code=code,
-                     reason="the newest checkpoint is only in this node's memory")
-        return RunOutcome(code, describe("persist_failed", fields), outcome.failure)
+        """The workers are gone: the outcome with the exit code that says where the newest
+        state is (:class:`TierEnd`)."""
+        code, line = self._tier_end.finish(outcome.exit_code, stopped=self._stopped)
+        return outcome if line is None else RunOutcome(code, line, outcome.failure)
 
     # -- actions ----------------------------------------------------------------------------
 
     def _execute(self, actions: list[core.SupervisorAction]) -> None:
         actions = requeue_on_foreign_checkpoint(actions, self._config, self._foreign)
         for action in actions:
-            if isinstance(action, core.Log) and action.event == "exit" \
-                    and self.options.memory_layout is not None:
-                self._exit_said = action  # said once the memory tier's end fixed the code
-            elif isinstance(action, core.Log):
+            if self._tier_end.holds(action):
+                continue  # said, or done, once the memory tier's end fixed the code
+            if isinstance(action, core.Log):
                 self._record(action.event, warning=action.warning, **action.fields)
             elif isinstance(action, core.WriteControl):
                 self._write_control(action.request)

@@ -105,3 +105,20 @@ def _cmdline(process: psutil.Process) -> str:
     with contextlib.suppress(psutil.Error):
         return " ".join(process.cmdline())[:120]
     return "?"
+
+
+def fake_scontrol(tmp_path: Path, job_state: str = "RUNNING",
+                  kill_wait: int = 30) -> tuple[dict[str, str], Path]:
+    """A ``scontrol`` on PATH: answers ``show job`` with ``job_state`` (no time limit) and
+    ``show config`` with ``kill_wait``, records other calls."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "scontrol-calls.txt"
+    fake = bin_dir / "scontrol"
+    fake.write_text('#!/bin/sh\n'
+                    'if [ "$1 $2" = "show config" ]; then '
+                    f'echo "KillWait                = {kill_wait} sec"; exit 0; fi\n'
+                    f'if [ "$1" = show ]; then echo "JobId=$4 JobState={job_state}"; exit 0; fi\n'
+                    f'echo "$@" >> {record}\n')
+    fake.chmod(0o755)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}, record

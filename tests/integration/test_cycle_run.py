@@ -9,14 +9,13 @@ request, or spawn a grandchild. Process checks use psutil on the real process tr
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from pathlib import Path
 
 import pytest
 from cycle_jobs import Job as _Job
-from cycle_jobs import assert_all_gone, wait_for
+from cycle_jobs import assert_all_gone, fake_scontrol, wait_for
 from typer.testing import CliRunner
 
 from cycler.checkpoint.layout import CheckpointLayout
@@ -203,23 +202,6 @@ def test_workers_that_ignore_the_request_are_killed_after_the_grace(tmp_path: Pa
 
 
 # --- requeue ----------------------------------------------------------------------------------
-
-
-def fake_scontrol(tmp_path: Path, job_state: str = "RUNNING",
-                  kill_wait: int = 30) -> tuple[dict[str, str], Path]:
-    """A ``scontrol`` on PATH: answers ``show job`` with ``job_state`` (no time limit) and
-    ``show config`` with ``kill_wait``, records other calls."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    record = tmp_path / "scontrol-calls.txt"
-    fake = bin_dir / "scontrol"
-    fake.write_text('#!/bin/sh\n'
-                    'if [ "$1 $2" = "show config" ]; then '
-                    f'echo "KillWait                = {kill_wait} sec"; exit 0; fi\n'
-                    f'if [ "$1" = show ]; then echo "JobId=$4 JobState={job_state}"; exit 0; fi\n'
-                    f'echo "$@" >> {record}\n')
-    fake.chmod(0o755)
-    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}, record
 
 
 def test_cont_and_term_twice_under_slurm_requeue_the_job_once(tmp_path: Path, jobs: list[Job]):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cycler.supervisor.failure import failure_report
+from cycler.supervisor.failure import failure_report, failure_signature
 
 WORKER_TRACEBACK = """\
 Traceback (most recent call last):
@@ -63,3 +63,34 @@ def test_without_a_traceback_the_last_lines_of_output_are_reported():
 
 def test_without_any_output_the_report_is_the_exit_code():
     assert failure_report("", 2) == "workers failed (exit code 2)"
+
+
+def traceback_of(message: str, line: int = 4, kind: str = "RuntimeError") -> str:
+    return (f'Traceback (most recent call last):\n  File "/tmp/job/train.py", line {line}, in '
+            f'<module>\n    raise {kind}(message)\n{kind}: {message}\n' + TORCHRUN_REPORT)
+
+
+def test_two_failures_whose_messages_differ_in_a_time_a_path_or_a_port_have_one_signature():
+    pairs = [("started at 1795704465.9313772, gave up after 12.5 s",
+              "started at 1795704471.1022001, gave up after 3 s"),
+             ("cannot read /tmp/tmpa8x_k2q1/state.pt", "cannot read /tmp/tmpzz0c91ab/state.pt"),
+             ("address in use: 127.0.0.1:45123", "address in use: 127.0.0.1:38011"),
+             ("rank 3 timed out at 2026-11-26 14:59:01", "rank 3 timed out at 2026-11-26 15:00:17")]
+    for first, second in pairs:
+        assert failure_signature(traceback_of(first)) == failure_signature(traceback_of(second))
+
+
+def test_failures_that_differ_in_kind_keep_different_signatures():
+    base = failure_signature(traceback_of("no CUDA device"))
+    assert base != failure_signature(traceback_of("no CUDA device", line=5))
+    assert base != failure_signature(traceback_of("no CUDA device", kind="ValueError"))
+    assert base != failure_signature(traceback_of("no such file"))
+
+
+def test_a_rank_killed_by_a_signal_is_named_by_the_signal():
+    segfault = TORCHRUN_REPORT.replace("exitcode  : 1 (pid: 4806)", "exitcode  : -11 (pid: 4806)")
+    other_pid = segfault.replace("4806", "5120")
+    assert failure_signature(segfault) == failure_signature(other_pid) == "killed by SIGSEGV"
+    aborted = TORCHRUN_REPORT.replace("exitcode  : 1 (pid: 4806)", "exitcode  : -6 (pid: 4806)")
+    assert failure_signature(aborted) == "killed by SIGABRT"
+    assert failure_signature(TORCHRUN_REPORT) is None, "an exit code is no signature"

@@ -1,4 +1,4 @@
-"""tiers.finish_job, the memory tier's end of a job's run: what it persists, when it keeps the
+"""job_end.finish_job, the memory tier's end of a job's run: what it persists, when it keeps the
 tier, and the exit code that says where the newest state is (issue 25, finding 3)."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from cycler import AtomicDirectory, atomic_torch_save
+from cycler.checkpoint.job_end import finish_job
 from cycler.checkpoint.layout import CheckpointLayout
-from cycler.checkpoint.tiers import finish_job
+from cycler.checkpoint.tiers import persist
 from cycler.protocol.exit_codes import (
     EXIT_FAILURE,
     EXIT_NOT_PERSISTED,
@@ -61,3 +62,24 @@ def test_nothing_newer_in_memory_persists_nothing_and_fails_nothing(tmp_path: Pa
     durable = CheckpointLayout(tmp_path / "root", "AtomicDirectory")
     end = finish_job(memory, durable, several_nodes=False, exit_code=EXIT_SUCCESS)
     assert (end.persisted, end.failure, end.exit_code(EXIT_SUCCESS)) == (None, None, 0)
+
+
+def test_after_a_stop_nothing_is_copied_and_a_checkpoint_that_did_not_land_is_the_failure(
+        tmp_path: Path) -> None:
+    memory = memory_with_checkpoints(tmp_path / "memory", 2)
+    durable = CheckpointLayout(tmp_path / "root", "AtomicDirectory")
+    durable.root.mkdir()
+    end = finish_job(memory, durable, several_nodes=False, exit_code=EXIT_REQUEUE, stopped=True)
+    assert end.failure is not None and "checkpoint 1" in end.failure
+    assert end.persisted is None and not list(durable.root.iterdir()), "nothing was copied"
+    assert end.newest == memory.path_of(memory.parse("AtomicDirectory_checkpoint_1"))
+    assert end.exit_code(EXIT_REQUEUE) == EXIT_NOT_PERSISTED and memory.root.is_dir()
+
+
+def test_after_a_stop_whose_checkpoint_landed_the_end_is_clean(tmp_path: Path) -> None:
+    memory = memory_with_checkpoints(tmp_path / "memory", 2)
+    durable = CheckpointLayout(tmp_path / "root", "AtomicDirectory")
+    durable.root.mkdir()
+    persist(memory, durable, memory.parse("AtomicDirectory_checkpoint_1"))
+    end = finish_job(memory, durable, several_nodes=False, exit_code=EXIT_REQUEUE, stopped=True)
+    assert (end.failure, end.persisted, end.exit_code(EXIT_REQUEUE)) == (None, None, EXIT_REQUEUE)

@@ -5,7 +5,6 @@ place; the contribution that completes the set commits it there."""
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 from cycler import _fs
@@ -21,7 +20,12 @@ from cycler.checkpoint.nodes.node_commit import (
     node_files,
 )
 from cycler.checkpoint.nodes.partner_copy import replica_path
-from cycler.checkpoint.tiers import newer_than_persisted
+from cycler.checkpoint.tiers import (
+    Abandon,
+    copy_durably,
+    never_abandon,
+    newer_than_persisted,
+)
 from cycler.errors import CorruptCheckpoint
 
 
@@ -34,11 +38,12 @@ def held_files(memory: CheckpointLayout, name: CheckpointName) -> dict[str, Path
 
 
 def contribute(memory: CheckpointLayout, durable: CheckpointLayout, name: CheckpointName,
-               ) -> bool:
+               abandon: Abandon = never_abandon) -> bool:
     """Copy what this node holds of checkpoint ``name`` into the checkpoint root's directory of
     it, each file verified before it is renamed into place; whichever node completes the set
     writes the job manifest and moves the link forward. Returns whether the checkpoint is
-    committed in the checkpoint root."""
+    committed in the checkpoint root. :class:`PersistAbandoned` once ``abandon()`` says so (a
+    stop's checkpoint must go first)."""
     job = job_manifest(memory.path_of(name))
     check_names(memory.path_of(name), job)
     target = durable.path_of(name)
@@ -51,13 +56,29 @@ def contribute(memory: CheckpointLayout, durable: CheckpointLayout, name: Checkp
         record = job.files.get(file)
         if record is None or _complete(target / file, record):
             continue
-        _copy_verified(path, target / file, record, job.checksum)
+        _copy_verified(path, target / file, record, job.checksum, abandon)
     if not all(_complete(target / file, record) for file, record in job.files.items()):
         return False
     for parent in sorted({(target / file).parent for file in job.files}, reverse=True):
         _fs.fsync_directory(parent)
     finalize(durable, name, job, forward=True)  # nodes seal concurrently
     return True
+
+
+def whole(checkpoint: Path) -> bool:
+    """Whether a node's memory checkpoint was committed by every node (it has the job's
+    manifest), not only by some (a rank died in between)."""
+    return (checkpoint / JOB_MANIFEST_NAME).is_file()
+
+
+def contributed(memory: CheckpointLayout, durable: CheckpointLayout, name: CheckpointName,
+                ) -> bool:
+    """Whether every file this node holds of checkpoint ``name`` (that the job's manifest
+    names) is complete in the checkpoint root's directory of it."""
+    job = job_manifest(memory.path_of(name))
+    target = durable.path_of(name)
+    return all(_complete(target / file, job.files[file])
+               for file in held_files(memory, name) if file in job.files)
 
 
 def _complete(path: Path, record: FileRecord) -> bool:
@@ -67,14 +88,12 @@ def _complete(path: Path, record: FileRecord) -> bool:
         return False
 
 
-def _copy_verified(source: Path, target: Path, record: FileRecord, algorithm: str) -> None:
+def _copy_verified(source: Path, target: Path, record: FileRecord, algorithm: str,
+                   abandon: Abandon) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = _fs.temporary_sibling(target)
     try:
-        with open(source, "rb") as reading, open(temporary, "xb") as writing:
-            shutil.copyfileobj(reading, writing, 8 << 20)
-            writing.flush()
-            os.fsync(writing.fileno())
+        copy_durably(source, temporary, abandon)
         if file_checksum(temporary, algorithm) != record.checksum:
             raise CorruptCheckpoint(f"{source} does not match its checksum; not persisted")
         os.replace(temporary, target)
@@ -92,7 +111,6 @@ def contribute_newest(memory: CheckpointLayout, durable: CheckpointLayout,
     only some nodes committed (a rank died in between): then an older one is the newest
     whole one."""
     for checkpoint in newer_than_persisted(memory, durable):
-        if (checkpoint.path / JOB_MANIFEST_NAME).is_file() \
-                and contribute(memory, durable, checkpoint.name):
+        if whole(checkpoint.path) and contribute(memory, durable, checkpoint.name):
             return checkpoint.name
     return None

@@ -1,0 +1,191 @@
+"""Issue 25, finding 8: with the memory tier a stop's persist starts as soon as its checkpoint
+is committed in memory, runs once, inside the grace, and a stop whose checkpoint did not reach
+the checkpoint root ends with exit 74 and no requeue.
+
+Real `cycle run`, real signals, real files: the memory tier on a real tmpfs, the checkpoint
+root on the test's disk, where every file of a persist is fsynced. A "slow persist" is a
+checkpoint of many small files (one fsync each: a few ms apiece on a disk, seconds in all).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from cycle_jobs import fake_scontrol
+from tmpfs import mounted_tmpfs
+
+from cycler import EXIT_REQUEUE, list_checkpoints
+from cycler.checkpoint.memory_roots import memory_base, memory_root
+from cycler.protocol.events import read_events
+from cycler.protocol.exit_codes import EXIT_NOT_PERSISTED
+
+JOB = """
+import os, time
+from cycler import AtomicDirectory, StepControl
+s = AtomicDirectory(os.environ["CYCLER_CHECKPOINT_DIR"], keep_last=3)
+c = StepControl(every_steps=10**9)
+for step in range(10**9):
+    time.sleep(0.1)
+    d = c.step()
+    # The first checkpoint, and the stop's when STOP_FILES says so, are many small files.
+    files = int(os.environ["FILES"]) if step == 1 else int(os.environ["STOP_FILES"])
+    if step == 1 or d.checkpoint or d.stop:
+        dd = s.prepare_checkpoint_directory()
+        for n in range(files if step == 1 or d.stop else 1):
+            with open(os.path.join(dd, f"part-{n}.bin"), "wb") as part:
+                part.write(os.urandom(4096))
+        s.symlink_latest(dd, metadata={"step": step})
+        print("committed", os.path.basename(dd), "at", time.time(), flush=True)
+    if d.stop: break
+c.close()
+"""
+
+
+@pytest.fixture
+def shm(tmp_path: Path) -> Iterator[Path]:
+    """A real tmpfs for the memory tier (its commits cost no fsync)."""
+    with mounted_tmpfs(tmp_path / "shm", "1g") as mount:
+        yield mount
+
+
+def start(tmp_path: Path, shm: Path, *flags: str, files: int, stop_files: int,
+          root: Path | None = None, env: dict[str, str] | None = None,
+          ) -> subprocess.Popen[str]:
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    command = [sys.executable, "-m", "cycler_cli", "run", "--memory-dir", str(shm),
+               "--checkpoint-dir", str(root or tmp_path / "ck"), *flags, str(script)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "FILES": str(files), "STOP_FILES": str(stop_files),
+                                 "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def wait_for(condition: object, process: subprocess.Popen[str], what: str) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()[0]
+        if condition():  # type: ignore[operator]
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{what} within 120 s")
+
+
+def valid(root: Path) -> list[int]:
+    return [c.index for c in list_checkpoints(root) if c.valid] if root.is_dir() else []
+
+
+def copy_in_flight(root: Path) -> bool:
+    """Whether a persist has copied some files of a checkpoint and not committed it yet."""
+    found = list_checkpoints(root) if root.is_dir() else []
+    return any(not c.valid and len(os.listdir(c.path)) > 20 for c in found if c.path.is_dir())
+
+
+def stop(process: subprocess.Popen[str]) -> tuple[str, float]:
+    """SIGTERM; the output and the seconds from the signal to the exit."""
+    sent = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=180)
+    return output, time.monotonic() - sent
+
+
+def events(tmp_path: Path) -> list[dict[str, object]]:
+    return read_events(tmp_path / "ck" / ".cycler" / "events-node0.jsonl")
+
+
+def stop_during_first_persist(tmp_path: Path, shm: Path) -> tuple[Path, Path]:
+    """Stop while the first checkpoint's persist (20000 files, one fsync each: well over the
+    6 s grace on a disk) is under way; the stop's checkpoint is 1 file. Return the roots."""
+    root = tmp_path / "ck"
+    process = start(tmp_path, shm, "--grace", "6", files=20000, stop_files=1)
+    wait_for(lambda: copy_in_flight(root), process, "the first checkpoint's persist under way")
+    output, took = stop(process)
+    print(f"SIGTERM to exit: {took:.2f} s")
+    assert process.returncode == EXIT_REQUEUE, output
+    assert took < 6, f"the stop took {took:.1f} s, past the 6 s grace\n{output}"
+    assert all(c.valid for c in list_checkpoints(root)), "the copy given up left nothing"
+    assert not [e for e in events(tmp_path) if e["event"] == "persisted"], \
+        "the end of job copied nothing: the worker's persist was the one"
+    return root, memory_root(memory_base(shm), root)
+
+
+def test_a_stop_during_a_slow_persist_ends_inside_the_grace_with_its_checkpoint_in_the_root(
+        tmp_path: Path, shm: Path) -> None:
+    root, memory = stop_during_first_persist(tmp_path, shm)
+    assert valid(root)[-1] == valid(memory)[-1] == 1, "the stop's checkpoint is in the root"
+
+
+def test_a_stop_that_finds_the_memory_tier_full_does_not_wait_behind_the_persist_in_flight(
+        tmp_path: Path) -> None:
+    # 80 MB in memory and 80 MB more would pass half of 256 MB: the stop's checkpoint goes to
+    # the checkpoint root directly, and must not wait for the first one's copy first.
+    with mounted_tmpfs(tmp_path / "small-shm", "256m") as shm:
+        root, _ = stop_during_first_persist(tmp_path, shm)
+    assert valid(root)[-1] == 1, "the stop's checkpoint is in the root"
+
+
+def workers(process: subprocess.Popen[str]) -> list[psutil.Process]:
+    """torchrun's workers (they have a LOCAL_RANK; the agent and the launcher do not)."""
+    found = []
+    for child in psutil.Process(process.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "LOCAL_RANK" in child.environ():
+                found.append(child)
+    return found
+
+
+def test_a_stop_whose_persist_is_cut_by_a_kill_is_not_copied_again_and_exits_74(
+        tmp_path: Path, shm: Path) -> None:
+    # kill -9 of the worker in the middle of the stop's persist (3000 files): cycle run must
+    # not copy it again after the workers (a copy with no deadline), and must say where the
+    # state is; the root keeps its previous checkpoint, never a partial one.
+    root = tmp_path / "ck"
+    memory = memory_root(memory_base(shm), root)
+    process = start(tmp_path, shm, "--grace", "60", files=1, stop_files=3000)
+    wait_for(lambda: valid(root) == [0], process, "the first checkpoint persisted")
+    (worker,) = workers(process)
+    sent = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    wait_for(lambda: copy_in_flight(root), process, "the stop's persist under way")
+    worker.kill()
+    output, _ = process.communicate(timeout=180)
+    took = time.monotonic() - sent
+    assert process.returncode == EXIT_NOT_PERSISTED, output
+    assert valid(memory)[-1] == 1 and valid(root) == [0], output
+    assert list_checkpoints(root)[0].is_latest, "the root still resumes from checkpoint 0"
+    said = [line for line in output.splitlines() if "only in this node's memory" in line]
+    assert said and str(memory) in said[0], output
+    assert not [e for e in events(tmp_path) if e["event"] == "persisted"], "copied once"
+    assert took < 30, f"{took:.1f} s from SIGTERM to exit"
+
+
+def fill(mount: Path) -> None:
+    """Fill the tmpfs but 64 KB (room for the supervisor's records, none for a checkpoint)."""
+    stats = os.statvfs(mount)
+    with open(mount / "fill", "wb") as filler:
+        filler.write(b"\0" * max(0, stats.f_bavail * stats.f_frsize - (64 << 10)))
+
+
+def test_a_stop_whose_persist_fails_exits_74_and_is_not_requeued(tmp_path: Path,
+                                                                  shm: Path) -> None:
+    path_env, record = fake_scontrol(tmp_path)
+    with mounted_tmpfs(tmp_path / "small", "8m") as small:
+        root = small / "ck"
+        process = start(tmp_path, shm, "--grace", "10", files=1, stop_files=100, root=root,
+                        env={**path_env, "SLURM_JOB_ID": "4242"})
+        wait_for(lambda: valid(root) == [0], process, "the first checkpoint persisted")
+        fill(small)  # the stop's 400 KB do not fit
+        output, _ = stop(process)
+        names = [e["event"] for e in read_events(root / ".cycler" / "events-node0.jsonl")]
+    assert process.returncode == EXIT_NOT_PERSISTED, output
+    assert not record.exists(), f"scontrol requeue ran: {record.read_text()}\n{output}"
+    assert "not requeued" in output and "this node's memory" in output, output
+    assert "requeue_withheld" in names and "requeue" not in names
