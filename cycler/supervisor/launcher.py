@@ -43,6 +43,7 @@ from cycler.protocol.events import EventLog, describe
 from cycler.protocol.names import WORKERS_FINISHED_FILENAME, every_node
 from cycler.protocol.progress import AFTER_THE_LOOP, read_beacons
 from cycler.protocol.stop_signals import ignore_stray, on_stray_signal, stop_signals
+from cycler.supervisor import forked
 from cycler.supervisor.budget import RestartBudget
 
 
@@ -287,6 +288,9 @@ def main(argv: list[str] | None = None) -> None:
         restarts.install()
     if "fixed-nodes" in own:
         keep_node_ranks(int(own["node-rank"]), int(own["fixed-nodes"]))
+    if "fork" in own and can_fork_workers():
+        arguments = ["--run-path", "--start-method", "fork", *arguments]
+        torchrun.run_script_path = forked.run_worker
     try:
         torchrun.main(_handling_only_sigquit(arguments))
     except (ChildFailedError, SignalException) as error:
@@ -294,6 +298,19 @@ def main(argv: list[str] | None = None) -> None:
             raise
         sys.stderr.write(f"torchrun: {_summary(error)} during the stop cycle run asked for\n")
         sys.exit(1)
+
+
+def can_fork_workers() -> bool:
+    """Load what workers import (:func:`.forked.preload`); whether the workers may be forked
+    from this process: not where CUDA is initialised (a forked child cannot use it)."""
+    import torch
+
+    forked.preload()
+    if torch.cuda.is_initialized():
+        sys.stderr.write("cycle: CUDA is initialised in torchrun's agent: the workers start "
+                         "as fresh processes\n")
+        return False
+    return True
 
 
 def _handling_only_sigquit(arguments: list[str]) -> list[str]:

@@ -88,14 +88,24 @@ def torchrun_command(options: RunOptions, python: str = sys.executable) -> list[
     return command + [str(options.script), *options.script_args]
 
 
+def forks_workers(options: RunOptions) -> bool:
+    """Whether torchrun's agent forks the workers (:mod:`.forked`): asked for, a script (not
+    a module, an executable or ``--run-path``), a number of processes (counting the GPUs may
+    initialise CUDA in the agent), and no start method of the user's."""
+    return (options.fork_workers and options.launch_mode == "script"
+            and isinstance(options.nproc_per_node, int)
+            and not _has_option(options.torchrun_args, "--start-method", "--start_method"))
+
+
 def restarts_by_torchrun(options: RunOptions) -> bool:
     """Whether torchrun's agent restarts failed workers (multi-node jobs), not the supervisor."""
     return options.nnodes > 1
 
 
 def _launcher_arguments(options: RunOptions) -> list[str]:
+    forking = ["--cycle-fork=1"] if forks_workers(options) else []
     if not restarts_by_torchrun(options):
-        return []
+        return forking
     root = options.layout.root
     arguments = [f"--cycle-restarts={options.max_restarts}",
                  f"--cycle-checkpoints={root}",
@@ -104,7 +114,7 @@ def _launcher_arguments(options: RunOptions) -> list[str]:
                  f"--cycle-node-rank={options.node_rank}"]
     if options.min_nodes is None and options.rdzv_endpoint is None:
         arguments.append(f"--cycle-fixed-nodes={options.nnodes}")
-    return arguments
+    return forking + arguments
 
 
 JOIN_MARGIN = 30.0

@@ -1,0 +1,179 @@
+"""Workers forked from torchrun's agent, which has imported torch already (``--fork-workers``).
+
+A worker started as ``python -u train.py`` imports torch again, on every start and restart:
+about a second per start on an idle machine, several under load. Forked from the agent (torch's
+own ``fork`` start method with a function entrypoint, as ``torchrun --run-path --start-method
+fork`` does), a worker starts with torch and the modules a training script imports loaded. The
+script then runs through :func:`runpy.run_path` as ``__main__``, and :func:`run_worker` makes the
+child what ``python -u SCRIPT ARGS`` would have been, for everything cycle and a script can see:
+
+- its own session (torchrun starts every worker in one: the supervisor signals its group);
+- the signal handlers and mask of a fresh interpreter, not the agent's (torchrun's handlers and
+  the launcher's shield must never reach a script);
+- ``sys.argv``, ``sys.path[0]`` (the script's directory) and ``__main__`` (the script, so that
+  pickles of its classes and DataLoader workers under ``spawn`` find it), unbuffered streams;
+- the root logger without the agent's handlers, so that the script's ``logging.basicConfig``
+  works as in a fresh process;
+- torch's intra-op threads from ``$OMP_NUM_THREADS`` (torchrun sets it in the agent after
+  torch was loaded, so the fork would keep the agent's count);
+- cycler's worker start-up (the beacon, the stack dump, the announcement) as at import;
+- the exit: ``sys.exit(n)`` exits ``n``, an uncaught exception prints its traceback to stderr
+  and exits 1, a KeyboardInterrupt ends the process by SIGINT, and the script's ``atexit``
+  functions run after its non-daemon threads ended (not the agent's: they are dropped first).
+  The interpreter's own teardown is skipped (``os._exit``, as multiprocessing does): the agent's
+  objects copied into the child (its store server among them) must not be torn down twice.
+
+CUDA must never have been initialised in the agent: a forked child cannot use a CUDA context
+made before the fork. torchrun initialises none with a number for ``--nproc-per-node`` (``gpu``
+and ``auto`` count the GPUs, which may) and neither does anything cycle imports here; the
+launcher checks ``torch.cuda.is_initialized()`` before it starts workers and falls back to
+fresh processes when it is.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import logging
+import os
+import signal
+import sys
+import threading
+import traceback
+from typing import NoReturn
+
+PRELOADED = ("torch", "torch.distributed", "torch.nn", "torch.nn.parallel", "torch.optim",
+             "torch.utils.data", "torch._dynamo", "cycler")
+"""What the agent imports before it forks: torch's modules that almost every training script
+imports. ``torch._dynamo`` because ``DistributedDataParallel``'s constructor imports it (1.9
+s here; half a restart's process group time) as does ``torch.compile``."""
+
+
+def preload() -> None:
+    """Import :data:`PRELOADED` in the agent (those that exist in this torch and cycler)."""
+    import cycler
+
+    # cycler's API: what a worker's `from cycler import ...` loads.
+    for name in (*PRELOADED, *sorted(set(cycler._PUBLIC.values()))):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+
+
+def run_worker(script: str, *arguments: str) -> None:
+    """The body of one forked worker: run ``script`` with ``arguments`` as ``python -u`` would.
+
+    Returns only when the script ended with success (torch's entrypoint then reports it to the
+    agent); every other end exits the process here, with the code Python would have given.
+    """
+    _fresh_process(script, arguments)
+    import runpy
+
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as stop:
+        code = _exit_code(stop)
+        if code:
+            _exit(code)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        _finish()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught error
+        sys.excepthook(*sys.exc_info())
+        _exit(1)
+    _finish()
+
+
+def _fresh_process(script: str, arguments: tuple[str, ...]) -> None:
+    os.setsid()
+    _default_signals()
+    atexit._clear()  # the agent's, inherited: only the script's run at its exit
+    sys.argv = [script, *arguments]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(write_through=True)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.setLevel(logging.WARNING)
+    _torch_threads()
+    _cycler_worker()
+
+
+def _default_signals() -> None:
+    """Every handler and the mask a fresh interpreter starts with."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    for number in signal.valid_signals():
+        if number in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            current = signal.getsignal(number)
+        except (OSError, ValueError):
+            continue
+        if number == signal.SIGINT:
+            wanted = signal.default_int_handler
+        elif number in (signal.SIGPIPE, signal.SIGXFSZ):
+            wanted = signal.SIG_IGN
+        else:
+            wanted = signal.SIG_DFL
+        if current is not wanted and current is not None:
+            try:
+                signal.signal(number, wanted)
+            except (OSError, ValueError):
+                pass
+
+
+def _torch_threads() -> None:
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
+def _cycler_worker() -> None:
+    """What ``import cycler`` does in a worker (the agent imported cycler as no worker)."""
+    import cycler
+
+    cycler._WORKER = bool(os.environ.get("CYCLER_CONTROL_FILE") and os.environ.get("LOCAL_RANK"))
+    if not cycler._WORKER:
+        return
+    from cycler.protocol.features import USES_CYCLER, announce
+    from cycler.protocol.progress import beacon, register_stack_dump
+
+    announce(USES_CYCLER)
+    beacon()
+    register_stack_dump()
+
+
+def _exit_code(stop: SystemExit) -> int:
+    """The exit status Python gives ``sys.exit(stop.code)`` (a message is printed, then 1)."""
+    code = stop.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _finish() -> None:
+    """What the interpreter does at its exit before its teardown: wait for the non-daemon
+    threads, run the ``atexit`` functions, flush the streams."""
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _exit(code: int) -> NoReturn:
+    _finish()
+    os._exit(code)
