@@ -16,7 +16,8 @@ child what ``python -u SCRIPT ARGS`` would have been, for everything cycle and a
   works as in a fresh process;
 - torch's intra-op threads from ``$OMP_NUM_THREADS`` (torchrun sets it in the agent after
   torch was loaded, so the fork would keep the agent's count);
-- cycler's worker start-up (the beacon, the stack dump, the announcement) as at import;
+- cycler's modules unloaded, so that the script's ``import cycler`` is a worker's first, with
+  its start-up (the beacon, the stack dump) and fresh module state;
 - the exit: ``sys.exit(n)`` exits ``n``, an uncaught exception prints its traceback to stderr
   and exits 1, a KeyboardInterrupt ends the process by SIGINT, and the script's ``atexit``
   functions run after its non-daemon threads ended (not the agent's: they are dropped first).
@@ -39,11 +40,10 @@ import os
 import signal
 import sys
 import threading
-import traceback
 from typing import NoReturn
 
 PRELOADED = ("torch", "torch.distributed", "torch.nn", "torch.nn.parallel", "torch.optim",
-             "torch.utils.data", "torch._dynamo", "cycler")
+             "torch.utils.data", "torch._dynamo")
 """What the agent imports before it forks: torch's modules that almost every training script
 imports. ``torch._dynamo`` because ``DistributedDataParallel``'s constructor imports it (1.9
 s here; half a restart's process group time) as does ``torch.compile``."""
@@ -51,10 +51,7 @@ s here; half a restart's process group time) as does ``torch.compile``."""
 
 def preload() -> None:
     """Import :data:`PRELOADED` in the agent (those that exist in this torch and cycler)."""
-    import cycler
-
-    # cycler's API: what a worker's `from cycler import ...` loads.
-    for name in (*PRELOADED, *sorted(set(cycler._PUBLIC.values()))):
+    for name in PRELOADED:
         try:
             importlib.import_module(name)
         except ImportError:
@@ -76,15 +73,24 @@ def run_worker(script: str, *arguments: str) -> None:
         code = _exit_code(stop)
         if code:
             _exit(code)
-    except KeyboardInterrupt:
-        traceback.print_exc()
+    except KeyboardInterrupt as interrupt:
+        _print_uncaught(interrupt, script)
         _finish()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
-    except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught error
-        sys.excepthook(*sys.exc_info())
+    except BaseException as error:  # noqa: BLE001 - what the interpreter does with it
+        _print_uncaught(error, script)
         _exit(1)
     _finish()
+
+
+def _print_uncaught(error: BaseException, script: str) -> None:
+    """The traceback Python prints, from the script's frame on (without runpy's and ours)."""
+    frames = error.__traceback__
+    while frames is not None and frames.tb_frame.f_code.co_filename != script:
+        frames = frames.tb_next
+    error = error.with_traceback(frames or error.__traceback__)
+    sys.excepthook(type(error), error, error.__traceback__)
 
 
 def _fresh_process(script: str, arguments: tuple[str, ...]) -> None:
@@ -102,7 +108,10 @@ def _fresh_process(script: str, arguments: tuple[str, ...]) -> None:
         root.removeHandler(handler)
     root.setLevel(logging.WARNING)
     _torch_threads()
-    _cycler_worker()
+    # cycler as a fresh worker imports it: its start-up in a worker (the beacon, the stack
+    # dump) happens at the script's own `import cycler`, and never for a script without it.
+    for name in [name for name in sys.modules if name.partition(".")[0] == "cycler"]:
+        del sys.modules[name]
 
 
 def _default_signals() -> None:
@@ -134,21 +143,6 @@ def _torch_threads() -> None:
         import torch
 
         torch.set_num_threads(int(threads))
-
-
-def _cycler_worker() -> None:
-    """What ``import cycler`` does in a worker (the agent imported cycler as no worker)."""
-    import cycler
-
-    cycler._WORKER = bool(os.environ.get("CYCLER_CONTROL_FILE") and os.environ.get("LOCAL_RANK"))
-    if not cycler._WORKER:
-        return
-    from cycler.protocol.features import USES_CYCLER, announce
-    from cycler.protocol.progress import beacon, register_stack_dump
-
-    announce(USES_CYCLER)
-    beacon()
-    register_stack_dump()
 
 
 def _exit_code(stop: SystemExit) -> int:
