@@ -114,7 +114,7 @@ def _launcher_arguments(options: RunOptions) -> list[str]:
                  f"--cycle-node-rank={options.node_rank}"]
     if options.min_nodes is None and options.rdzv_endpoint is None:
         arguments.append(f"--cycle-fixed-nodes={options.nnodes}")
-    return forking + arguments
+    return arguments + forking
 
 
 JOIN_MARGIN = 30.0
