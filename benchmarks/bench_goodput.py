@@ -49,8 +49,9 @@ EXIT_REQUEUE = 75
 
 def command(root: Path, args: argparse.Namespace) -> list[str]:
     return [sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", str(args.nproc),
-            "--checkpoint-dir", str(root), *args.cycle_args.split(), str(SCRIPT), "--epochs", str(args.epochs),
-            "--samples", str(args.samples), "--checkpoint-every", str(args.checkpoint_every),
+            "--checkpoint-dir", str(root), *args.cycle_args.split(), str(SCRIPT),
+            "--epochs", str(args.epochs), "--samples", str(args.samples),
+            "--checkpoint-every", str(args.checkpoint_every),
             "--step-delay", str(args.step_delay)]
 
 

@@ -40,7 +40,7 @@ import os
 import signal
 import sys
 import threading
-from typing import NoReturn
+from typing import Any, NoReturn
 
 PRELOADED = ("torch", "torch.distributed", "torch.nn", "torch.nn.parallel", "torch.optim",
              "torch.utils.data", "torch._dynamo")
@@ -124,6 +124,7 @@ def _default_signals() -> None:
             current = signal.getsignal(number)
         except (OSError, ValueError):
             continue
+        wanted: Any
         if number == signal.SIGINT:
             wanted = signal.default_int_handler
         elif number in (signal.SIGPIPE, signal.SIGXFSZ):

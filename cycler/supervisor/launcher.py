@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> None:
         keep_node_ranks(int(own["node-rank"]), int(own["fixed-nodes"]))
     if "fork" in own and can_fork_workers():
         arguments = ["--run-path", "--start-method", "fork", *arguments]
-        torchrun.run_script_path = forked.run_worker
+        torchrun.run_script_path = forked.run_worker  # type: ignore[assignment]
     try:
         torchrun.main(_handling_only_sigquit(arguments))
     except (ChildFailedError, SignalException) as error:
