@@ -7,7 +7,8 @@ fork`` does), a worker starts with torch and the modules a training script impor
 script then runs through :func:`runpy.run_path` as ``__main__``, and :func:`run_worker` makes the
 child what ``python -u SCRIPT ARGS`` would have been, for everything cycle and a script can see:
 
-- its own session (torchrun starts every worker in one: the supervisor signals its group);
+- its own session (torchrun starts every worker in one: the supervisor signals its group), and
+  ``python -u SCRIPT ARGS`` as its command line;
 - the signal handlers and mask of a fresh interpreter, not the agent's (torchrun's handlers and
   the launcher's shield must never reach a script);
 - ``sys.argv``, ``sys.path[0]`` (the script's directory) and ``__main__`` (the script, so that
@@ -95,6 +96,7 @@ def _print_uncaught(error: BaseException, script: str) -> None:
 
 def _fresh_process(script: str, arguments: tuple[str, ...]) -> None:
     os.setsid()
+    _command_line([sys.executable, "-u", script, *arguments])
     _default_signals()
     atexit._clear()  # the agent's, inherited: only the script's run at its exit
     sys.argv = [script, *arguments]
@@ -112,6 +114,25 @@ def _fresh_process(script: str, arguments: tuple[str, ...]) -> None:
     # dump) happens at the script's own `import cycler`, and never for a script without it.
     for name in [name for name in sys.modules if name.partition(".")[0] == "cycler"]:
         del sys.modules[name]
+
+
+def _command_line(words: list[str]) -> None:
+    """Show ``words`` as this process's command line (``ps``, psutil, the hang report), not
+    the agent's it was forked with: written over the agent's arguments in this process's
+    memory, which the kernel reads them from (they are always longer: the script and its
+    arguments are among them). Best effort: the agent's stay where this is refused."""
+    try:
+        with open("/proc/self/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48, 49)
+        title = b"\0".join(os.fsencode(word) for word in words) + b"\0"
+        if len(title) > end - start:
+            return
+        with open("/proc/self/mem", "r+b", buffering=0) as memory:
+            memory.seek(start)
+            memory.write(title + b"\0" * (end - start - len(title)))
+    except (OSError, ValueError, IndexError):
+        pass
 
 
 def _default_signals() -> None:
