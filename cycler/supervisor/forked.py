@@ -59,6 +59,26 @@ def preload() -> None:
             pass
 
 
+def count_clean_exits_as_returns() -> None:
+    """Make torch's agent count a forked worker that exited 0 without returning (a script that
+    ends with ``os._exit(0)``, as some do to skip a slow teardown) as finished, as it counts a
+    ``python`` worker that exits 0: torch's function entrypoint waits for a return value from
+    every worker, and would wait for this one's forever."""
+    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
+
+    poll = MultiprocessContext._poll
+
+    def poll_counting_clean_exits(context: Any) -> Any:
+        processes = context._pc.processes if context._pc is not None else []
+        for local_rank, process in enumerate(processes):
+            if process.exitcode == 0 and local_rank not in context._return_values \
+                    and context._ret_vals[local_rank].empty():
+                context._return_values[local_rank] = None
+        return poll(context)
+
+    MultiprocessContext._poll = poll_counting_clean_exits  # type: ignore[method-assign]
+
+
 def run_worker(script: str, *arguments: str) -> None:
     """The body of one forked worker: run ``script`` with ``arguments`` as ``python -u`` would.
 
@@ -138,6 +158,7 @@ def _command_line(words: list[str]) -> None:
 def _default_signals() -> None:
     """Every handler and the mask a fresh interpreter starts with."""
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    signal.set_wakeup_fd(-1)
     for number in signal.valid_signals():
         if number in (signal.SIGKILL, signal.SIGSTOP):
             continue

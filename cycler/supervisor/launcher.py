@@ -291,6 +291,7 @@ def main(argv: list[str] | None = None) -> None:
     if "fork" in own and can_fork_workers():
         arguments = ["--run-path", "--start-method", "fork", *arguments]
         torchrun.run_script_path = forked.run_worker  # type: ignore[assignment]
+        forked.count_clean_exits_as_returns()
     try:
         torchrun.main(_handling_only_sigquit(arguments))
     except (ChildFailedError, SignalException) as error:
