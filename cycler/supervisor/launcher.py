@@ -307,6 +307,7 @@ def can_fork_workers() -> bool:
     import torch
 
     forked.preload()
+    forked.freeze_for_fork()
     if torch.cuda.is_initialized():
         sys.stderr.write("cycle: CUDA is initialised in torchrun's agent: the workers start "
                          "as fresh processes\n")
