@@ -89,7 +89,7 @@ def count_clean_exits_as_returns() -> None:
                 context._return_values[local_rank] = None
         return poll(context)
 
-    MultiprocessContext._poll = poll_counting_clean_exits  # type: ignore[method-assign]
+    MultiprocessContext._poll = poll_counting_clean_exits  # type: ignore[method-assign,assignment]
 
 
 def run_worker(script: str, *arguments: str) -> None:
