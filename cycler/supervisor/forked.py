@@ -45,10 +45,12 @@ import threading
 from typing import Any, NoReturn
 
 PRELOADED = ("torch", "torch.distributed", "torch.nn", "torch.nn.parallel", "torch.optim",
-             "torch.utils.data", "torch._dynamo")
+             "torch.utils.data")
 """What the agent imports before it forks: torch's modules that almost every training script
-imports. ``torch._dynamo`` because ``DistributedDataParallel``'s constructor imports it (1.9
-s here; half a restart's process group time) as does ``torch.compile``."""
+imports. Not ``torch._dynamo``, which ``DistributedDataParallel``'s constructor imports (1.9 s
+here): imported in the agent it delays every worker's start, also for scripts that never use
+it, by as much as the workers, importing it side by side, take (to the first step of the
+2-rank example: 8.9 s and 13.5 s with it, 8.8 s and 13.7 s without, at load 7-11)."""
 
 
 def preload() -> None:
@@ -64,9 +66,9 @@ def freeze_for_fork() -> None:
     """Keep the agent's objects out of every garbage collection from now on (:func:`gc.freeze`).
 
     A forked child shares the agent's memory until it writes to it; a collection writes to
-    every object it visits, so the worker's first full collection would copy the agent's whole
-    heap, torch's modules included: 2-4 s at the start of every worker here, more than the
-    import it saves. Frozen, the agent's objects are never visited, in the agent or a child.
+    every object it visits, so a worker's full collections would copy the agent's heap, torch's
+    modules included, page by page (Python's advice for a fork without exec: freeze before
+    it). Frozen, the agent's objects are never visited, in the agent or a child.
     """
     gc.collect()
     gc.freeze()
