@@ -47,15 +47,18 @@ from typing import Any, NoReturn
 PRELOADED = ("torch", "torch.distributed", "torch.nn", "torch.nn.parallel", "torch.optim",
              "torch.utils.data")
 """What the agent imports before it forks: torch's modules that almost every training script
-imports. Not ``torch._dynamo``, which ``DistributedDataParallel``'s constructor imports (1.9 s
-here): imported in the agent it delays every worker's start, also for scripts that never use
-it, by as much as the workers, importing it side by side, take (to the first step of the
-2-rank example: 8.9 s and 13.5 s with it, 8.8 s and 13.7 s without, at load 7-11)."""
+imports. ``torch._dynamo``, which ``DistributedDataParallel``'s constructor imports (1.9 s
+here), only for a script that names it (:func:`.torchrun.fork_preloads`): in the agent it
+delays the start of a script that never uses it by as much, and where the machine has a core
+per worker the workers import it side by side in about the same time (to the first step of
+the 2-rank example: 8.9 s and 13.5 s with it, 8.8 s and 13.7 s without, at load 7-11); on
+fewer cores than workers, or a loaded machine, once in the agent is cheaper (process group
+5-7 s per restart at load 13 without it)."""
 
 
-def preload() -> None:
-    """Import :data:`PRELOADED` in the agent (those that exist in this torch and cycler)."""
-    for name in PRELOADED:
+def preload(more: list[str] | tuple[str, ...] = ()) -> None:
+    """Import :data:`PRELOADED` and ``more`` in the agent (those that exist in this torch)."""
+    for name in (*PRELOADED, *more):
         try:
             importlib.import_module(name)
         except ImportError:

@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> None:
         restarts.install()
     if "fixed-nodes" in own:
         keep_node_ranks(int(own["node-rank"]), int(own["fixed-nodes"]))
-    if "fork" in own and can_fork_workers():
+    if "fork" in own and can_fork_workers([n for n in own["fork"].split(",") if n != "1"]):
         arguments = ["--run-path", "--start-method", "fork", *arguments]
         torchrun.run_script_path = forked.run_worker  # type: ignore[assignment]
         forked.count_clean_exits_as_returns()
@@ -301,12 +301,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
 
 
-def can_fork_workers() -> bool:
-    """Load what workers import (:func:`.forked.preload`); whether the workers may be forked
-    from this process: not where CUDA is initialised (a forked child cannot use it)."""
+def can_fork_workers(more: list[str]) -> bool:
+    """Load what workers import (:func:`.forked.preload`, and the modules ``more``); whether
+    the workers may be forked from this process: not where CUDA is initialised (a forked
+    child cannot use it)."""
     import torch
 
-    forked.preload()
+    forked.preload(more)
     forked.freeze_for_fork()
     if torch.cuda.is_initialized():
         sys.stderr.write("cycle: CUDA is initialised in torchrun's agent: the workers start "
