@@ -20,6 +20,10 @@ with the same arguments) with two differences:
   in this process: after a failure it either leaves torchrun's restart alone or sets the
   agent's remaining restarts to 0. Each decision goes to this node's events log (the
   supervisor's, on the same host: appends from one host never interleave).
+- ``--cycle-fork=MODULES`` (a script with a number of processes per node, unless
+  ``--no-fork-workers``): the workers are forked from this process once it has imported torch
+  and what workers import (:mod:`.forked`), instead of starting as fresh Pythons that import
+  it again.
 - In a job of a fixed number of nodes, node ``--node-rank R`` gets group rank R, as under
   torchrun's static rendezvous (c10d would order nodes by host name and pid), so which node
   holds global rank 0 stays what the command line says. Workers reach each other through the
