@@ -219,9 +219,12 @@ def _exit_code(stop: SystemExit) -> int:
 
 def _finish() -> None:
     """What the interpreter does at its exit before its teardown: wait for the non-daemon
-    threads, run the ``atexit`` functions, flush the streams."""
+    threads, run the ``atexit`` functions, collect the script's objects (their finalizers run:
+    a DataLoader's iterator ends its worker processes, which would otherwise outlive this one
+    until the supervisor's SIGKILL), flush the streams."""
     threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
+    gc.collect()  # the script's module is unreachable by now: its globals are a cycle
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
