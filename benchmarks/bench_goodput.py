@@ -49,8 +49,9 @@ EXIT_REQUEUE = 75
 
 def command(root: Path, args: argparse.Namespace) -> list[str]:
     return [sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", str(args.nproc),
-            "--checkpoint-dir", str(root), str(SCRIPT), "--epochs", str(args.epochs),
-            "--samples", str(args.samples), "--checkpoint-every", str(args.checkpoint_every),
+            "--checkpoint-dir", str(root), *args.cycle_args.split(), str(SCRIPT),
+            "--epochs", str(args.epochs), "--samples", str(args.samples),
+            "--checkpoint-every", str(args.checkpoint_every),
             "--step-delay", str(args.step_delay)]
 
 
@@ -134,6 +135,8 @@ def main() -> None:
                         help="seconds of each run before its interruption")
     parser.add_argument("--checkpoint-every", type=int, default=1500, help="steps")
     parser.add_argument("--modes", default="none,stop,none,kill,none")
+    parser.add_argument("--cycle-args", default="",
+                        help="more options for every cycle run (--no-fork-workers)")
     parser.add_argument("--max-runs", type=int, default=30)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     parser.add_argument("--keep", type=Path, default=None,
@@ -158,7 +161,7 @@ def main() -> None:
     print(f"\nload average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
           f"{args.nproc} ranks, {args.epochs} epochs of {args.samples} samples, "
           f"{args.step_delay:g} s sleep a step, interrupted every {args.every:g} s, "
-          f"checkpoints every {args.checkpoint_every} steps")
+          f"checkpoints every {args.checkpoint_every} steps; cycle run {args.cycle_args}")
     print("| interruption | wall | n | cost each | goodput at 1/5 min | stopwatch goodput "
           "| status goodput | status wall | status cost each | biggest parts (s each) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")

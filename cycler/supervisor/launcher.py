@@ -20,6 +20,10 @@ with the same arguments) with two differences:
   in this process: after a failure it either leaves torchrun's restart alone or sets the
   agent's remaining restarts to 0. Each decision goes to this node's events log (the
   supervisor's, on the same host: appends from one host never interleave).
+- ``--cycle-fork=MODULES`` (a script with a number of processes per node, unless
+  ``--no-fork-workers``): the workers are forked from this process once it has imported torch
+  and what workers import (:mod:`.forked`), instead of starting as fresh Pythons that import
+  it again.
 - In a job of a fixed number of nodes, node ``--node-rank R`` gets group rank R, as under
   torchrun's static rendezvous (c10d would order nodes by host name and pid), so which node
   holds global rank 0 stays what the command line says. Workers reach each other through the
@@ -43,6 +47,7 @@ from cycler.protocol.events import EventLog, describe
 from cycler.protocol.names import WORKERS_FINISHED_FILENAME, every_node
 from cycler.protocol.progress import AFTER_THE_LOOP, read_beacons
 from cycler.protocol.stop_signals import ignore_stray, on_stray_signal, stop_signals
+from cycler.supervisor import forked
 from cycler.supervisor.budget import RestartBudget
 
 
@@ -287,6 +292,10 @@ def main(argv: list[str] | None = None) -> None:
         restarts.install()
     if "fixed-nodes" in own:
         keep_node_ranks(int(own["node-rank"]), int(own["fixed-nodes"]))
+    if "fork" in own and can_fork_workers([n for n in own["fork"].split(",") if n != "1"]):
+        arguments = ["--run-path", "--start-method", "fork", *arguments]
+        torchrun.run_script_path = forked.run_worker  # type: ignore[assignment]
+        forked.count_clean_exits_as_returns()
     try:
         torchrun.main(_handling_only_sigquit(arguments))
     except (ChildFailedError, SignalException) as error:
@@ -294,6 +303,21 @@ def main(argv: list[str] | None = None) -> None:
             raise
         sys.stderr.write(f"torchrun: {_summary(error)} during the stop cycle run asked for\n")
         sys.exit(1)
+
+
+def can_fork_workers(more: list[str]) -> bool:
+    """Load what workers import (:func:`.forked.preload`, and the modules ``more``); whether
+    the workers may be forked from this process: not where CUDA is initialised (a forked
+    child cannot use it)."""
+    import torch
+
+    forked.preload(more)
+    forked.freeze_for_fork()
+    if torch.cuda.is_initialized():
+        sys.stderr.write("cycle: CUDA is initialised in torchrun's agent: the workers start "
+                         "as fresh processes\n")
+        return False
+    return True
 
 
 def _handling_only_sigquit(arguments: list[str]) -> list[str]:

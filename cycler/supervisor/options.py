@@ -95,6 +95,11 @@ class RunOptions:
     ``--run-path``)."""
     torchrun_args: tuple[str, ...] = ()
     """torchrun options cycle does not own (``--log-dir``, ``--tee``, ...), passed unchanged."""
+    fork_workers: bool = option(
+        True, "--fork-workers/--no-fork-workers", yaml=(bool,),
+        help="Start each worker by fork from torchrun's agent, which has imported torch "
+             "(a script, not -m or --no-python; a number of processes per node)")
+    """Saves every worker its own ``import torch`` at each start (:mod:`.forked`)."""
     checkpoint_dir: Path = option(
         Path("checkpoints"), "--checkpoint-dir", yaml=(str,),
         env=(ENV_CHECKPOINT_DIR, ENV_ISC_ARTIFACT_PATH),

@@ -89,14 +89,43 @@ def torchrun_command(options: RunOptions, python: str = sys.executable) -> list[
     return command + [str(options.script), *options.script_args]
 
 
+def forks_workers(options: RunOptions) -> bool:
+    """Whether torchrun's agent forks the workers (:mod:`.forked`): asked for, a script (not
+    a module, an executable or ``--run-path``), a number of processes (counting the GPUs may
+    initialise CUDA in the agent), and no start method of the user's."""
+    return (options.fork_workers and options.launch_mode == "script"
+            and isinstance(options.nproc_per_node, int)
+            and not _has_option(options.torchrun_args, "--start-method", "--start_method"))
+
+
+DYNAMO_USERS = (b"DistributedDataParallel", b"torch.compile", b"fully_shard",
+                b"FullyShardedDataParallel", b"_dynamo")
+"""Names in a script that make its workers import ``torch._dynamo`` (1.9 s here)."""
+
+
+def fork_preloads(script: str | Path) -> str:
+    """What the agent imports for ``script``'s forked workers beyond torch's common modules:
+    ``torch._dynamo`` where the script names what imports it (DDP's constructor does), so that
+    the workers do not each import it again, side by side; ``1`` for nothing more. A script
+    that never needs it (or that only an imported module of it uses) is not delayed by it."""
+    try:
+        with open(script, "rb") as handle:
+            text = handle.read(1 << 20)
+    except OSError:
+        return "1"
+    return "torch._dynamo" if any(name in text for name in DYNAMO_USERS) else "1"
+
+
 def restarts_by_torchrun(options: RunOptions) -> bool:
     """Whether torchrun's agent restarts failed workers (multi-node jobs), not the supervisor."""
     return options.nnodes > 1
 
 
 def _launcher_arguments(options: RunOptions) -> list[str]:
+    forking = [f"--cycle-fork={fork_preloads(options.script)}"] if forks_workers(options) \
+        else []
     if not restarts_by_torchrun(options):
-        return []
+        return forking
     root = options.layout.root
     arguments = [f"--cycle-restarts={options.max_restarts}",
                  f"--cycle-checkpoints={root}",
@@ -105,7 +134,7 @@ def _launcher_arguments(options: RunOptions) -> list[str]:
                  f"--cycle-node-rank={options.node_rank}"]
     if options.min_nodes is None and options.rdzv_endpoint is None:
         arguments.append(f"--cycle-fixed-nodes={options.nnodes}")
-    return arguments
+    return arguments + forking
 
 
 JOIN_MARGIN = 30.0

@@ -60,3 +60,23 @@ def test_the_supervisor_of_cycle_run_never_imports_torch(tmp_path: Path,
     assert cycle_reports_torch("run", "--checkpoint-dir", str(tmp_path / "ck"), *tier,
                                str(script), cwd=tmp_path) == "False"
     assert cycle_reports_torch("run", "--dry-run", str(script), cwd=tmp_path) == "False"
+
+
+END_OF_JOB = ("import sys\n"
+              "from cycler.checkpoint.layout import CheckpointLayout\n"
+              "from cycler.checkpoint.tiers import finish_job\n"
+              "memory, durable = CheckpointLayout(sys.argv[1]), CheckpointLayout(sys.argv[2])\n"
+              "end = finish_job(memory, durable, several_nodes=True, exit_code=75)\n"
+              "print(end.failure, 'torch' in sys.modules)\n")
+
+
+def test_the_end_of_a_job_on_several_nodes_never_imports_torch(small_root: Path,
+                                                              tmp_path: Path) -> None:
+    """The supervisor's end of job with the memory tier on several nodes: this node's
+    contribution of its newer memory checkpoints to the checkpoint root (it imported torch
+    through the replicas module once)."""
+    durable = tmp_path / "durable"
+    done = subprocess.run([sys.executable, "-c", END_OF_JOB, str(small_root), str(durable)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["None", "False"], done.stdout + done.stderr

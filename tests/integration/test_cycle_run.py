@@ -286,8 +286,8 @@ def test_dry_run_prints_the_torchrun_command_and_the_added_environment(tmp_path:
     assert f"CYCLER_CONTROL_FILE={tmp_path / 'c' / '.cycler' / 'control-node0.json'}" in lines
     assert "CYCLER_RESTART_COUNT=0" in lines
     command = lines[-1]
-    assert (" -m cycler.supervisor.launcher --nproc-per-node 2 --nnodes 1 --max-restarts 0 "
-            "--monitor-interval 0.02 ") in command
+    assert (" -m cycler.supervisor.launcher --cycle-fork=1 --nproc-per-node 2 --nnodes 1 "
+            "--max-restarts 0 --monitor-interval 0.02 ") in command
     assert command.endswith(f"{script} --grace 3 --lr=0.1")
     assert not (tmp_path / "c").exists(), "a dry run creates nothing"
 

@@ -87,12 +87,14 @@ def wait_for_memory_only_checkpoint(root: Path, memory: Path,
 
 
 def training_workers(process: subprocess.Popen[str]) -> list[psutil.Process]:
-    """torchrun's workers (they have a LOCAL_RANK; the agent and the launcher do not)."""
+    """torchrun's workers: the processes its agent (cycle's launcher) started. Not found by
+    ``LOCAL_RANK`` in their environment: a worker forked from the agent (the default) has it
+    in ``os.environ``, not in the kernel's copy of the environment it started with."""
     found = []
     for child in psutil.Process(process.pid).children(recursive=True):
         try:
-            if "LOCAL_RANK" in child.environ():
-                found.append(child)
+            if "cycler.supervisor.launcher" in " ".join(child.cmdline()):
+                found += child.children()
         except psutil.Error:
             continue
     return found

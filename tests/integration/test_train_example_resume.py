@@ -23,8 +23,10 @@ from cycler import EXIT_REQUEUE, EXIT_SUCCESS, list_checkpoints
 pytestmark = pytest.mark.e2e  # heavy: .ci/run runs them after README's command
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train.py"
+# Steps of at least 0.03 s: forked workers train at full speed from their first step, and with
+# 0.01 s the 2-rank job's 128 steps ended within the random delay before its second stop.
 TRAIN_ARGS = ["--epochs", "2", "--samples", "2048", "--batch-size", "16", "--hidden", "64",
-              "--checkpoint-every", "40", "--step-delay", "0.01"]
+              "--checkpoint-every", "40", "--step-delay", "0.03"]
 
 
 def start(root: Path, nproc: int, final: Path, workers: int,

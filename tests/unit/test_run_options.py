@@ -21,6 +21,7 @@ from cycler.supervisor.options import (
 )
 from cycler.supervisor.slurm import expand_nodelist
 from cycler.supervisor.torchrun import (
+    fork_preloads,
     full_environment,
     launch_plan,
     torchrun_command,
@@ -332,3 +333,14 @@ def test_persist_every_must_be_a_positive_whole_number(every: object) -> None:
 def test_bad_preemption_notice_options_are_one_line(flags: dict[str, str], fix: str) -> None:
     with pytest.raises(ConfigError, match=fix):
         resolve_run_options(script="train.py", environ={}, flags=flags)
+
+
+def test_the_agent_imports_dynamo_only_for_a_script_that_names_what_imports_it(tmp_path: Path):
+    ddp, plain = tmp_path / "ddp.py", tmp_path / "plain.py"
+    ddp.write_text("from torch.nn.parallel import DistributedDataParallel\n")
+    plain.write_text("import torch\nprint(torch.ones(1))\n")
+    assert fork_preloads(ddp) == "torch._dynamo"
+    assert fork_preloads(plain) == "1"
+    assert fork_preloads(tmp_path / "missing.py") == "1"
+    command = torchrun_command(RunOptions(script=ddp), python="py")
+    assert command[3] == "--cycle-fork=torch._dynamo"

@@ -1,0 +1,237 @@
+"""Workers forked from torchrun's agent, which has imported torch already (``--fork-workers``).
+
+A worker started as ``python -u train.py`` imports torch again, on every start and restart:
+about a second per start on an idle machine, several under load. Forked from the agent (torch's
+own ``fork`` start method with a function entrypoint, as ``torchrun --run-path --start-method
+fork`` does), a worker starts with torch and the modules a training script imports loaded. The
+script then runs through :func:`runpy.run_path` as ``__main__``, and :func:`run_worker` makes the
+child what ``python -u SCRIPT ARGS`` would have been, for everything cycle and a script can see:
+
+- its own session (torchrun starts every worker in one: the supervisor signals its group), and
+  ``python -u SCRIPT ARGS`` as its command line;
+- the signal handlers and mask of a fresh interpreter, not the agent's (torchrun's handlers and
+  the launcher's shield must never reach a script);
+- ``sys.argv``, ``sys.path[0]`` (the script's directory) and ``__main__`` (the script, so that
+  pickles of its classes and DataLoader workers under ``spawn`` find it), unbuffered streams;
+- the root logger without the agent's handlers, so that the script's ``logging.basicConfig``
+  works as in a fresh process;
+- torch's intra-op threads from ``$OMP_NUM_THREADS`` (torchrun sets it in the agent after
+  torch was loaded, so the fork would keep the agent's count);
+- cycler's modules unloaded, so that the script's ``import cycler`` is a worker's first, with
+  its start-up (the beacon, the stack dump) and fresh module state;
+- the exit: ``sys.exit(n)`` exits ``n``, an uncaught exception prints its traceback to stderr
+  and exits 1, a KeyboardInterrupt ends the process by SIGINT, and the script's ``atexit``
+  functions run after its non-daemon threads ended (not the agent's: they are dropped first).
+  The interpreter's own teardown is skipped (``os._exit``, as multiprocessing does): the agent's
+  objects copied into the child (its store server among them) must not be torn down twice.
+
+CUDA must never have been initialised in the agent: a forked child cannot use a CUDA context
+made before the fork. torchrun initialises none with a number for ``--nproc-per-node`` (``gpu``
+and ``auto`` count the GPUs, which may) and neither does anything cycle imports here; the
+launcher checks ``torch.cuda.is_initialized()`` before it starts workers and falls back to
+fresh processes when it is.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import importlib
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any, NoReturn
+
+PRELOADED = ("torch", "torch.distributed", "torch.nn", "torch.nn.parallel", "torch.optim",
+             "torch.utils.data")
+"""What the agent imports before it forks: torch's modules that almost every training script
+imports. ``torch._dynamo``, which ``DistributedDataParallel``'s constructor imports (1.9 s
+here), only for a script that names it (:func:`.torchrun.fork_preloads`): in the agent it
+delays the start of a script that never uses it by as much, and where the machine has a core
+per worker the workers import it side by side in about the same time (to the first step of
+the 2-rank example: 8.9 s and 13.5 s with it, 8.8 s and 13.7 s without, at load 7-11); on
+fewer cores than workers, or a loaded machine, once in the agent is cheaper (process group
+5-7 s per restart at load 13 without it)."""
+
+
+def preload(more: list[str] | tuple[str, ...] = ()) -> None:
+    """Import :data:`PRELOADED` and ``more`` in the agent (those that exist in this torch)."""
+    for name in (*PRELOADED, *more):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+
+
+def freeze_for_fork() -> None:
+    """Keep the agent's objects out of every garbage collection from now on (:func:`gc.freeze`).
+
+    A forked child shares the agent's memory until it writes to it; a collection writes to
+    every object it visits, so a worker's full collections would copy the agent's heap, torch's
+    modules included, page by page (Python's advice for a fork without exec: freeze before
+    it). Frozen, the agent's objects are never visited, in the agent or a child.
+    """
+    gc.collect()
+    gc.freeze()
+
+
+def count_clean_exits_as_returns() -> None:
+    """Make torch's agent count a forked worker that exited 0 without returning (a script that
+    ends with ``os._exit(0)``, as some do to skip a slow teardown) as finished, as it counts a
+    ``python`` worker that exits 0: torch's function entrypoint waits for a return value from
+    every worker, and would wait for this one's forever."""
+    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
+
+    poll = MultiprocessContext._poll
+
+    def poll_counting_clean_exits(context: Any) -> Any:
+        processes = context._pc.processes if context._pc is not None else []
+        for local_rank, process in enumerate(processes):
+            if process.exitcode == 0 and local_rank not in context._return_values \
+                    and context._ret_vals[local_rank].empty():
+                context._return_values[local_rank] = None
+        return poll(context)
+
+    MultiprocessContext._poll = poll_counting_clean_exits  # type: ignore[method-assign,assignment]
+
+
+def run_worker(script: str, *arguments: str) -> None:
+    """The body of one forked worker: run ``script`` with ``arguments`` as ``python -u`` would.
+
+    Returns only when the script ended with success (torch's entrypoint then reports it to the
+    agent); every other end exits the process here, with the code Python would have given.
+    """
+    _fresh_process(script, arguments)
+    import runpy
+
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as stop:
+        code = _exit_code(stop)
+        if code:
+            _exit(code)
+    except KeyboardInterrupt as interrupt:
+        _print_uncaught(interrupt, script)
+        _finish()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException as error:  # noqa: BLE001 - what the interpreter does with it
+        _print_uncaught(error, script)
+        _exit(1)
+    _finish()
+
+
+def _print_uncaught(error: BaseException, script: str) -> None:
+    """The traceback Python prints, from the script's frame on (without runpy's and ours)."""
+    frames = error.__traceback__
+    while frames is not None and frames.tb_frame.f_code.co_filename != script:
+        frames = frames.tb_next
+    error = error.with_traceback(frames or error.__traceback__)
+    sys.excepthook(type(error), error, error.__traceback__)
+
+
+def _fresh_process(script: str, arguments: tuple[str, ...]) -> None:
+    os.setsid()
+    _command_line([sys.executable, "-u", script, *arguments])
+    _default_signals()
+    atexit._clear()  # the agent's, inherited: only the script's run at its exit
+    sys.argv = [script, *arguments]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(write_through=True)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.setLevel(logging.WARNING)
+    _torch_threads()
+    # cycler as a fresh worker imports it: its start-up in a worker (the beacon, the stack
+    # dump) happens at the script's own `import cycler`, and never for a script without it.
+    for name in [name for name in sys.modules if name.partition(".")[0] == "cycler"]:
+        del sys.modules[name]
+
+
+def _command_line(words: list[str]) -> None:
+    """Show ``words`` as this process's command line (``ps``, psutil, the hang report), not
+    the agent's it was forked with: written over the agent's arguments in this process's
+    memory, which the kernel reads them from (they are always longer: the script and its
+    arguments are among them). Best effort: the agent's stay where this is refused."""
+    try:
+        with open("/proc/self/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48, 49)
+        title = b"\0".join(os.fsencode(word) for word in words) + b"\0"
+        if len(title) > end - start:
+            return
+        with open("/proc/self/mem", "r+b", buffering=0) as memory:
+            memory.seek(start)
+            memory.write(title + b"\0" * (end - start - len(title)))
+    except (OSError, ValueError, IndexError):
+        pass
+
+
+def _default_signals() -> None:
+    """Every handler and the mask a fresh interpreter starts with."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    signal.set_wakeup_fd(-1)
+    for number in signal.valid_signals():
+        if number in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            current = signal.getsignal(number)
+        except (OSError, ValueError):
+            continue
+        wanted: Any
+        if number == signal.SIGINT:
+            wanted = signal.default_int_handler
+        elif number in (signal.SIGPIPE, signal.SIGXFSZ):
+            wanted = signal.SIG_IGN
+        else:
+            wanted = signal.SIG_DFL
+        if current is not wanted and current is not None:
+            try:
+                signal.signal(number, wanted)
+            except (OSError, ValueError):
+                pass
+
+
+def _torch_threads() -> None:
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
+def _exit_code(stop: SystemExit) -> int:
+    """The exit status Python gives ``sys.exit(stop.code)`` (a message is printed, then 1)."""
+    code = stop.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _finish() -> None:
+    """What the interpreter does at its exit before its teardown: wait for the non-daemon
+    threads, run the ``atexit`` functions, collect the script's objects (their finalizers run:
+    a DataLoader's iterator ends its worker processes, which would otherwise outlive this one
+    until the supervisor's SIGKILL), flush the streams."""
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    gc.collect()  # the script's module is unreachable by now: its globals are a cycle
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _exit(code: int) -> NoReturn:
+    _finish()
+    os._exit(code)
