@@ -27,9 +27,12 @@ child what ``python -u SCRIPT ARGS`` would have been, for everything cycle and a
 
 CUDA must never have been initialised in the agent: a forked child cannot use a CUDA context
 made before the fork. torchrun initialises none with a number for ``--nproc-per-node`` (``gpu``
-and ``auto`` count the GPUs, which may) and neither does anything cycle imports here; the
-launcher checks ``torch.cuda.is_initialized()`` before it starts workers and falls back to
-fresh processes when it is.
+and ``auto`` count the GPUs, which may) and neither does anything cycle imports here. Counting
+is enough to break a child: torch marks a fork as bad (``Cannot re-initialize CUDA in forked
+subprocess``) once the parent asked the CUDA runtime for its devices (``torch.cuda.is_available``
+without NVML, ``torch._C._cuda_getDeviceCount``), which ``torch.cuda.is_initialized()`` does not
+show. So the launcher asks a forked probe child what torch says there (:func:`fork_is_bad`) and
+starts fresh processes when the fork would be bad or CUDA is initialised.
 """
 
 from __future__ import annotations
@@ -75,6 +78,23 @@ def freeze_for_fork() -> None:
     """
     gc.collect()
     gc.freeze()
+
+
+def fork_is_bad() -> bool:
+    """Whether a child forked now could not use CUDA, as torch judges it in the child
+    (``torch.cuda._is_in_bad_fork``: the parent initialised CUDA or counted its devices through
+    the runtime). A probe child answers by its exit code, at once and before anything else runs;
+    a probe that cannot be forked or answers oddly counts as bad."""
+    try:
+        pid = os.fork()
+    except OSError:
+        return True
+    if pid == 0:  # the probe: touch nothing, answer, leave without any teardown
+        import torch
+
+        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    return not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0)
 
 
 def count_clean_exits_as_returns() -> None:

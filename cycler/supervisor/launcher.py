@@ -307,15 +307,15 @@ def main(argv: list[str] | None = None) -> None:
 
 def can_fork_workers(more: list[str]) -> bool:
     """Load what workers import (:func:`.forked.preload`, and the modules ``more``); whether
-    the workers may be forked from this process: not where CUDA is initialised (a forked
-    child cannot use it)."""
+    the workers may be forked from this process: not where CUDA is initialised or a forked
+    child could not initialise it (:func:`.forked.fork_is_bad`)."""
     import torch
 
     forked.preload(more)
     forked.freeze_for_fork()
-    if torch.cuda.is_initialized():
-        sys.stderr.write("cycle: CUDA is initialised in torchrun's agent: the workers start "
-                         "as fresh processes\n")
+    if torch.cuda.is_initialized() or forked.fork_is_bad():
+        sys.stderr.write("cycle: CUDA was set up in torchrun's agent, so a forked worker could "
+                         "not use it: the workers start as fresh processes\n")
         return False
     return True
 

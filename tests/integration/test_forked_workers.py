@@ -107,3 +107,29 @@ def test_the_launcher_forks_only_a_script_with_a_number_of_processes(tmp_path: P
     assert "--cycle-fork=1" not in planned("--no-fork-workers", str(script))
     assert "--cycle-fork=1" not in planned("-m", "json.tool")
     assert "--cycle-fork=1" not in planned("--start-method", "spawn", str(script))
+
+
+BAD_FORK = '''
+import torch.cuda
+torch.cuda._is_in_bad_fork = lambda: True  # as in a child of a parent that counted GPUs
+'''
+
+
+def test_an_agent_whose_forks_could_not_use_cuda_starts_fresh_workers(tmp_path: Path) -> None:
+    # torch marks a child as a bad fork once the parent asked the CUDA runtime for its devices,
+    # which torch.cuda.is_initialized() does not show: the agent asks a forked probe instead.
+    # Here every process is made to answer "bad fork" (a sitecustomize), as a GPU agent would.
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(BAD_FORK)
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(
+        [str(tmp_path / "site"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    done = subprocess.run(
+        [sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", "2", "--max-restarts",
+         "0", "--checkpoint-dir", str(tmp_path / "ck"), str(script), "finish"],
+        capture_output=True, text=True, timeout=240, cwd=tmp_path, env=environment)
+    assert done.returncode == 0, done.stderr
+    assert "a forked worker could not use it: the workers start as fresh processes" in done.stderr
+    assert "rank 1: argv ['finish']" in done.stdout
