@@ -415,3 +415,14 @@ def test_a_fifo_a_group_member_put_as_a_record_never_blocks_run_or_status(
         finished = cycle(vic, *args, umask="002", timeout=60)
         assert finished.returncode in (0, EXIT_USAGE), finished.stderr
         assert "Traceback" not in finished.stderr, finished.stderr
+
+
+def test_verify_refuses_a_tmpdir_another_user_could_swap_its_scratch_out_of(
+        users: tuple[User, User], shared: Path) -> None:
+    vic, mal = users
+    theirs = shared / "mal-tmp"
+    assert as_user(mal, "mkdir", "-m", "1777", str(theirs)).returncode == 0
+    said = one_line_refusal(cycle(vic, "verify", "--stops", "1", str(vic.home / "job.py"),
+                                  env={"TMPDIR": str(theirs)}))
+    assert f"belongs to uid {mal.uid}" in said, said
+    assert list(theirs.iterdir()) == []
