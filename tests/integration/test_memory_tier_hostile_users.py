@@ -426,3 +426,20 @@ def test_verify_refuses_a_tmpdir_another_user_could_swap_its_scratch_out_of(
                                   env={"TMPDIR": str(theirs)}))
     assert f"belongs to uid {mal.uid}" in said, said
     assert list(theirs.iterdir()) == []
+
+
+@pytest.mark.parametrize(("owner", "mode", "used"), [("mal", "1777", False),
+                                                     ("vic", "777", False),
+                                                     ("vic", "1777", True)])
+def test_a_world_writable_memory_directory_is_used_only_when_sticky_and_not_anothers(
+        users: tuple[User, User], shared: Path, owner: str, mode: str, used: bool) -> None:
+    vic, mal = users
+    directory = shared / f"{owner}-{mode}"
+    maker = vic if owner == "vic" else mal
+    assert as_user(maker, "mkdir", "-m", mode, str(directory)).returncode == 0
+    done = run_job(vic, directory, vic.home / f"ck-{owner}-{mode}")
+    if used:
+        assert done.returncode == 0, done.stderr
+    else:
+        said = one_line_refusal(done)
+        assert str(directory) in said, said
