@@ -443,3 +443,25 @@ def test_a_world_writable_memory_directory_is_used_only_when_sticky_and_not_anot
     else:
         said = one_line_refusal(done)
         assert str(directory) in said, said
+
+
+def test_a_record_a_group_member_forged_never_makes_status_or_prune_touch_another_jobs_tier(
+        users: tuple[User, User], shared: Path) -> None:
+    vic, mal = users
+    private_root, team_root = vic.home / "ck-private", shared / "team-ck-forged"
+    killed_after_checkpoints(vic, shared, private_root, env={"STEPS": "16"})
+    other_tier = vic_memory_root(vic, shared, private_root)
+    kept = sorted(p.name for p in other_tier.glob("AtomicDirectory_checkpoint_*"))
+    assert len(kept) >= 2, kept
+    assert as_user(vic, "mkdir", "-m", "2777", str(team_root)).returncode == 0
+    assert run_job(vic, shared, team_root, umask="002").returncode == 0
+    record = team_root / ".cycler" / "memory-tier.json"
+    forged = f'{{"root": "{other_tier}", "host": "{os.uname().nodename}"}}'
+    done = as_user(mal, "sh", "-c", f"rm -f {record} && echo '{forged}' > {record}",
+                   groups=(vic.gid,))
+    assert done.returncode == 0, done.stderr
+    status = cycle(vic, "status", str(team_root))
+    assert status.returncode == 0 and str(other_tier) not in status.stdout, status.stdout
+    pruned = cycle(vic, "prune", str(team_root), "--keep-last", "1")
+    assert pruned.returncode == 0, pruned.stderr
+    assert sorted(p.name for p in other_tier.glob("AtomicDirectory_checkpoint_*")) == kept
