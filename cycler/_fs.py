@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -182,13 +183,28 @@ def disk_full_message(path: Path, written: int | None) -> str:
             "committed before are intact; free space or choose another checkpoint directory")
 
 
+RECORD_MAX_BYTES = 1 << 20
+"""The most of a record that is read: records are small, a larger file is not one."""
+
+
 def read_json_object(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path``, or ``{}`` when it is missing, unreadable, malformed or not
-    an object: for the small records whose absence only means "nothing recorded"."""
+    """The JSON object in ``path``, or ``{}`` when it is missing, unreadable, malformed, not
+    an object, not a regular file or larger than :data:`RECORD_MAX_BYTES`: for the small
+    records whose absence only means "nothing recorded". Never blocks (a FIFO another user
+    put in a group-writable ``.cycler/``), never reads a planted huge file whole."""
     try:
-        record = json.loads(Path(path).read_bytes() or b"{}")
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return {}
+    try:
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode) or status.st_size > RECORD_MAX_BYTES:
+            return {}
+        record = json.loads(os.read(descriptor, RECORD_MAX_BYTES) or b"{}")
     except (OSError, ValueError):
         return {}
+    finally:
+        os.close(descriptor)
     return record if isinstance(record, dict) else {}
 
 

@@ -29,6 +29,7 @@ from cycler.checkpoint.retention import Decision, retention_decisions
 from cycler.errors import CheckpointDirectoryError, DirectoryInUse
 from cycler.protocol.events import history_counts, job_history, read_events
 from cycler.protocol.goodput import Goodput, goodput
+from cycler.protocol.names import MEMORY_OWNER_FILENAME, SUPERVISOR_DIRNAME
 from cycler.protocol.timeline import timeline
 
 
@@ -162,8 +163,13 @@ def memory_tier_here(layout: CheckpointLayout) -> Path | None:
     root = Path(str(record.get("root", "")))
     if record.get("host") != socket.gethostname() or not root.is_absolute():
         return None
-    # Listed only where it is the user's own private directory: nothing else is read.
-    return root if is_private(root.parent) and is_private(root) else None
+    # Listed only where it is the user's own private directory: nothing else is read. And only
+    # where its own record names this root: the record in .cycler/ may be another user's (a
+    # group-writable root), pointing at another job's tier for `cycle prune` to delete from.
+    if not (is_private(root.parent) and is_private(root)):
+        return None
+    owner = _fs.read_json_object(root / SUPERVISOR_DIRNAME / MEMORY_OWNER_FILENAME)
+    return root if owner.get("durable_root") == os.path.realpath(layout.root) else None
 
 
 def _memory_tier_without_root(root: Path) -> list[str]:

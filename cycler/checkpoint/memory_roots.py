@@ -19,10 +19,12 @@ removed or replaced is never resumed from; being the user's own, it is removed.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
 import socket
+import stat
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -34,8 +36,11 @@ from cycler.checkpoint.listing import list_checkpoints
 from cycler.checkpoint.private_dirs import (
     PRIVATE_FILE_MODE,
     check_private,
+    check_safe_parent,
+    make_parents_private,
     make_private,
     private_problem,
+    unsafe_path_problem,
 )
 from cycler.errors import CheckpointDirectoryError
 from cycler.protocol.names import JOB_ID_FILENAME, MEMORY_OWNER_FILENAME, SUPERVISOR_DIRNAME
@@ -57,7 +62,8 @@ def memory_base(memory_dir: str | os.PathLike[str] | None = None,
     user, else ``/dev/shm/cycler-<uid>``."""
     if memory_dir is None:
         runtime = (os.environ if environ is None else environ).get("XDG_RUNTIME_DIR", "")
-        if runtime and os.path.isabs(runtime) and is_private(Path(runtime)):
+        if runtime and os.path.isabs(runtime) and is_private(Path(runtime)) \
+                and _safe_to_use(Path(runtime).parent):
             return Path(runtime) / "cycler"
         memory_dir = DEFAULT_MEMORY_DIR
     return Path(os.path.abspath(memory_dir)) / f"cycler-{os.geteuid()}"
@@ -67,6 +73,14 @@ def is_private(path: Path) -> bool:
     """Whether ``path`` is a private directory of the effective user (never raises)."""
     try:
         return private_problem(os.lstat(path)) is None
+    except OSError:
+        return False
+
+
+def _safe_to_use(directory: Path) -> bool:
+    """Whether no other user can replace ``directory`` or one above it (never raises)."""
+    try:
+        return unsafe_path_problem(directory) is None
     except OSError:
         return False
 
@@ -84,10 +98,13 @@ def memory_root(base: str | os.PathLike[str], durable_root: str | os.PathLike[st
 
 def job_id(durable: CheckpointLayout) -> str:
     """The checkpoint root's job id, made now if it has none (the first writer wins, on any
-    node: the id is linked into place, never overwritten)."""
+    node: the id is linked into place, never overwritten). Raises
+    :class:`CheckpointDirectoryError` when the id file is not a regular file of the owner of
+    ``.cycler/`` (or of this user) holding an id: in a root others may write to, another user
+    could have replaced it to make the job's memory tier be taken for another job's."""
     path = durable.supervisor_dir / JOB_ID_FILENAME
-    found = _read_id(path)
-    if found is None:
+    found, problem = read_job_id(path)
+    if found is None and problem is None:
         try:
             durable.supervisor_dir.mkdir(parents=True, exist_ok=True)
             temporary = _fs.temporary_sibling(path)
@@ -103,22 +120,39 @@ def job_id(durable: CheckpointLayout) -> str:
             raise CheckpointDirectoryError(f"cannot record the job id in {path} "
                                            f"({error.strerror}); choose a writable "
                                            "--checkpoint-dir") from None
-        found = _read_id(path)
-    if not found:
-        raise CheckpointDirectoryError(f"{path} does not hold a job id (32 hex digits); "
-                                       "remove it and start again")
+        found, problem = read_job_id(path)
+    if found is None:
+        raise CheckpointDirectoryError(f"the job id {path} {problem or 'is missing'}: "
+                                       "refusing to use it; if the checkpoint root is yours "
+                                       "alone, remove it and start again")
     return found
 
 
-def _read_id(path: Path) -> str | None:
+def read_job_id(path: Path) -> tuple[str | None, str | None]:
+    """The job id in ``path`` and ``None``; or ``None`` and what is wrong with the file
+    (``None``, ``None``: there is none). Never follows a symlink, never blocks on a FIFO."""
     try:
-        text = path.read_text().strip()
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        return ""
-    valid = len(text) == 32 and all(c in "0123456789abcdef" for c in text)
-    return text if valid else ""
+        return None, None
+    except OSError as error:
+        is_link = error.errno == errno.ELOOP
+        return None, "is a symlink" if is_link else f"cannot be read ({error.strerror})"
+    try:
+        status = os.fstat(descriptor)
+        owners = {os.geteuid(), os.lstat(path.parent).st_uid}
+        if not stat.S_ISREG(status.st_mode):
+            return None, "is not a regular file"
+        if status.st_uid not in owners:
+            return None, f"belongs to uid {status.st_uid}, not to the owner of {path.parent}"
+        text = os.read(descriptor, 64).decode("ascii", "replace").strip()
+    except OSError as error:
+        return None, f"cannot be read ({error.strerror})"
+    finally:
+        os.close(descriptor)
+    if len(text) == 32 and all(c in "0123456789abcdef" for c in text):
+        return text, None
+    return None, "does not hold a job id (32 hex digits)"
 
 
 def prepare_memory_root(root: Path, durable: CheckpointLayout, *, supervisor: bool = False,
@@ -128,9 +162,9 @@ def prepare_memory_root(root: Path, durable: CheckpointLayout, *, supervisor: bo
     directory. A root of this user recorded for another job or checkpoint root is removed
     first: what was removed and why (a sentence), else ``None``. ``supervisor``: ``cycle
     run`` records itself as the root's user (a sweep leaves the root of a live one alone)."""
-    if not os.path.lexists(root.parent.parent):  # the tmpfs's directory (library use)
-        _refused_unless_done(lambda path: os.makedirs(path, 0o700, exist_ok=True),
-                             root.parent.parent)
+    # The tmpfs's directory (made here in library use), checked again as cycle run did.
+    _refused_unless_done(make_parents_private, root.parent.parent)
+    check_safe_parent(root.parent.parent, "the memory directory")
     make_private(root.parent, "the memory tier's base")
     identity = job_id(durable)
     removed = None
@@ -212,7 +246,10 @@ def _stale(root: Path) -> str | None:
     except OSError:
         return None
     layout = CheckpointLayout(durable)
-    if _read_id(layout.supervisor_dir / JOB_ID_FILENAME) != owner.get("job"):
+    found, problem = read_job_id(layout.supervisor_dir / JOB_ID_FILENAME)
+    if problem is not None:
+        return None  # what cannot be read or trusted does not decide a removal
+    if found != owner.get("job"):
         return f"its checkpoint root {durable} belongs to another job now"
     if _alive(owner.get("supervisor")) or _holds_newer(root, Path(durable)):
         return None

@@ -85,24 +85,60 @@ def create_private(path: Path) -> bool:
 
 
 def check_safe_parent(path: Path, what: str, fix: str = _FIX) -> None:
-    """Refuse a directory that would let another user rename a private directory out of it:
-    ``path`` (followed: ``/dev/shm`` may be a link to ``/run/shm``) must be a directory owned
-    by the effective user or root, and sticky if group or others may write to it."""
+    """Refuse a directory that would let another user rename a private directory out of it,
+    or swap it for another on the way there: ``path`` and every directory above it must be
+    owned by the effective user or root, and sticky where group or others may write; a
+    symlink on the way (``/dev/shm`` may be a link to ``/run/shm``) must be the user's or
+    root's, and is followed."""
     try:
-        status = os.stat(path)
+        problem = unsafe_path_problem(path)
     except OSError as error:
         raise CheckpointDirectoryError(f"{what} {path} cannot be used ({error.strerror}); "
                                        f"{fix}") from None
-    problem = None
-    if not stat.S_ISDIR(status.st_mode):
-        problem = "is not a directory"
-    elif status.st_uid not in (0, os.geteuid()):
-        problem = f"belongs to uid {status.st_uid}, who could replace what cycler keeps there"
-    elif status.st_mode & 0o022 and not status.st_mode & stat.S_ISVTX:
-        problem = ("is writable by other users without the sticky bit: they could replace "
-                   "what cycler keeps there")
     if problem is not None:
-        raise CheckpointDirectoryError(f"{what} {path} {problem}; {fix}")
+        raise CheckpointDirectoryError(f"{what} {path} is unsafe: {problem}; {fix}")
+
+
+def unsafe_path_problem(path: str | os.PathLike[str]) -> str | None:
+    """What would let another user replace the directory ``path`` (or one above it) while
+    it is used, ``None`` when nothing would. Raises ``OSError`` (``path`` missing too)."""
+    current = Path("/")
+    for part in ["", *Path(os.path.abspath(path)).parts[1:]]:
+        entry = current / part
+        status = os.lstat(entry)
+        if stat.S_ISLNK(status.st_mode):
+            if status.st_uid not in (0, os.geteuid()):
+                return f"{entry} is a symlink of uid {status.st_uid}, who could point it elsewhere"
+            entry = Path(os.path.realpath(entry))
+            status = os.stat(entry)
+        problem = _open_to_others(status)
+        if problem is not None:
+            return f"{entry} {problem}"
+        current = entry
+    return None
+
+
+def _open_to_others(status: os.stat_result) -> str | None:
+    if not stat.S_ISDIR(status.st_mode):
+        return "is not a directory"
+    if status.st_uid not in (0, os.geteuid()):
+        return f"belongs to uid {status.st_uid}, who could replace what cycler keeps there"
+    if status.st_mode & 0o022 and not status.st_mode & stat.S_ISVTX:
+        return ("is writable by other users without the sticky bit: they could replace what "
+                "cycler keeps there")
+    return None
+
+
+def make_parents_private(path: Path) -> None:
+    """Create ``path`` and the directories above it that are missing, each 0700 whatever the
+    umask (never more open than the user's private directories). Raises ``OSError``."""
+    missing = []
+    while not os.path.lexists(path) and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # made meanwhile: checked after
+            os.mkdir(directory, PRIVATE_DIRECTORY_MODE)
 
 
 def restrict_tree(path: Path) -> None:

@@ -23,7 +23,11 @@ from cycler._fs import atomic_write_bytes, read_json_object
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.checkpoint.listing import find_checkpoint, no_valid_checkpoint
 from cycler.checkpoint.memory_roots import is_private, prepare_memory_root, sweep_stale_roots
-from cycler.checkpoint.private_dirs import PRIVATE_FILE_MODE, check_safe_parent
+from cycler.checkpoint.private_dirs import (
+    PRIVATE_FILE_MODE,
+    check_safe_parent,
+    make_parents_private,
+)
 from cycler.checkpoint.tiers import overflowed
 from cycler.errors import CheckpointDirectoryError, ConfigError, CyclerError
 from cycler.protocol.environment import ENV_ISC_ARTIFACT_PATH, ENV_ISC_LOSSY_PATH
@@ -195,8 +199,7 @@ def prepare_memory_tier(options: RunOptions) -> None:
         return
     base = memory.root.parent
     try:
-        if not os.path.lexists(base.parent):
-            base.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_parents_private(base.parent)
     except OSError as error:
         raise CheckpointDirectoryError(f"cannot create the memory directory {base.parent} "
                                        f"({error.strerror}); choose another --memory-dir"

@@ -1,10 +1,11 @@
 """verify's scratch directory: private to the user, named in the report, kept on failure.
 
 Every run's checkpoint root and log lives under one directory made for this verification
-inside a per-user base (``$TMPDIR/cycler-verify-<uid>``). The base is created 0700 and checked
-with ``lstat`` before use (a real directory, owned by this user, no group or other bits: the
-checks of :mod:`cycler.checkpoint.private_dirs`), so another local user can neither plant files
-verify would unpickle nor read the user's weights.
+inside a per-user base (``$TMPDIR/cycler-verify-<uid>``; a ``$TMPDIR`` another user could rename
+it out of is refused). The base is created 0700 and checked with ``lstat`` before use (a real
+directory, owned by this user, no group or other bits: the checks of
+:mod:`cycler.checkpoint.private_dirs`), so another local user can neither plant files verify
+would unpickle nor read the user's weights.
 """
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ import os
 import tempfile
 from pathlib import Path
 
-from cycler.checkpoint.private_dirs import create_private, private_problem
+from cycler.checkpoint.private_dirs import (
+    create_private,
+    private_problem,
+    unsafe_path_problem,
+)
 from cycler.errors import UnsafePath
 
 
@@ -23,6 +28,10 @@ def make_scratch(base: Path | None = None) -> Path:
     if base is None:
         base = Path(tempfile.gettempdir()) / f"cycler-verify-{os.geteuid()}"
         try:
+            problem = unsafe_path_problem(base.parent)
+            if problem is not None:  # a $TMPDIR another user could swap the base out of
+                raise UnsafePath(f"cannot keep verify's scratch in {base.parent}: {problem}; "
+                                 "pass --scratch-dir")
             create_private(base)
         except OSError as error:
             raise UnsafePath(f"cannot create {base} for verify's scratch "

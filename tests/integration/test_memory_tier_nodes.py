@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import os
 import shutil
+import stat
 import warnings
 from pathlib import Path
 
@@ -209,6 +210,31 @@ def check_dcp_saves_sync_and_async_resume_on_a_node_whose_memory_was_wiped(root:
     assert torch.equal(state[own], _state(1)[own])
     assert torch.equal(state["shared"], _state(1)["shared"])
     dist.barrier()
+
+
+def check_partner_copies_are_private_whatever_the_umask(root: Path) -> None:
+    os.umask(0)  # a user's umask of 000: nothing another user could reach may be open
+    durable = _on_node(root, persist_every=100)
+    saver = _saver(durable)
+    for step in range(2):
+        _save(saver, step)
+    saver.wait_for_persisting()
+    dist.barrier()
+    memory = _memory(durable)
+    if dist.get_rank() % PER_NODE == 0:
+        assert replica_path(memory, _name(1)).is_dir()
+        for path in [memory.root, *memory.root.rglob("*")]:
+            mode = path.lstat().st_mode
+            if stat.S_ISDIR(mode):
+                assert stat.S_IMODE(mode) == 0o700, (path, oct(mode))
+            elif stat.S_ISREG(mode) and ".tmp" not in path.name:
+                assert stat.S_IMODE(mode) == 0o600, (path, oct(mode))
+    dist.barrier()
+
+
+def test_partner_copies_are_private_whatever_the_umask(tmp_path: Path) -> None:
+    run_on_every_rank(__name__, "check_partner_copies_are_private_whatever_the_umask",
+                      root=tmp_path, world_size=WORLD_SIZE, per_node=PER_NODE)
 
 
 def test_two_nodes_commit_copy_to_their_partner_and_persist_together(tmp_path: Path) -> None:

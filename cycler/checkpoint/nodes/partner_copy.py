@@ -15,7 +15,7 @@ from cycler.checkpoint.manifest import Manifest, check_files
 from cycler.checkpoint.nodes.node_commit import check_names
 from cycler.checkpoint.nodes.topology import Nodes
 from cycler.checkpoint.nodes.transport import swap_bytes, swap_files
-from cycler.checkpoint.private_dirs import restrict_tree
+from cycler.checkpoint.private_dirs import PRIVATE_DIRECTORY_MODE, restrict_tree
 from cycler.errors import CorruptCheckpoint, CyclerError
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,9 @@ def replicate(memory: CheckpointLayout, name: CheckpointName, nodes: Nodes, grou
             check_names(target, theirs)
             if os.path.lexists(target):
                 _fs.discard_directory(target)
-            target.mkdir(parents=True)
+            # 0700 whatever the umask: restrict_tree below makes the copy's own tree private.
+            target.parent.mkdir(mode=PRIVATE_DIRECTORY_MODE, exist_ok=True)
+            target.mkdir(mode=PRIVATE_DIRECTORY_MODE)
         except (OSError, CyclerError) as error:
             problem = str(error)
     incoming = [] if theirs is None else [(None if problem else target / f, r.size)
