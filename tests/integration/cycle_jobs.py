@@ -122,3 +122,17 @@ def fake_scontrol(tmp_path: Path, job_state: str = "RUNNING",
                     f'echo "$@" >> {record}\n')
     fake.chmod(0o755)
     return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}, record
+
+
+def training_workers(process: subprocess.Popen[str]) -> list[psutil.Process]:
+    """torchrun's workers: the processes its agent (cycle's launcher) started. Not found by
+    ``LOCAL_RANK`` in their environment: a worker forked from the agent (the default) has it
+    in ``os.environ``, not in the kernel's copy of the environment it started with."""
+    found = []
+    for child in psutil.Process(process.pid).children(recursive=True):
+        try:
+            if "cycler.supervisor.launcher" in " ".join(child.cmdline()):
+                found += child.children()
+        except psutil.Error:
+            continue
+    return found

@@ -64,7 +64,7 @@ def test_the_supervisor_of_cycle_run_never_imports_torch(tmp_path: Path,
 
 END_OF_JOB = ("import sys\n"
               "from cycler.checkpoint.layout import CheckpointLayout\n"
-              "from cycler.checkpoint.tiers import finish_job\n"
+              "from cycler.checkpoint.job_end import finish_job\n"
               "memory, durable = CheckpointLayout(sys.argv[1]), CheckpointLayout(sys.argv[2])\n"
               "end = finish_job(memory, durable, several_nodes=True, exit_code=75)\n"
               "print(end.failure, 'torch' in sys.modules)\n")

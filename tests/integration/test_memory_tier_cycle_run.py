@@ -14,9 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
+from cycle_jobs import training_workers
 from gloo_ranks import free_port
 
 from cycler import EXIT_REQUEUE, EXIT_SUCCESS, latest_checkpoint, list_checkpoints, read_manifest
@@ -84,20 +84,6 @@ def wait_for_memory_only_checkpoint(root: Path, memory: Path,
             return in_memory[-1], max(durable, default=-1)
         time.sleep(0.02)
     raise AssertionError("no memory-only checkpoint within 120 s")
-
-
-def training_workers(process: subprocess.Popen[str]) -> list[psutil.Process]:
-    """torchrun's workers: the processes its agent (cycle's launcher) started. Not found by
-    ``LOCAL_RANK`` in their environment: a worker forked from the agent (the default) has it
-    in ``os.environ``, not in the kernel's copy of the environment it started with."""
-    found = []
-    for child in psutil.Process(process.pid).children(recursive=True):
-        try:
-            if "cycler.supervisor.launcher" in " ".join(child.cmdline()):
-                found += child.children()
-        except psutil.Error:
-            continue
-    return found
 
 
 def test_a_crash_restarts_from_memory_and_ends_bit_identical(tmp_path: Path,

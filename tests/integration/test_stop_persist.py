@@ -9,7 +9,6 @@ checkpoint of many small files (one fsync each: a few ms apiece on a disk, secon
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -18,9 +17,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
-from cycle_jobs import fake_scontrol
+from cycle_jobs import fake_scontrol, training_workers
 from tmpfs import mounted_tmpfs
 
 from cycler import EXIT_REQUEUE, list_checkpoints
@@ -132,16 +130,6 @@ def test_a_stop_that_finds_the_memory_tier_full_does_not_wait_behind_the_persist
     assert valid(root)[-1] == 1, "the stop's checkpoint is in the root"
 
 
-def workers(process: subprocess.Popen[str]) -> list[psutil.Process]:
-    """torchrun's workers (they have a LOCAL_RANK; the agent and the launcher do not)."""
-    found = []
-    for child in psutil.Process(process.pid).children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            if "LOCAL_RANK" in child.environ():
-                found.append(child)
-    return found
-
-
 def test_a_stop_whose_persist_is_cut_by_a_kill_is_not_copied_again_and_exits_74(
         tmp_path: Path, shm: Path) -> None:
     # kill -9 of the worker in the middle of the stop's persist (3000 files): cycle run must
@@ -151,7 +139,7 @@ def test_a_stop_whose_persist_is_cut_by_a_kill_is_not_copied_again_and_exits_74(
     memory = memory_root(memory_base(shm), root)
     process = start(tmp_path, shm, "--grace", "60", files=1, stop_files=3000)
     wait_for(lambda: valid(root) == [0], process, "the first checkpoint persisted")
-    (worker,) = workers(process)
+    (worker,) = training_workers(process)
     sent = time.monotonic()
     process.send_signal(signal.SIGTERM)
     wait_for(lambda: copy_in_flight(root), process, "the stop's persist under way")
