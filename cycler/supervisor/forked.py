@@ -117,11 +117,16 @@ def count_clean_exits_as_returns() -> None:
     MultiprocessContext._poll = poll_counting_clean_exits  # type: ignore[method-assign,assignment]
 
 
-def run_worker(script: str, *arguments: str) -> None:
+def run_worker(script: str, *arguments: str) -> NoReturn:
     """The body of one forked worker: run ``script`` with ``arguments`` as ``python -u`` would.
 
-    Returns only when the script ended with success (torch's entrypoint then reports it to the
-    agent); every other end exits the process here, with the code Python would have given.
+    Never returns: the process exits here with the code Python would have given, success
+    included. torch's function entrypoint would keep a worker that returned alive until every
+    worker of the node returned, with its process group's sockets open; a peer whose teardown
+    waits for them to close (gloo's threads, joined in ``~ProcessGroupGloo``) then waits
+    forever, where a ``python`` worker's exit would have closed them (seen on torch 2.7.1: one
+    start in ten). The agent counts a worker that exited 0 as finished
+    (:func:`count_clean_exits_as_returns`).
     """
     _fresh_process(script, arguments)
     import runpy
@@ -140,7 +145,7 @@ def run_worker(script: str, *arguments: str) -> None:
     except BaseException as error:  # noqa: BLE001 - what the interpreter does with it
         _print_uncaught(error, script)
         _exit(1)
-    _finish()
+    _exit(0)
 
 
 def _print_uncaught(error: BaseException, script: str) -> None:

@@ -305,12 +305,27 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
 
 
+FORK_SINCE = (2, 10)
+"""The oldest torch whose workers are forked. On torch 2.7.1 a forked worker hung in one start
+of ten at its end (gloo's thread waiting for the GIL to drop a tensor while the main thread,
+holding the GIL, joins it in ``~ProcessGroupGloo``; never seen with fresh workers there, nor
+in 20 starts on torch 2.13); versions between were not tried."""
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``(2, 13)`` for ``2.13.0+cpu`` or ``2.13.0a0+git...``."""
+    return tuple(int(part) for part in version.split("+")[0].split(".")[:2] if part.isdigit())
+
+
 def can_fork_workers(more: list[str]) -> bool:
     """Load what workers import (:func:`.forked.preload`, and the modules ``more``); whether
-    the workers may be forked from this process: not where CUDA is initialised or a forked
-    child could not initialise it (:func:`.forked.fork_is_bad`)."""
+    the workers may be forked from this process: not on a torch older than
+    :data:`FORK_SINCE`, nor where CUDA is initialised or a forked child could not initialise it
+    (:func:`.forked.fork_is_bad`)."""
     import torch
 
+    if _release(torch.__version__) < FORK_SINCE:
+        return False
     forked.preload(more)
     forked.freeze_for_fork()
     if torch.cuda.is_initialized() or forked.fork_is_bad():

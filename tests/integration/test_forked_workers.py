@@ -12,6 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from cycler.supervisor.launcher import FORK_SINCE, _release
 
 PROBE = r'''
 import atexit, logging, os, pickle, signal, sys, threading
@@ -115,6 +118,8 @@ torch.cuda._is_in_bad_fork = lambda: True  # as in a child of a parent that coun
 '''
 
 
+@pytest.mark.skipif(_release(torch.__version__) < FORK_SINCE,
+                    reason="this torch's workers are never forked")
 def test_an_agent_whose_forks_could_not_use_cuda_starts_fresh_workers(tmp_path: Path) -> None:
     # torch marks a child as a bad fork once the parent asked the CUDA runtime for its devices,
     # which torch.cuda.is_initialized() does not show: the agent asks a forked probe instead.
