@@ -9,6 +9,7 @@ checkpoint of many small files (one fsync each: a few ms apiece on a disk, secon
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from cycle_jobs import fake_scontrol, training_workers
 from tmpfs import mounted_tmpfs
@@ -55,6 +57,24 @@ def shm(tmp_path: Path) -> Iterator[Path]:
         yield mount
 
 
+STARTED: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def no_job_outlives_its_test() -> Iterator[None]:
+    """A test that fails before its job ended must not leave the job running (it would hold
+    its tmpfs and its CPU for the rest of the suite): every process of it is killed."""
+    yield
+    while STARTED:
+        process = STARTED.pop()
+        with contextlib.suppress(psutil.Error):
+            tree = psutil.Process(process.pid)
+            for member in [*tree.children(recursive=True), tree]:
+                with contextlib.suppress(psutil.Error):
+                    member.kill()
+        process.wait(timeout=30)
+
+
 def start(tmp_path: Path, shm: Path, *flags: str, files: int, stop_files: int,
           root: Path | None = None, env: dict[str, str] | None = None,
           ) -> subprocess.Popen[str]:
@@ -62,9 +82,12 @@ def start(tmp_path: Path, shm: Path, *flags: str, files: int, stop_files: int,
     script.write_text(JOB)
     command = [sys.executable, "-m", "cycler_cli", "run", "--memory-dir", str(shm),
                "--checkpoint-dir", str(root or tmp_path / "ck"), *flags, str(script)]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "FILES": str(files), "STOP_FILES": str(stop_files),
-                                 "OMP_NUM_THREADS": "1", **(env or {})})
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "FILES": str(files), "STOP_FILES": str(stop_files),
+             "OMP_NUM_THREADS": "1", **(env or {})})
+    STARTED.append(process)
+    return process
 
 
 def wait_for(condition: object, process: subprocess.Popen[str], what: str) -> None:
