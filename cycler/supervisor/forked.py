@@ -141,7 +141,9 @@ def run_worker(script: str, *arguments: str) -> NoReturn:
         _print_uncaught(interrupt, script)
         _finish()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
         os.kill(os.getpid(), signal.SIGINT)
+        os._exit(128 + signal.SIGINT)  # the shell's code for it, should the signal be late
     except BaseException as error:  # noqa: BLE001 - what the interpreter does with it
         _print_uncaught(error, script)
         _exit(1)
