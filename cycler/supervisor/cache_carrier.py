@@ -88,6 +88,12 @@ class CompileCacheCarrier:
         """Whether a carry is in flight."""
         return self._thread is not None and self._thread.is_alive()
 
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the carry in flight to end; whether none is in flight now."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return not self.busy()
+
     def call_off(self) -> None:
         """A stop began: no new carry, and the one in flight stops at its next chunk, leaving
         the carried file as it was."""
@@ -99,12 +105,10 @@ class CompileCacheCarrier:
         if not self._active:
             return
         self._cancel.set()
-        if self._thread is not None:
-            self._thread.join(JOIN_SECONDS)
-            if self._thread.is_alive():
-                self._say(f"the compile cache is not carried when this run ends: a carry in "
-                          f"flight did not stop within {JOIN_SECONDS:g} s")
-                return
+        if not self.wait(JOIN_SECONDS):
+            self._say(f"the compile cache is not carried when this run ends: a carry in "
+                      f"flight did not stop within {JOIN_SECONDS:g} s")
+            return
         self._say(pack(self._sources, self._carried, self._key))
 
     def _carry(self) -> None:

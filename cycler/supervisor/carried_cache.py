@@ -69,13 +69,18 @@ def pack(sources: Mapping[str, Path], carried: Path, key: CacheKey,
         try:
             return _pack_once(sources, carried, key, limit, cancel)
         except FileNotFoundError as error:
-            if attempt + 1 == _VANISHED_RETRIES:
+            if attempt + 1 == _VANISHED_RETRIES or _is_beside(error, carried):
                 return f"the compile cache could not be carried in {carried}: {error}"
         except Cancelled:
             return None
         except OSError as error:
             return f"the compile cache could not be carried in {carried}: {error.strerror or error}"
     return None
+
+
+def _is_beside(error: OSError, carried: Path) -> bool:
+    """Whether ``error`` is about ``carried`` or its temporary, not a file of the cache."""
+    return error.filename is not None and Path(error.filename).parent == carried.parent
 
 
 def _pack_once(sources: Mapping[str, Path], carried: Path, key: CacheKey, limit: int,

@@ -8,12 +8,18 @@ start no compile and check what ``cycle run`` does before and after the workers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import tarfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 from cycler.protocol.exit_codes import EXIT_USAGE
@@ -32,6 +38,18 @@ with open(sys.argv[1], "w") as out:
                "cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}, out)
 """
 
+HOLDING = COMPILING + """
+if sys.argv[2:] == ["hold"]:  # commit a checkpoint, then train on until killed
+    import time
+    from pathlib import Path
+    from cycler import AtomicDirectory, default_checkpoint_root
+    saver = AtomicDirectory(default_checkpoint_root())
+    directory = Path(saver.prepare_checkpoint_directory())
+    (directory / "state").write_bytes(b"compiled")
+    saver.symlink_latest(directory)
+    time.sleep(600)
+"""
+
 PLAIN = """
 import json, os, sys
 with open(sys.argv[1], "w") as out:
@@ -44,6 +62,15 @@ def cycle_run(tmp_path: Path, node: str, worker: str,
               env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], dict]:
     """``cycle run`` of ``worker`` on the node named ``node`` (its own TMPDIR and HOME), with
     the checkpoint root ``tmp_path/ck``; the process and what the worker reported."""
+    command, environment, report = cycle_command(tmp_path, node, worker, env)
+    done = subprocess.run(command, env=environment, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    return done, json.loads(report.read_text()) if report.exists() else {}
+
+
+def cycle_command(tmp_path: Path, node: str, worker: str, env: dict[str, str] | None = None,
+                  ) -> tuple[list[str], dict[str, str], Path]:
+    """The command and environment of :func:`cycle_run`, and the worker's report file."""
     script, report = tmp_path / "worker.py", tmp_path / f"report-{node}.json"
     script.write_text(worker)
     report.unlink(missing_ok=True)
@@ -53,10 +80,8 @@ def cycle_run(tmp_path: Path, node: str, worker: str,
                    if not key.startswith(("SLURM_", "CYCLER_", "TORCHINDUCTOR_", "TRITON_"))}
     environment.update(TMPDIR=str(tmp_path / node / "tmp"), HOME=str(tmp_path / node / "home"),
                        **(env or {}))
-    done = subprocess.run([sys.executable, "-m", "cycler_cli", "run", "--checkpoint-dir",
-                           str(tmp_path / "ck"), str(script), str(report)], env=environment,
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    return done, json.loads(report.read_text()) if report.exists() else {}
+    return [sys.executable, "-m", "cycler_cli", "run", "--checkpoint-dir", str(tmp_path / "ck"),
+            str(script), str(report)], environment, report
 
 
 def carried(tmp_path: Path) -> Path:
@@ -88,6 +113,50 @@ def test_a_restart_on_the_same_node_and_on_a_fresh_node_reuses_the_compiled_code
     assert fresh["inductor"].get("fxgraph_cache_hit", 0) >= 1
     assert fresh["inductor"].get("fxgraph_cache_miss", 0) == 0
     assert fresh["cache"].startswith(str(user_base(tmp_path, "node-b")))
+
+
+@pytest.mark.e2e
+def test_a_job_killed_after_its_first_checkpoint_has_carried_what_it_compiled(
+        tmp_path: Path) -> None:
+    """A node failure, or Slurm's SIGKILL after the grace, ends the job without the carry at
+    the end of ``cycle run``: the carry after the first checkpoint is what the requeue gets."""
+    command, environment, report = cycle_command(tmp_path, "node-a", HOLDING)
+    with (tmp_path / "stderr-node-a.txt").open("wb") as stderr:
+        job = subprocess.Popen([*command, "hold"], env=environment, cwd=tmp_path,
+                               stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        wait_until(lambda: report.exists(), "the compile", job, timeout=300)
+        wait_until(lambda: carried(tmp_path).exists(), "the carried file", job, timeout=90)
+    finally:
+        kill_the_whole_job(job)
+    with tarfile.open(carried(tmp_path)) as archive:
+        names = archive.getnames()
+    assert any(name.startswith(f"{CACHE}/") and name.endswith(".so") for name in names), names
+    assert any(f"{CACHE}/inductor/fxgraph/" in name for name in names), names
+
+    moved, fresh = cycle_run(tmp_path, "node-b", HOLDING)
+    assert moved.returncode == 0, moved.stderr
+    assert "loaded the carried compile cache" in moved.stderr
+    assert fresh["inductor"].get("fxgraph_cache_hit", 0) >= 1
+    assert fresh["inductor"].get("fxgraph_cache_miss", 0) == 0
+
+
+def wait_until(condition: Callable[[], bool], what: str, job: subprocess.Popen[bytes],
+               timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert job.poll() is None, f"cycle run exited {job.returncode} before {what}"
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
+        time.sleep(0.1)
+
+
+def kill_the_whole_job(job: subprocess.Popen[bytes]) -> None:
+    """SIGKILL to the supervisor and every process below it at once, as a node failure."""
+    everyone = [psutil.Process(job.pid), *psutil.Process(job.pid).children(recursive=True)]
+    for process in everyone:
+        with contextlib.suppress(psutil.Error):
+            process.send_signal(signal.SIGKILL)
+    job.wait(30)
 
 
 def test_workers_get_a_private_cache_of_the_job_unless_the_user_chose_one(
