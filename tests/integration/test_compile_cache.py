@@ -235,3 +235,80 @@ def test_a_corrupt_carried_cache_is_ignored_and_the_job_runs(tmp_path: Path) -> 
     lines = [line for line in done.stderr.splitlines() if "compile cache" in line]
     assert len(lines) == 1 and "is not loaded" in lines[0]
     assert list(Path(seen["cache"]).parent.iterdir()) == []
+
+
+PACKER = """
+import sys
+from pathlib import Path
+from cycler.supervisor.carried_cache import CACHE, HEADERS, pack
+from cycler.supervisor.compile_cache import cache_key
+work = Path(sys.argv[1])
+print(pack({CACHE: work / "cache", HEADERS: work / "headers"}, work / "compile-cache.tar",
+           cache_key(work / "worker.py")))
+"""
+
+
+def big_cache(work: Path, size: int) -> None:
+    (work / "cache").mkdir(parents=True, exist_ok=True)
+    (work / "worker.py").write_text(PLAIN)
+    (work / "cache" / "kernel.so").write_bytes(b"compiled")
+    with (work / "cache" / "huge.so").open("wb") as huge:
+        huge.truncate(size)  # sparse: read fast, written whole into the tar
+
+
+def test_a_carry_killed_while_it_writes_leaves_the_previous_file_whole(tmp_path: Path) -> None:
+    big_cache(tmp_path, 1 << 20)
+    packer = [sys.executable, "-c", PACKER, str(tmp_path)]
+    subprocess.run(packer, check=True, capture_output=True)
+    carried_file = tmp_path / "compile-cache.tar"
+    before = carried_file.read_bytes()
+    big_cache(tmp_path, 1 << 30)
+    writer = subprocess.Popen(packer, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    temporaries = []
+    try:
+        while writer.poll() is None and not any(os.path.getsize(t) > (1 << 20)
+                                                for t in temporaries):
+            temporaries = [t for t in tmp_path.iterdir() if ".cycler-tmp-" in t.name]
+            time.sleep(0.005)
+    finally:
+        writer.kill()
+        writer.wait()
+    assert temporaries, "the writer ended before it was killed: make the cache larger"
+    assert carried_file.read_bytes() == before
+    cache, headers = tmp_path / "fresh" / "cache", tmp_path / "fresh" / "headers"
+    cache.mkdir(parents=True, mode=0o700)
+    from cycler.supervisor.carried_cache import unpack
+
+    said = unpack(carried_file, cache, headers, cache_key(tmp_path / "worker.py"))
+    assert said is not None and said.startswith("loaded the carried compile cache (2 files)")
+    (tmp_path / "cache" / "huge.so").write_bytes(b"smaller")
+    done = subprocess.run(packer, check=True, capture_output=True, text=True)
+    assert done.stdout.startswith("carried the compile cache (2 files")
+    assert not [t for t in tmp_path.iterdir() if ".cycler-tmp-" in t.name]
+
+
+def test_a_carry_into_a_full_root_is_a_warning_event_and_the_run_goes_on(
+        tmp_path: Path, small_tmpfs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    from cycler.supervisor.cache_carrier import CompileCacheCarrier
+    from cycler.supervisor.compile_cache import node_cache_dir
+    from cycler.supervisor.options import RunOptions
+
+    script = tmp_path / "worker.py"
+    script.write_text(PLAIN)
+    options = RunOptions(script=str(script), checkpoint_dir=small_tmpfs / "root")
+    options.layout.supervisor_dir.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "node"))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    node_cache_dir(options).mkdir(parents=True)
+    (node_cache_dir(options) / "kernel.so").write_bytes(os.urandom(8 << 20))  # > the 4 MB
+    said: list[tuple[str, bool]] = []
+    carrier = CompileCacheCarrier(
+        options, lambda event, warning=False, **fields: said.append((event, warning)),
+        settle=0.0)
+    carrier.checkpoint_committed()
+    assert carrier.wait(60)
+    carrier.finish()
+    assert said == [("compile_cache_not_carried", True)] * 2
+    assert os.listdir(options.layout.supervisor_dir) == []
