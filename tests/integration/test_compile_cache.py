@@ -152,11 +152,53 @@ def wait_until(condition: Callable[[], bool], what: str, job: subprocess.Popen[b
 
 def kill_the_whole_job(job: subprocess.Popen[bytes]) -> None:
     """SIGKILL to the supervisor and every process below it at once, as a node failure."""
+    if job.poll() is not None:
+        return
     everyone = [psutil.Process(job.pid), *psutil.Process(job.pid).children(recursive=True)]
     for process in everyone:
         with contextlib.suppress(psutil.Error):
             process.send_signal(signal.SIGKILL)
     job.wait(30)
+
+
+@pytest.mark.e2e
+def test_a_stop_calls_off_the_carry_in_flight_and_the_end_of_the_run_carries_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    from cycler.supervisor.compile_cache import node_cache_dir
+    from cycler.supervisor.options import RunOptions
+
+    command, environment, report = cycle_command(tmp_path, "node-a", HOLDING)
+    monkeypatch.setattr(tempfile, "tempdir", environment["TMPDIR"])
+    cache = node_cache_dir(RunOptions(script=command[-2], checkpoint_dir=tmp_path / "ck"))
+    os.makedirs(cache)
+    for level in (cache, *list(cache.parents)[:3]):
+        os.chmod(level, 0o700)
+    with (cache / "huge.so").open("wb") as huge:  # compiled long ago: the carry takes seconds
+        huge.truncate(768 << 20)
+    os.utime(cache / "huge.so", (1e9, 1e9))
+    supervisor_dir = carried(tmp_path).parent
+    with (tmp_path / "stderr-node-a.txt").open("wb") as stderr:
+        job = subprocess.Popen([*command[:4], "--grace", "2", *command[4:], "hold"],
+                               env=environment, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                               stderr=stderr)
+    try:
+        wait_until(lambda: report.exists(), "the compile", job, timeout=300)
+        wait_until(lambda: any(".cycler-tmp-" in name for name in os.listdir(supervisor_dir)),
+                   "a carry in flight", job, timeout=60)
+        job.send_signal(signal.SIGTERM)
+        job.wait(120)
+    finally:
+        kill_the_whole_job(job)
+    events = [json.loads(line)["event"] for line in
+              (supervisor_dir / "events-node0.jsonl").read_text().splitlines()]
+    assert events.count("compile_cache_carried") == 1, events
+    assert "compile_cache_not_carried" not in events
+    assert events.index("compile_cache_carried") > events.index("workers_exited")
+    with tarfile.open(carried(tmp_path)) as archive:
+        assert f"{CACHE}/huge.so" in archive.getnames()
+    assert not [name for name in os.listdir(supervisor_dir) if ".cycler-tmp-" in name]
 
 
 def test_workers_get_a_private_cache_of_the_job_unless_the_user_chose_one(
