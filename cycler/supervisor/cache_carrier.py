@@ -4,8 +4,9 @@ A job whose node dies, or whose ``cycle run`` is killed (Slurm's SIGKILL after t
 ``kill -9``), never reaches the carry at the end of the run, and its requeue on a fresh node
 would compile from scratch: the very case the carried cache is for. So node 0's supervisor also
 carries when a checkpoint is committed (by then the step that compiled has run), in a thread of
-its own at the lowest CPU priority (and so I/O priority, which Linux derives from it), never in
-the loop that beats, reads the beacons and watches for hangs.
+its own at the lowest CPU priority (and so I/O priority, which Linux derives from it where the
+disk's scheduler has priorities: BFQ, CFQ), never in the loop that beats, reads the beacons
+and watches for hangs.
 
 A carry that wrote (or tried to) is followed by none for :data:`CARRY_INTERVAL_SECONDS`; one
 that found nothing new costs a directory scan and the tar's headers. A stop calls the carry in

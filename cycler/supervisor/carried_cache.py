@@ -45,8 +45,6 @@ MAX_CARRIED_BYTES = 2 << 30
 """A node cache larger than this (2 GiB) is not carried: the root is not a cache store."""
 _LEFT_OUT_SUFFIXES = (".lock",)
 _TORCH_TEMPORARY_FOLDER = "tmp.pid_"
-
-
 CARRIED = "carried the compile cache"
 """How :func:`pack` begins the sentence of a write that succeeded."""
 _VANISHED_RETRIES = 3
