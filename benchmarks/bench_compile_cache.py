@@ -11,12 +11,20 @@ breakdown's ``compile`` part beside it.
 
     python benchmarks/bench_compile_cache.py [--repeats 3] [--nproc-per-node 1]
     python benchmarks/bench_compile_cache.py --portable
+    python benchmarks/bench_compile_cache.py --killed [--repeats 3]
 
 ``--portable`` measures instead why the cache directory is carried rather than torch's
 portable artifacts (``torch.compiler.save_cache_artifacts``): one process each, the first
 compiled training step of a small model, uncached; on the same node (cache directory and
 ``TMPDIR`` kept); on a fresh node after ``load_cache_artifacts`` of the first process's
 artifacts; on a fresh node given a copy of the cache directory and precompiled headers.
+
+``--killed`` measures the job that never reaches the end of ``cycle run``: a compiled run
+(a step every ``KILLED_STEP_DELAY`` s, a checkpoint every 16 steps) is kill -9'd whole (the
+supervisor and every process below it, as a node failure) ``KILL_AFTER`` s after its first
+checkpoint, then restarted on a fresh node: the time to its first step, whether a carried
+cache was there, and the time of each 16 steps before and after the first checkpoint (the
+carry during the run, if any, writes in the seconds after it).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -38,17 +47,27 @@ TRAIN = ["--compile", "--samples", "1024", "--checkpoint-every", "16", "--hidden
 KINDS = ("warm", "fresh_carried", "fresh_uncached")
 
 
-def cycle_run(root: Path, node: Path, epochs: int, nproc: int) -> tuple[float, float]:
-    """Run the example for ``epochs`` under ``cycle run`` on ``node``; seconds from the start
+def cycle_run(root: Path, node: Path, epochs: int, nproc: int,
+              stop_after_first_step: bool = False) -> tuple[float, float]:
+    """Run the example for ``epochs`` under ``cycle run`` on ``node`` (with
+    ``stop_after_first_step``, until the first step: SIGTERM then); seconds from the start
     to the first step of the workers."""
     env = {**os.environ, "TMPDIR": str(node / "tmp"), "HOME": str(node / "home")}
     for name in ("tmp", "home"):
         (node / name).mkdir(parents=True, exist_ok=True)
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)
     started = time.time()
-    subprocess.run([sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", str(nproc),
-                    "--checkpoint-dir", str(root), str(SCRIPT), *TRAIN, "--epochs", str(epochs)],
-                   env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    job = subprocess.Popen([sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node",
+                            str(nproc), "--checkpoint-dir", str(root), str(SCRIPT), *TRAIN,
+                            "--epochs", str(epochs)],
+                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while stop_after_first_step and job.poll() is None and not [
+            e for e in events(root) if e["event"] == "first_step" and e["time"] > started]:
+        time.sleep(0.05)
+    if stop_after_first_step:
+        job.send_signal(signal.SIGTERM)
+    if job.wait() not in (0, 75):
+        sys.exit(f"cycle run exited {job.returncode}")
     first = [e for e in events(root) if e["event"] == "first_step"][-1]
     return float(first["at"]) - started, float(first.get("compile", 0.0))
 
@@ -56,6 +75,56 @@ def cycle_run(root: Path, node: Path, epochs: int, nproc: int) -> tuple[float, f
 def events(root: Path) -> list[dict[str, object]]:
     lines = (root / ".cycler" / "events-node0.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines if line.strip()]
+
+
+KILLED_STEP_DELAY = 0.05
+KILL_AFTER = 12.0
+"""Seconds from the first checkpoint to the kill: the carry's 5 s settle and its write."""
+
+
+def killed_then_fresh(work: Path, nproc: int) -> dict[str, object]:
+    """One kill -9 of a compiled job after its first checkpoint and its restart on a fresh
+    node (see the module's docstring)."""
+    import psutil
+
+    root, node = work / "root-killed", work / "node-killed"
+    for path in (root, node, work / "node-fresh"):
+        shutil.rmtree(path, ignore_errors=True)
+    for name in ("tmp", "home"):
+        (node / name).mkdir(parents=True)
+    env = {**os.environ, "TMPDIR": str(node / "tmp"), "HOME": str(node / "home")}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    job = subprocess.Popen([sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node",
+                            str(nproc), "--checkpoint-dir", str(root), str(SCRIPT), *TRAIN,
+                            "--epochs", "1000", "--step-delay", str(KILLED_STEP_DELAY)],
+                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not any(e["event"] == "checkpoint_committed" for e in safe_events(root)):
+        if job.poll() is not None:
+            sys.exit("the killed run ended before its first checkpoint")
+        time.sleep(0.05)
+    time.sleep(KILL_AFTER)
+    everyone = [psutil.Process(job.pid), *psutil.Process(job.pid).children(recursive=True)]
+    for process in everyone:
+        process.kill()
+    job.wait()
+    found = events(root)
+    commits = [float(e["time"]) for e in found if e["event"] == "checkpoint_committed"]
+    carries = [float(e["time"]) - commits[0] for e in found
+               if e["event"] == "compile_cache_carried"]
+    carried = (root / ".cycler" / "compile-cache.tar").exists()
+    first_step, compile_s = cycle_run(root, work / "node-fresh", epochs=1001, nproc=nproc,
+                                      stop_after_first_step=True)
+    return {"carried": carried, "fresh_first_step_s": round(first_step, 2),
+            "fresh_compile_s": round(compile_s, 2),
+            "carried_s_after_first_checkpoint": [round(t, 2) for t in carries],
+            "checkpoints_s_after_first": [round(t - commits[0], 2) for t in commits]}
+
+
+def safe_events(root: Path) -> list[dict[str, object]]:
+    try:
+        return events(root)
+    except (OSError, ValueError):
+        return []
 
 
 def restart(kind: str, prepared: Path, warm_node: Path, work: Path, nproc: int,
@@ -122,7 +191,17 @@ def main() -> None:
     parser.add_argument("--nproc-per-node", type=int, default=1)
     parser.add_argument("--portable", action="store_true",
                         help="compare with torch's portable cache artifacts instead")
+    parser.add_argument("--killed", action="store_true",
+                        help="a fresh node's first step after a kill -9 of the whole job")
     args = parser.parse_args()
+    if args.killed:
+        with tempfile.TemporaryDirectory(prefix="bench-compile-") as scratch:
+            runs = [killed_then_fresh(Path(scratch), args.nproc_per_node)
+                    for _ in range(args.repeats)]
+        firsts = [float(str(run["fresh_first_step_s"])) for run in runs]
+        print(json.dumps({"fresh_first_step_s": statistics.median(firsts), "runs": runs},
+                         indent=1))
+        return
     if args.portable:
         with tempfile.TemporaryDirectory(prefix="bench-compile-") as scratch:
             print(json.dumps(portable_comparison(Path(scratch)), indent=1))

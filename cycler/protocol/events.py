@@ -88,6 +88,8 @@ MESSAGES = {
                            "of {mtbf_hours:g} h ({failures} failures in {wall_hours:g} h)",
     "checkpoint_interval.first": "checkpoint interval: every {steps} steps (about {seconds:g} "
                                  "s) until a save's stall is measured",
+    "compile_cache_carried": "{said}",
+    "compile_cache_not_carried": "{said}",
     "preemption_notices": "polling {cloud}'s metadata service at {endpoint} for preemption "
                           "notices",
 }
@@ -102,7 +104,7 @@ HISTORY = frozenset({
     "requeue_skipped", "exit",
     "hang", "start_failed", "waiting_for_node", "persisted", "memory_tier_removed",
     "persist_failed", "requeue_withheld", "control_unwritable",
-    "checkpoint_committed", "checkpoint_interval",
+    "checkpoint_committed", "checkpoint_interval", "compile_cache_not_carried",
 })
 """The events ``cycle status`` shows: what the job went through, not every checkpoint."""
 

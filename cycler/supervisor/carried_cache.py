@@ -3,13 +3,16 @@
 ``<root>/.cycler/compile-cache.tar`` holds a member ``key.json`` (the format and the
 :class:`~cycler.supervisor.compile_cache.CacheKey` it was made under), then the node cache's
 regular files under ``cache/``. It is replaced atomically (temporary, fsync, rename), 0600, at
-most :data:`MAX_CARRIED_BYTES`; lock files, links and anything else are left out. It is not a
-checkpoint: no name of the layout matches it, so listings, ``cycle prune`` and retention never
-see it.
+most :data:`MAX_CARRIED_BYTES`; lock files, torch's temporaries, links and anything else are
+left out. It is rewritten only when the node cache holds a file it lacks or has changed (name,
+size, time), so an unchanged precompiled header is never written twice. A write may be called
+off (``cancel``) between two chunks: the previous file then stays. It is not a checkpoint: no
+name of the layout matches it, so listings, ``cycle prune`` and retention never see it.
 
 Unpacking never trusts it more than a checkpoint: a key that differs, a file that is not such a
-tar, is cut short, or names a path outside the cache, a link or a device is not loaded (one
-line says why) and nothing of it is left in the node cache, which is filled in one rename.
+tar or not the user's, is cut short, or names a path outside the cache, a link or a device is
+not loaded (one line says why) and nothing of it is left in the node cache, which is filled
+in one rename.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import io
 import json
 import os
 import shutil
+import stat
 import tarfile
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING
@@ -39,31 +44,64 @@ spends seconds building them again)."""
 MAX_CARRIED_BYTES = 2 << 30
 """A node cache larger than this (2 GiB) is not carried: the root is not a cache store."""
 _LEFT_OUT_SUFFIXES = (".lock",)
+_TORCH_TEMPORARY_FOLDER = "tmp.pid_"
+CARRIED = "carried the compile cache"
+"""How :func:`pack` begins the sentence of a write that succeeded."""
+_VANISHED_RETRIES = 3
+"""Scans before giving up when files vanish under a carry (a compile that removes its own
+temporaries while the workers run)."""
+
+
+class Cancelled(Exception):
+    """A carry was called off: the carried file was left as it was."""
 
 
 def pack(sources: Mapping[str, Path], carried: Path, key: CacheKey,
-         limit: int = MAX_CARRIED_BYTES) -> str | None:
+         limit: int = MAX_CARRIED_BYTES, cancel: threading.Event | None = None) -> str | None:
     """Write the files of ``sources`` (member folder -> directory) to ``carried`` under
-    ``key`` unless the carried file already holds them (same key, nothing newer) or they hold
-    more than ``limit`` bytes; what was done or why not (a sentence), ``None`` when there was
-    nothing to do. Never raises ``OSError``."""
-    try:
-        files = [(folder, directory, path) for folder, directory in sources.items()
-                 for path in _cache_files(directory)
-                 if folder != HEADERS or path.parent == directory]
-        if not any(folder == CACHE for folder, _, _ in files) \
-                or _up_to_date(carried, [path for _, _, path in files], key):
+    ``key`` unless the carried file already holds them (same key, same names, sizes and times)
+    or they hold more than ``limit`` bytes; what was done (a sentence starting with
+    :data:`CARRIED`) or why not, ``None`` when there was nothing to do. A ``cancel`` set while
+    it writes stops it and leaves ``carried`` as it was (``None``). Never raises ``OSError``."""
+    for attempt in range(_VANISHED_RETRIES):
+        try:
+            return _pack_once(sources, carried, key, limit, cancel)
+        except FileNotFoundError as error:
+            if attempt + 1 == _VANISHED_RETRIES or _is_beside(error, carried):
+                return f"the compile cache could not be carried in {carried}: {error}"
+        except Cancelled:
             return None
-        size = sum(os.lstat(path).st_size for _, _, path in files)
-        if size > limit:
-            return (f"the compile cache ({size >> 20} MiB) is larger than {limit >> 20} MiB: "
-                    f"not carried in {carried}")
-        _remove_dead_writers_leftovers(carried)  # a cycle run killed while it carried
-        _fs.atomic_write(carried, lambda handle: _write_tar(handle, files, key))
-        os.chmod(carried, PRIVATE_FILE_MODE)
-    except OSError as error:
-        return f"the compile cache could not be carried in {carried}: {error.strerror or error}"
-    return f"carried the compile cache ({len(files)} files, {size >> 10} KiB) in {carried}"
+        except OSError as error:
+            return f"the compile cache could not be carried in {carried}: {error.strerror or error}"
+    return None
+
+
+def _is_beside(error: OSError, carried: Path) -> bool:
+    """Whether ``error`` is about ``carried`` or its temporary, not a file of the cache."""
+    return error.filename is not None and Path(error.filename).parent == carried.parent
+
+
+def _pack_once(sources: Mapping[str, Path], carried: Path, key: CacheKey, limit: int,
+               cancel: threading.Event | None) -> str | None:
+    files = cache_files(sources)
+    if not any(folder == CACHE for folder, _, _ in files) or _up_to_date(carried, files, key):
+        return None
+    size = sum(os.lstat(path).st_size for _, _, path in files)
+    if size > limit:
+        return (f"the compile cache ({size >> 20} MiB) is larger than {limit >> 20} MiB: "
+                f"not carried in {carried}")
+    _remove_dead_writers_leftovers(carried)  # a cycle run killed while it carried
+    _fs.atomic_write(carried, lambda handle: _write_tar(handle, files, key, cancel))
+    os.chmod(carried, PRIVATE_FILE_MODE)
+    return f"{CARRIED} ({len(files)} files, {size >> 10} KiB) in {carried}"
+
+
+def cache_files(sources: Mapping[str, Path]) -> list[tuple[str, Path, Path]]:
+    """(member folder, its directory, file) for every file of ``sources`` worth carrying:
+    torch's precompiled headers are the top level of theirs."""
+    return [(folder, directory, path) for folder, directory in sources.items()
+            for path in _cache_files(directory)
+            if folder != HEADERS or path.parent == directory]
 
 
 def _remove_dead_writers_leftovers(path: Path) -> None:
@@ -76,28 +114,44 @@ def _remove_dead_writers_leftovers(path: Path) -> None:
 
 
 def _cache_files(directory: Path) -> Iterator[Path]:
-    """The regular files of the node cache worth carrying."""
+    """The regular files of the node cache worth carrying (not torch's temporaries: inductor
+    writes ``.<pid>.<thread>.tmp`` then renames it, triton fills ``tmp.pid_*`` folders)."""
     if not directory.is_dir():
         return
-    for parent, _, names in os.walk(directory):
+    for parent, folders, names in os.walk(directory):
+        folders[:] = sorted(f for f in folders if not f.startswith(_TORCH_TEMPORARY_FOLDER))
         for name in sorted(names):
             path = Path(parent) / name
             if not name.endswith(_LEFT_OUT_SUFFIXES) and not _fs.is_temporary(name) \
+                    and not (name.startswith(".") and name.endswith(".tmp")) \
                     and path.is_file() and not path.is_symlink():
                 yield path
 
 
-def _up_to_date(carried: Path, files: list[Path], key: CacheKey) -> bool:
+def _member_name(folder: str, directory: Path, path: Path) -> str:
+    return f"{folder}/{path.relative_to(directory).as_posix()}"
+
+
+def _up_to_date(carried: Path, files: list[tuple[str, Path, Path]], key: CacheKey) -> bool:
+    """Whether ``carried`` is the user's, made under ``key``, and holds exactly ``files``
+    (names and sizes, times within a millisecond: an unpacked file's time is set from the
+    member's)."""
     try:
-        made = os.lstat(carried).st_mtime
-        found = _read_key(carried)
-    except (OSError, ValueError, tarfile.TarError):
+        found, members = _read_key(carried, listing=True)
+        if key.difference(found) is not None or len(members) != len(files):
+            return False
+        for folder, directory, path in files:
+            status = os.lstat(path)
+            size, mtime = members.get(_member_name(folder, directory, path), (-1, 0.0))
+            if size != status.st_size or abs(mtime - status.st_mtime) > 1e-3:
+                return False
+    except (OSError, ValueError, tarfile.TarError, UnicodeError):
         return False
-    newest = max(os.lstat(path).st_mtime for path in files)
-    return key.difference(found) is None and newest <= made
+    return True
 
 
-def _write_tar(handle: IO[bytes], files: list[tuple[str, Path, Path]], key: CacheKey) -> None:
+def _write_tar(handle: IO[bytes], files: list[tuple[str, Path, Path]], key: CacheKey,
+               cancel: threading.Event | None) -> None:
     import dataclasses
 
     with tarfile.open(fileobj=handle, mode="w", format=tarfile.PAX_FORMAT) as archive:
@@ -107,25 +161,61 @@ def _write_tar(handle: IO[bytes], files: list[tuple[str, Path, Path]], key: Cach
         info.size, info.mode = len(record), PRIVATE_FILE_MODE
         archive.addfile(info, io.BytesIO(record))
         for folder, directory, path in files:
-            name = f"{folder}/{path.relative_to(directory).as_posix()}"
-            info = archive.gettarinfo(str(path), name)
-            info.mode, info.uid, info.gid, info.uname, info.gname = PRIVATE_FILE_MODE, 0, 0, "", ""
+            # The size is the open file's: a file that torch replaces meanwhile (a rename)
+            # is carried whole, as it was when opened.
             with open(path, "rb") as source:
-                archive.addfile(info, source)
+                info = archive.gettarinfo(arcname=_member_name(folder, directory, path),
+                                          fileobj=source)
+                info.mode, info.uid, info.gid, info.uname, info.gname = (
+                    PRIVATE_FILE_MODE, 0, 0, "", "")
+                archive.addfile(info, _Cancellable(source, cancel))
 
 
-def _read_key(carried: Path) -> dict[str, object]:
-    """The key member of ``carried`` (raises ``OSError``, ``ValueError``, ``TarError``)."""
-    with tarfile.open(carried, mode="r:") as archive:
-        member = archive.next()
-        if member is None or member.name != KEY_MEMBER or not member.isfile():
-            raise ValueError("it does not start with its key")
-        data = archive.extractfile(member)
-        assert data is not None
-        found = json.loads(data.read(1 << 16))
+class _Cancellable:
+    """A file read in chunks that raises :class:`Cancelled` once ``cancel`` is set."""
+
+    def __init__(self, source: IO[bytes], cancel: threading.Event | None) -> None:
+        self._source, self._cancel = source, cancel
+
+    def read(self, size: int = -1) -> bytes:
+        if self._cancel is not None and self._cancel.is_set():
+            raise Cancelled
+        return self._source.read(size)
+
+
+def _read_key(carried: Path, listing: bool = False,
+              ) -> tuple[dict[str, object], dict[str, tuple[int, float]]]:
+    """The key member of ``carried``, a file of the user's, and with ``listing`` its other
+    members' sizes and times by name (raises ``OSError``, ``ValueError``, ``TarError``)."""
+    # No blocking on a planted FIFO, no following a planted link.
+    descriptor = os.open(carried, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    with open(descriptor, "rb") as handle:
+        _check_owned(os.fstat(descriptor))
+        with tarfile.open(fileobj=handle, mode="r:") as archive:
+            member = archive.next()
+            if member is None or member.name != KEY_MEMBER or not member.isfile():
+                raise ValueError("it does not start with its key")
+            data = archive.extractfile(member)
+            assert data is not None
+            found = json.loads(data.read(1 << 16))
+            members = {m.name: (m.size, m.mtime) for m in archive
+                       if m.name != KEY_MEMBER} if listing else {}
     if not isinstance(found, dict) or found.get("format") != FORMAT:
         raise ValueError("its format is not one this cycler reads")
-    return found
+    return found, members
+
+
+class _NotTheUsers(ValueError):
+    """The carried file is not a plain file of the user's."""
+
+
+def _check_owned(status: os.stat_result) -> None:
+    """A carried file is loaded into the workers' compiler: only a plain file of the user's."""
+    if not stat.S_ISREG(status.st_mode):
+        raise _NotTheUsers("it is not a regular file")
+    if status.st_uid != os.geteuid():
+        raise _NotTheUsers(f"it belongs to uid {status.st_uid}, not to you "
+                           f"(uid {os.geteuid()})")
 
 
 def unpack(carried: Path, directory: Path, headers: Path, key: CacheKey) -> str | None:
@@ -135,7 +225,9 @@ def unpack(carried: Path, directory: Path, headers: Path, key: CacheKey) -> str 
     if not os.path.lexists(carried):
         return None
     try:
-        found = _read_key(carried)
+        found, _ = _read_key(carried)
+    except _NotTheUsers as error:
+        return f"the carried compile cache {carried} is not loaded: {error}"
     except (OSError, ValueError, tarfile.TarError, UnicodeError) as error:
         return f"the carried compile cache {carried} is not loaded: it is unreadable ({error})"
     different = key.difference(found)

@@ -12,7 +12,8 @@ default directory, where it keeps precompiled headers whatever these variables s
 (or checked to be) the user's, not writable by others.
 
 The directory travels with the checkpoint root (:mod:`cycler.supervisor.carried_cache`):
-when a run ends, node 0 packs it into ``<root>/.cycler/compile-cache.tar`` if it changed; a
+after a checkpoint is committed and when a run ends, node 0 packs it into
+``<root>/.cycler/compile-cache.tar`` if it changed (:mod:`cycler.supervisor.cache_carrier`); a
 start that finds its directory empty (a fresh node) unpacks it first, unless its key differs.
 torch's portable artifacts (``torch.compiler.save_cache_artifacts``) were measured and not
 used: on the CPU they hold the FX graphs but not the compiled kernels, so a fresh node still
@@ -240,17 +241,3 @@ def _check_owned(path: Path) -> None:
         raise CheckpointDirectoryError(
             f"torch's compile cache directory {path} {problem}: refusing to start workers "
             f"that would compile from it; {_FIX}")
-
-
-def carry_compile_cache(options: RunOptions) -> None:
-    """When a run ends (node 0): pack the node cache into the root if it changed since the
-    last carry. Never raises: a cache that cannot be carried is said in one line."""
-    from cycler.supervisor.carried_cache import CACHE, HEADERS, pack
-
-    if options.node_rank != 0 or uses_own_cache(os.environ):
-        return
-    key = cache_key(options.script)
-    sources = {CACHE: node_cache_dir(options, key), HEADERS: headers_dir()}
-    said = pack(sources, carried_path(options), key)
-    if said:
-        log.info("%s", said)

@@ -31,8 +31,8 @@ from cycler.protocol.events import EventLog, describe, process_start
 from cycler.protocol.features import announced, clear_announcements
 from cycler.protocol.stop_signals import lower_shields, raise_shields
 from cycler.supervisor import core, notices
+from cycler.supervisor.cache_carrier import CompileCacheCarrier
 from cycler.supervisor.checks import checked_options, record_resume_from
-from cycler.supervisor.compile_cache import carry_compile_cache
 from cycler.supervisor.failure import failure_report, failure_signature
 from cycler.supervisor.foreign import finder_for, requeue_on_foreign_checkpoint
 from cycler.supervisor.hangs import HangPolicy, WorkerProgress
@@ -157,6 +157,7 @@ class Supervisor:
             floor=options.hang_timeout_min, factor=options.hang_factor,
             first_step=options.hang_first_step, pause=options.hang_pause_timeout)
         self._progress = WorkerProgress(self.layout, options.node_rank, policy, self._record)
+        self._carrier = CompileCacheCarrier(options, self._record)
 
     def handle_signal(self, number: int, frame: FrameType | None = None) -> None:
         """Signal handler: only records the signal; the loop decides what it means."""
@@ -167,7 +168,7 @@ class Supervisor:
         with ExitStack() as stack:
             stack.enter_context(self._locked())
             stack.enter_context(self._signals_trapped())
-            stack.callback(carry_compile_cache, self.options)  # once the workers are gone
+            stack.callback(self._carrier.finish)  # once the workers are gone
             if not become_subreaper():
                 log.debug("not a subreaper: orphans of crashed workers may escape the tree")
             self._watchdog = Watchdog()
@@ -192,6 +193,7 @@ class Supervisor:
         while self._outcome is None:
             event = self._next_event(decisions.wake_at)
             for committed in self._new_checkpoints():
+                self._carrier.checkpoint_committed()  # a thread, if due
                 self._execute(decisions.handle(committed))
             self._cut_torchrun_short(decisions)
             self._watch_other_nodes(decisions)
@@ -202,6 +204,7 @@ class Supervisor:
             stopping = decisions.stop_requested
             self._execute(decisions.handle(event))
             if decisions.stop_requested and not stopping:
+                self._carrier.call_off()  # the grace is for the checkpoint
                 self._learn_hard_deadline(self._clock(), decisions.config.kill_after)
             if decisions.listening:
                 self._execute(decisions.handle(core.Announced(self._announced(), self._clock())))

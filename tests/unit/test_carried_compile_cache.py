@@ -9,6 +9,8 @@ import stat
 import tarfile
 from pathlib import Path
 
+import pytest
+
 from cycler.checkpoint.listing import list_checkpoints
 from cycler.supervisor.carried_cache import CACHE, HEADERS, pack, unpack
 from cycler.supervisor.compile_cache import cache_key
@@ -162,3 +164,37 @@ def test_a_carry_removes_what_a_killed_carry_left_behind(tmp_path: Path) -> None
     dead.write_bytes(b"half a tar")
     pack(node_cache(tmp_path), carried, cache_key(script(tmp_path)))
     assert not dead.exists() and carried.exists()
+
+
+def test_a_carried_file_that_is_not_a_plain_file_of_the_user_is_not_loaded(
+        tmp_path: Path) -> None:
+    key, carried = cache_key(script(tmp_path)), tmp_path / "compile-cache.tar"
+    pack(node_cache(tmp_path), carried, key)
+    cases = [("fifo", "it is not a regular file"), ("link", "unreadable")]
+    if os.geteuid() == 0:
+        cases.append(("chown", "it belongs to uid 65534, not to you"))
+    for kind, why in cases:
+        planted = tmp_path / f"planted-{kind}.tar"
+        if kind == "fifo":
+            os.mkfifo(planted, 0o600)  # opened without waiting for a writer
+        elif kind == "link":
+            planted.symlink_to(carried)
+        else:
+            planted.write_bytes(carried.read_bytes())
+            os.chown(planted, 65534, 65534)
+        cache, headers = fresh_node(tmp_path)
+        said = unpack(planted, cache, headers, key)
+        assert said is not None and said.startswith(
+            f"the carried compile cache {planted} is not loaded: ") and why in said, said
+        assert list(cache.iterdir()) == []
+        cache.rmdir()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="planting as another user needs root (chown)")
+def test_a_carried_file_of_another_user_is_replaced_by_the_next_carry(tmp_path: Path) -> None:
+    key, carried, sources = cache_key(script(tmp_path)), tmp_path / "c.tar", node_cache(tmp_path)
+    pack(sources, carried, key)
+    os.chown(carried, 65534, 65534)
+    said = pack(sources, carried, key)
+    assert said is not None and said.startswith("carried the compile cache")
+    assert os.lstat(carried).st_uid == os.geteuid()
