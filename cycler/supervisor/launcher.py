@@ -296,6 +296,7 @@ def main(argv: list[str] | None = None) -> None:
         arguments = ["--run-path", "--start-method", "fork", *arguments]
         torchrun.run_script_path = forked.run_worker  # type: ignore[assignment]
         forked.count_clean_exits_as_returns()
+        forked.watch_exits_by_pid()
     try:
         torchrun.main(_handling_only_sigquit(arguments))
     except (ChildFailedError, SignalException) as error:
