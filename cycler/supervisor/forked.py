@@ -11,8 +11,9 @@ child what ``python -u SCRIPT ARGS`` would have been, for everything cycle and a
   ``python -u SCRIPT ARGS`` as its command line;
 - the signal handlers and mask of a fresh interpreter, not the agent's (torchrun's handlers and
   the launcher's shield must never reach a script);
-- ``sys.argv``, ``sys.path[0]`` (the script's directory) and ``__main__`` (the script, so that
-  pickles of its classes and DataLoader workers under ``spawn`` find it), unbuffered streams;
+- ``sys.argv``, ``sys.path[0]`` (the script's directory) and ``__main__`` (the script, by its
+  absolute path, so that pickles of its classes and DataLoader workers under ``spawn`` find it),
+  unbuffered streams, multiprocessing's main process;
 - the root logger without the agent's handlers, so that the script's ``logging.basicConfig``
   works as in a fresh process;
 - torch's intra-op threads from ``$OMP_NUM_THREADS`` (torchrun sets it in the agent after
@@ -21,7 +22,8 @@ child what ``python -u SCRIPT ARGS`` would have been, for everything cycle and a
   its start-up (the beacon, the stack dump) and fresh module state;
 - the exit: ``sys.exit(n)`` exits ``n``, an uncaught exception prints its traceback to stderr
   and exits 1, a KeyboardInterrupt ends the process by SIGINT, and the script's ``atexit``
-  functions run after its non-daemon threads ended (not the agent's: they are dropped first).
+  functions run after its non-daemon threads ended, then its modules' (not the agent's own:
+  they are dropped first); the agent sees the worker's exit, not its children's.
   The interpreter's own teardown is skipped (``os._exit``, as multiprocessing does): the agent's
   objects copied into the child (its store server among them) must not be torn down twice.
 
