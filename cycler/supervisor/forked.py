@@ -44,6 +44,7 @@ import gc
 import importlib
 import itertools
 import logging
+import multiprocessing.context
 import multiprocessing.process
 import os
 import signal
@@ -244,7 +245,8 @@ def _main_process() -> None:
     """Make this process multiprocessing's main process, as in a fresh interpreter (not the
     agent's child ``ForkProcess-N``): libraries tell a worker process from the main one by it
     (``current_process().name``, ``parent_process()``; transformers' language-modelling
-    collator with a seed raised in a forked worker), and it names the script's own children."""
+    collator with a seed raised in a forked worker), it names the script's own children, and
+    the script chooses the start method (``multiprocessing.set_start_method``)."""
     processes = multiprocessing.process
     if _MAIN_PROCESS.__name__ != "_MainProcess":
         return  # the agent was not a main process itself: nothing to copy
@@ -252,6 +254,9 @@ def _main_process() -> None:
     processes._parent_process = None  # type: ignore[attr-defined]
     processes._children = set()  # type: ignore[attr-defined]
     processes._process_counter = itertools.count(1)  # type: ignore[attr-defined]
+    # No start method chosen yet (a child is given its parent's, "fork"): the script's
+    # set_start_method("spawn") raised "context has already been set".
+    multiprocessing.context._default_context._actual_context = None  # type: ignore[attr-defined]
 
 
 EXIT_FUNCTIONS = (("logging", "shutdown"), ("torch.utils.data._utils", "_set_python_exit_flag"),

@@ -39,6 +39,9 @@ say("pickled a class of __main__", len(pickle.loads(pickle.dumps(Thing())).__dic
 say("cycler imported", "cycler" in sys.modules)
 import multiprocessing
 say("process", multiprocessing.current_process().name, "parent", multiprocessing.parent_process())
+if __name__ == "__main__":  # as scripts do first (a spawned child is given its parent's)
+    say("start method", multiprocessing.get_start_method(allow_none=True))
+    multiprocessing.set_start_method("spawn")
 import torch
 say("threads", torch.get_num_threads(), "cuda initialised", torch.cuda.is_initialized())
 logging.basicConfig(level=logging.INFO, format="logged %(message)s")
