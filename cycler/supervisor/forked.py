@@ -51,6 +51,7 @@ import signal
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 PRELOADED = ("torch", "torch.distributed", "torch.nn", "torch.nn.parallel", "torch.optim",
@@ -165,6 +166,17 @@ def _close_pidfds(fds: list[int]) -> None:
             os.close(fd)
         except OSError:
             pass
+
+
+def named_worker(script: str) -> Callable[..., NoReturn]:
+    """:func:`run_worker` named ``script``: torchrun names a failed worker by its function
+    ("train.py FAILED", as it names a ``python`` worker by its script, not "run_worker")."""
+
+    def worker(*arguments: str) -> NoReturn:
+        run_worker(*arguments)
+
+    worker.__name__ = worker.__qualname__ = script
+    return worker
 
 
 def run_worker(script: str, *arguments: str) -> NoReturn:

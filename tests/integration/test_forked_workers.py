@@ -120,6 +120,7 @@ def test_a_forked_worker_sees_and_ends_as_a_fresh_python_worker_would(tmp_path: 
 def test_a_forked_worker_that_raises_reports_its_own_traceback(tmp_path: Path) -> None:
     code, _, stderr = run(tmp_path, "raise", fork=True)
     assert code == 1
+    assert "probe.py FAILED" in stderr and "run_worker" not in stderr  # torchrun's block
     report = stderr[stderr.index("cycle: error"):]
     assert 'probe.py", line' in report and "ValueError: deliberate failure on rank 1" in report
     assert "runpy" not in report and "forked.py" not in report, report
