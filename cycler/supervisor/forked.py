@@ -11,8 +11,9 @@ child what ``python -u SCRIPT ARGS`` would have been, for everything cycle and a
   ``python -u SCRIPT ARGS`` as its command line;
 - the signal handlers and mask of a fresh interpreter, not the agent's (torchrun's handlers and
   the launcher's shield must never reach a script);
-- ``sys.argv``, ``sys.path[0]`` (the script's directory) and ``__main__`` (the script, so that
-  pickles of its classes and DataLoader workers under ``spawn`` find it), unbuffered streams;
+- ``sys.argv``, ``sys.path[0]`` (the script's directory) and ``__main__`` (the script, by its
+  absolute path, so that pickles of its classes and DataLoader workers under ``spawn`` find it),
+  unbuffered streams, multiprocessing's main process;
 - the root logger without the agent's handlers, so that the script's ``logging.basicConfig``
   works as in a fresh process;
 - torch's intra-op threads from ``$OMP_NUM_THREADS`` (torchrun sets it in the agent after
@@ -21,7 +22,8 @@ child what ``python -u SCRIPT ARGS`` would have been, for everything cycle and a
   its start-up (the beacon, the stack dump) and fresh module state;
 - the exit: ``sys.exit(n)`` exits ``n``, an uncaught exception prints its traceback to stderr
   and exits 1, a KeyboardInterrupt ends the process by SIGINT, and the script's ``atexit``
-  functions run after its non-daemon threads ended (not the agent's: they are dropped first).
+  functions run after its non-daemon threads ended, then its modules' (not the agent's own:
+  they are dropped first); the agent sees the worker's exit, not its children's.
   The interpreter's own teardown is skipped (``os._exit``, as multiprocessing does): the agent's
   objects copied into the child (its store server among them) must not be torn down twice.
 
@@ -40,11 +42,16 @@ from __future__ import annotations
 import atexit
 import gc
 import importlib
+import itertools
 import logging
+import multiprocessing.context
+import multiprocessing.process
 import os
 import signal
 import sys
 import threading
+import weakref
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 PRELOADED = ("torch", "torch.distributed", "torch.nn", "torch.nn.parallel", "torch.optim",
@@ -121,6 +128,57 @@ def count_clean_exits_as_returns() -> None:
     MultiprocessContext._poll = poll_counting_clean_exits  # type: ignore[method-assign,assignment]
 
 
+def watch_exits_by_pid() -> None:
+    """Make torch's agent see a forked worker end when it exits, as it sees a ``python`` worker.
+
+    torch waits for a forked worker's end on a pipe whose write end the worker holds until it
+    exits; every process the worker forks (a ``multiprocessing.Pool`` never closed, a daemonic
+    ``Process``, a DataLoader worker) inherits that end, so the pipe stays open while any of them
+    lives and the agent waited for them forever (or until their parent-death check, 5 s for a
+    DataLoader's). A pidfd (Linux 5.3) is readable once the worker itself has exited; where
+    none can be opened, torch's pipe stays."""
+    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
+
+    start = MultiprocessContext._start
+
+    def start_watching_pids(context: Any) -> None:
+        start(context)
+        processes = context._pc.processes
+        watched = {_exit_watch(processes[index], pipe): index
+                   for pipe, index in context._pc.sentinels.items()}
+        context._pc.sentinels = watched
+        opened = [fd for fd, index in watched.items() if fd != processes[index].sentinel]
+        weakref.finalize(context._pc, _close_pidfds, opened)
+
+    MultiprocessContext._start = start_watching_pids  # type: ignore[method-assign]
+
+
+def _exit_watch(process: Any, pipe: int) -> int:
+    try:
+        return os.pidfd_open(process.pid)
+    except (AttributeError, OSError):  # an older kernel or Python: torch's own pipe
+        return pipe
+
+
+def _close_pidfds(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def named_worker(script: str) -> Callable[..., NoReturn]:
+    """:func:`run_worker` named ``script``: torchrun names a failed worker by its function
+    ("train.py FAILED", as it names a ``python`` worker by its script, not "run_worker")."""
+
+    def worker(*arguments: str) -> NoReturn:
+        run_worker(*arguments)
+
+    worker.__name__ = worker.__qualname__ = script
+    return worker
+
+
 def run_worker(script: str, *arguments: str) -> NoReturn:
     """The body of one forked worker: run ``script`` with ``arguments`` as ``python -u`` would.
 
@@ -135,6 +193,9 @@ def run_worker(script: str, *arguments: str) -> NoReturn:
     _fresh_process(script, arguments)
     import runpy
 
+    # Python makes the script's path absolute (3.9 and newer) for __file__ and its frames: a
+    # script that changes directory still finds itself.
+    script = os.path.join(os.getcwd(), script)
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as stop:
@@ -168,6 +229,8 @@ def _fresh_process(script: str, arguments: tuple[str, ...]) -> None:
     _command_line([sys.executable, "-u", script, *arguments])
     _default_signals()
     atexit._clear()  # the agent's, inherited: only the script's run at its exit
+    _main_process()
+    _module_exit_functions()
     sys.argv = [script, *arguments]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     for stream in (sys.stdout, sys.stderr):
@@ -183,6 +246,52 @@ def _fresh_process(script: str, arguments: tuple[str, ...]) -> None:
     # dump) happens at the script's own `import cycler`, and never for a script without it.
     for name in [name for name in sys.modules if name.partition(".")[0] == "cycler"]:
         del sys.modules[name]
+
+
+_MAIN_PROCESS = type(multiprocessing.process.current_process())
+"""multiprocessing's class of a main process (private, and deleted from its module), taken
+from the agent, which imports this module before it forks."""
+
+
+def _main_process() -> None:
+    """Make this process multiprocessing's main process, as in a fresh interpreter (not the
+    agent's child ``ForkProcess-N``): libraries tell a worker process from the main one by it
+    (``current_process().name``, ``parent_process()``; transformers' language-modelling
+    collator with a seed raised in a forked worker), it names the script's own children, and
+    the script chooses the start method (``multiprocessing.set_start_method``)."""
+    processes = multiprocessing.process
+    if _MAIN_PROCESS.__name__ != "_MainProcess":
+        return  # the agent was not a main process itself: nothing to copy
+    processes._current_process = _MAIN_PROCESS()  # type: ignore[attr-defined]
+    processes._parent_process = None  # type: ignore[attr-defined]
+    processes._children = set()  # type: ignore[attr-defined]
+    processes._process_counter = itertools.count(1)  # type: ignore[attr-defined]
+    # No start method chosen yet (a child is given its parent's, "fork"): the script's
+    # set_start_method("spawn") raised "context has already been set".
+    multiprocessing.context._default_context._actual_context = None  # type: ignore[attr-defined]
+
+
+EXIT_FUNCTIONS = (("logging", "shutdown"), ("torch.utils.data._utils", "_set_python_exit_flag"),
+                  ("multiprocessing.util", "_exit_function"))
+"""The ``atexit`` functions that these modules register when they are imported, in that order:
+the agent imported them, so the script's imports do not register them again. In a fresh
+interpreter they run after the script's: multiprocessing's ends the script's daemonic children
+and a ``Pool`` left open, joins the others and flushes its queues; logging's flushes and
+closes the handlers."""
+
+
+def _module_exit_functions() -> None:
+    """Register :data:`EXIT_FUNCTIONS` of the loaded modules, and ``weakref.finalize``'s exit
+    function for the script's finalizers (those made with ``atexit=True``, the default: a
+    ``tempfile.TemporaryDirectory`` among them), never for the agent's (the agent's own
+    directories are not this process's to remove)."""
+    for module, name in EXIT_FUNCTIONS:
+        if module in sys.modules:
+            atexit.register(getattr(sys.modules[module], name))
+    for info in weakref.finalize._registry.values():  # type: ignore[attr-defined]
+        info.atexit = False
+    atexit.register(weakref.finalize._exitfunc)  # type: ignore[attr-defined]
+    weakref.finalize._registered_with_atexit = True  # type: ignore[attr-defined]
 
 
 def _command_line(words: list[str]) -> None:
@@ -250,9 +359,9 @@ def _exit_code(stop: SystemExit) -> int:
 
 def _finish() -> None:
     """What the interpreter does at its exit before its teardown: wait for the non-daemon
-    threads, run the ``atexit`` functions, collect the script's objects (their finalizers run:
-    a DataLoader's iterator ends its worker processes, which would otherwise outlive this one
-    until the supervisor's SIGKILL), flush the streams."""
+    threads, run the ``atexit`` functions (the modules' among them: multiprocessing's ends the
+    daemonic children, a DataLoader's workers included), collect the script's objects (their
+    finalizers run, as they would in the teardown), flush the streams."""
     threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     gc.collect()  # the script's module is unreachable by now: its globals are a cycle

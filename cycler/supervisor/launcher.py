@@ -293,9 +293,11 @@ def main(argv: list[str] | None = None) -> None:
     if "fixed-nodes" in own:
         keep_node_ranks(int(own["node-rank"]), int(own["fixed-nodes"]))
     if "fork" in own and can_fork_workers([n for n in own["fork"].split(",") if n != "1"]):
+        script = torchrun.get_args_parser().parse_args(arguments).training_script
         arguments = ["--run-path", "--start-method", "fork", *arguments]
-        torchrun.run_script_path = forked.run_worker  # type: ignore[assignment]
+        torchrun.run_script_path = forked.named_worker(script)
         forked.count_clean_exits_as_returns()
+        forked.watch_exits_by_pid()
     try:
         torchrun.main(_handling_only_sigquit(arguments))
     except (ChildFailedError, SignalException) as error:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -36,11 +37,18 @@ say("mask", sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])))
 say("session leader", os.getsid(0) == os.getpid())
 say("pickled a class of __main__", len(pickle.loads(pickle.dumps(Thing())).__dict__))
 say("cycler imported", "cycler" in sys.modules)
+import multiprocessing
+say("process", multiprocessing.current_process().name, "parent", multiprocessing.parent_process())
+if __name__ == "__main__":  # as scripts do first (a spawned child is given its parent's)
+    say("start method", multiprocessing.get_start_method(allow_none=True))
+    multiprocessing.set_start_method("spawn")
 import torch
 say("threads", torch.get_num_threads(), "cuda initialised", torch.cuda.is_initialized())
 logging.basicConfig(level=logging.INFO, format="logged %(message)s")
 logging.info("by rank %s", os.environ["RANK"])
 atexit.register(say, "atexit")
+import weakref
+weakref.finalize(logging, say, "finalized at exit")  # logging lives on: only the exit runs it
 threading.Thread(target=lambda: (__import__("time").sleep(0.3), say("thread ended"))).start()
 if os.environ["RANK"] == "1":
     if mode == "exit":
@@ -57,30 +65,51 @@ if mode == "loader" and __name__ == "__main__":
         batches = DataLoader(list(range(8)), batch_size=4, num_workers=2,
                              multiprocessing_context=context)
         say(context, "loader", sum(len(batch) for batch in batches))
+if mode == "children" and __name__ == "__main__":
+    # Children the script leaves behind, as many do: multiprocessing's exit function ends them
+    # (a Pool never closed, a daemonic child) or waits for them (a queue's reader); a process
+    # forked by hand outlives the worker by a while, which the agent must not wait for.
+    import time
+    context = multiprocessing.get_context("fork")
+    pool = context.Pool(2)
+    say("pool", sum(pool.map(abs, range(-3, 1))))
+    context.Process(target=time.sleep, args=(3600,), daemon=True).start()
+    queue = context.Queue()
+    context.Process(target=lambda: say("queue", len(queue.get()))).start()
+    queue.put(b"x" * 1_000_000)  # its feeder thread writes it to the pipe after the script
+    if os.fork() == 0:
+        time.sleep(30)
+        os._exit(0)
 print("not flushed: the streams are unbuffered", file=sys.stderr)
 '''
 
 
-def run(tmp_path: Path, mode: str, fork: bool) -> tuple[int, str, str]:
-    script = tmp_path / "probe.py"
-    script.write_text(PROBE)
+def run(tmp_path: Path, mode: str, fork: bool, timeout: float = 240) -> tuple[int, str, str]:
+    """The probe run both ways, named by a relative path (``python`` makes it absolute)."""
+    (tmp_path / "probe.py").write_text(PROBE)
     flag = "--fork-workers" if fork else "--no-fork-workers"
     done = subprocess.run(
         [sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", "2", "--max-restarts",
-         "0", "--checkpoint-dir", str(tmp_path / f"ck-{fork}"), flag, str(script), mode],
-        capture_output=True, text=True, timeout=240, cwd=tmp_path,
+         "0", "--checkpoint-dir", str(tmp_path / f"ck-{fork}"), flag, "probe.py", mode],
+        capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
         env={name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"})
     said = sorted(line for line in done.stdout.splitlines() + done.stderr.splitlines()
                   if line.startswith(("rank ", "logged ", "not flushed", "a message")))
     return done.returncode, "\n".join(said), done.stderr
 
 
-@pytest.mark.parametrize("mode", ["finish", "exit", "message", "os-exit", "loader"])
+@pytest.mark.parametrize("mode", ["finish", "exit", "message", "os-exit", "loader", "children"])
 def test_a_forked_worker_sees_and_ends_as_a_fresh_python_worker_would(tmp_path: Path,
                                                                      mode: str) -> None:
-    forked, fresh = run(tmp_path, mode, fork=True), run(tmp_path, mode, fork=False)
+    # 120 s: the job of "children" must end long before its hand-forked child does (30 s).
+    started = time.monotonic()
+    forked = run(tmp_path, mode, fork=True, timeout=120)
+    forked_took = time.monotonic() - started
+    fresh = run(tmp_path, mode, fork=False)
     assert forked[0] == fresh[0], forked[2]
-    if mode in ("finish", "loader"):
+    if mode == "children":
+        assert forked_took < 25, f"the forked job waited for its workers' children: {forked_took}"
+    if mode in ("finish", "loader", "children"):
         # A failed rank's peer is killed by torchrun at a moment of its own: compare only
         # runs where every rank ends by itself.
         assert forked[1] == fresh[1], forked[2]
@@ -91,6 +120,7 @@ def test_a_forked_worker_sees_and_ends_as_a_fresh_python_worker_would(tmp_path: 
 def test_a_forked_worker_that_raises_reports_its_own_traceback(tmp_path: Path) -> None:
     code, _, stderr = run(tmp_path, "raise", fork=True)
     assert code == 1
+    assert "probe.py FAILED" in stderr and "run_worker" not in stderr  # torchrun's block
     report = stderr[stderr.index("cycle: error"):]
     assert 'probe.py", line' in report and "ValueError: deliberate failure on rank 1" in report
     assert "runpy" not in report and "forked.py" not in report, report
