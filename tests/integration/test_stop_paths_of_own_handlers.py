@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 from cycle_jobs import Job, assert_all_gone, wait_for
 
-from cycler import list_checkpoints
+from cycler import latest_checkpoint, list_checkpoints
 from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE
 
 OWN_HANDLER = r'''
@@ -132,14 +132,16 @@ def test_a_stray_term_to_every_process_still_waits_for_the_stop_checkpoint(
     job.wait_ready()
     wait_for(lambda: any(c.valid for c in list_checkpoints(job.root)), "a commit", job)
     tree = job.tree()
-    sent = time.time()
+    # A commit is the link's move: a checkpoint whose manifest was written just before the TERM
+    # and linked just after it is the stop's (its manifest's time is before the TERM's).
+    linked = latest_checkpoint(job.root)
     job.send(signal.SIGTERM)
     for member in tree:
         with contextlib.suppress(psutil.Error):
             member.send_signal(signal.SIGTERM)
     assert job.wait(60) == EXIT_REQUEUE, job.output()[-3000:]
-    assert [c for c in list_checkpoints(job.root) if c.valid and c.manifest is not None
-            and c.manifest.created_at > sent], "the stray TERM killed a process before the commit"
+    assert latest_checkpoint(job.root) != linked, \
+        "the stray TERM killed a process before the commit"
     names = job.event_names()
     assert "stop_after_commit" in names and "kill" not in names, job.output()[-3000:]
     assert "Traceback" not in job.output()
