@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import socket
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,7 +14,14 @@ from cycler import _fs
 from cycler.checkpoint.commit import link_forward
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import inspect_checkpoint
-from cycler.checkpoint.tiers import newer_than_persisted, persist_newest, remove_memory_root
+from cycler.checkpoint.tiers import (
+    Abandon,
+    PersistAbandoned,
+    newer_than_persisted,
+    persist,
+    persist_newest,
+    remove_memory_root,
+)
 from cycler.errors import CyclerError
 from cycler.protocol.exit_codes import EXIT_NOT_PERSISTED, EXIT_REQUEUE, EXIT_SUCCESS
 
@@ -24,6 +33,17 @@ def announce(memory: CheckpointLayout, durable: CheckpointLayout, persist_every:
               "persist_every": persist_every}
     _fs.atomic_write_bytes(durable.memory_tier_record_path, json.dumps(record).encode(),
                            durable=False)
+
+
+@dataclass(frozen=True)
+class StopCopy:
+    """A stop's checkpoint copied to the checkpoint root by ``cycle run`` after the workers."""
+
+    index: int
+    seconds: float
+    """How long the copy took."""
+    spare: float
+    """Seconds left before the copy's deadline when it was committed."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +59,9 @@ class JobEnd:
     """With a failure: the memory checkpoint (or root) that holds the newest state."""
     removed: bool = False
     """Whether the memory root was removed (the job ended for good)."""
+    stop_copy: StopCopy | None = None
+    """After a stop whose checkpoint had not reached the checkpoint root: the copy that
+    ``cycle run`` made of it in what was left of the stop's deadline."""
 
     def exit_code(self, planned: int) -> int:
         """``cycle run``'s exit code: :data:`EXIT_NOT_PERSISTED` where the planned code would
@@ -50,21 +73,23 @@ class JobEnd:
 
 
 def finish_job(memory: CheckpointLayout, durable: CheckpointLayout, *, several_nodes: bool,
-               exit_code: int, stopped: bool = False) -> JobEnd:
+               exit_code: int, stopped: bool = False, copy_until: float | None = None,
+               clock: Callable[[], float] = time.time,
+               copying: Callable[[CheckpointName, float], None] | None = None) -> JobEnd:
     """A run of the job ended and its workers are gone: persist the newest memory checkpoint
     if the checkpoint root has nothing as new (on several nodes this node contributes what it
     holds; the node that completes it commits it), then remove the memory tier unless the job
     may rerun here (``exit_code`` 75) or it holds the only copy of the newest state (the
     persist failed). Never raises for a failed persist: the returned :class:`JobEnd` says it.
 
-    After a stop (``stopped``) nothing is copied: the workers persisted the stop's checkpoint
-    within the grace, and a copy now would run past the deadline the stop was given. Only
-    whether it landed is checked (:func:`check_landed`); where it did not, that is the
-    failure."""
+    After a stop (``stopped``) the workers persisted the stop's checkpoint within the grace;
+    where it did not land, it is copied here only until ``copy_until`` (wall-clock by
+    ``clock``: what is left of the stop's deadline; ``None``: no time is known), given up
+    between chunks then, its unfinished copy removed (:func:`land_stop`)."""
     try:
-        persisted = None
+        persisted, copied = None, None
         if stopped:
-            check_landed(memory, durable, several_nodes)
+            copied = land_stop(memory, durable, several_nodes, copy_until, clock, copying)
         elif several_nodes:
             # Imported here: nodes.contribution imports this module.
             from cycler.checkpoint.nodes.contribution import contribute_newest
@@ -78,19 +103,60 @@ def finish_job(memory: CheckpointLayout, durable: CheckpointLayout, *, several_n
     removed = exit_code != EXIT_REQUEUE and memory.root.exists()
     if removed:
         remove_memory_root(memory.root)
-    return JobEnd(persisted=persisted, removed=removed)
+    return JobEnd(persisted=persisted, removed=removed, stop_copy=copied)
 
 
 class NotPersisted(CyclerError):
     """The newest memory checkpoint is not in the checkpoint root after a stop."""
 
 
-def check_landed(memory: CheckpointLayout, durable: CheckpointLayout, several_nodes: bool,
-                 ) -> None:
-    """After a stop: return when the newest valid memory checkpoint is committed in the
+def land_stop(memory: CheckpointLayout, durable: CheckpointLayout, several_nodes: bool,
+              until: float | None, clock: Callable[[], float] = time.time,
+              copying: Callable[[CheckpointName, float], None] | None = None,
+              ) -> StopCopy | None:
+    """After a stop: return ``None`` when the newest valid memory checkpoint is in the
+    checkpoint root (:func:`not_landed`); else copy it there (on several nodes this node's
+    share, :func:`contribute`) with ``copying(name, seconds_left)`` said first, and return
+    how long that took. The copy is given up between two chunks at ``until`` and removed
+    (nothing partial stays in the root). Raises :class:`NotPersisted` when no time is left
+    or the deadline comes first, and what the copy raises (a full or read-only root)."""
+    name = not_landed(memory, durable, several_nodes)
+    if name is None:
+        return None
+    unlanded = (f"checkpoint {name.index}, the newest, was not in {durable.root} when the "
+                "workers exited: its copy did not finish within the stop's time (the grace, "
+                "or Slurm's deadline) or failed (the workers' log says why)")
+    started = clock()
+    if until is None or until <= started:
+        raise NotPersisted(f"{unlanded}, and no time was left to copy it")
+    if copying is not None:
+        copying(name, until - started)
+    try:
+        _copy_before(memory, durable, name, several_nodes, lambda: clock() >= until)
+    except PersistAbandoned:
+        raise NotPersisted(f"{unlanded}; cycle run's own copy of it reached the stop's "
+                           f"deadline after {clock() - started:.1f} s and was removed") from None
+    done = clock()
+    return StopCopy(name.index, seconds=done - started, spare=until - done)
+
+
+def _copy_before(memory: CheckpointLayout, durable: CheckpointLayout, name: CheckpointName,
+                 several_nodes: bool, abandon: Abandon) -> None:
+    if not several_nodes:
+        persist(memory, durable, name, abandon)
+        return
+    # Imported here: nodes.contribution imports the tiers this module builds on.
+    from cycler.checkpoint.nodes.contribution import contribute
+
+    contribute(memory, durable, name, abandon)  # the node that completes it commits it
+
+
+def not_landed(memory: CheckpointLayout, durable: CheckpointLayout, several_nodes: bool,
+               ) -> CheckpointName | None:
+    """After a stop: ``None`` when the newest valid memory checkpoint is committed in the
     checkpoint root (its link moved forward if a kill left it behind) or, on several nodes,
-    when this node's share of it is there (the node that completes it commits it); raise
-    :class:`NotPersisted` otherwise. Copies nothing."""
+    when this node's share of it is there (the node that completes it commits it); else its
+    name. Copies nothing."""
     # Imported here: nodes.contribution imports the tiers this module builds on.
     from cycler.checkpoint.nodes.contribution import contributed, whole
 
@@ -98,16 +164,14 @@ def check_landed(memory: CheckpointLayout, durable: CheckpointLayout, several_no
     if several_nodes:  # one only some nodes committed (a rank died in between) is no one's
         newer = [checkpoint for checkpoint in newer if whole(checkpoint.path)]
     if not newer:
-        return
+        return None
     name = newer[0].name
     if inspect_checkpoint(durable, name).valid:
         link_forward(durable)  # killed between the manifest and the link
-        return
+        return None
     if several_nodes and contributed(memory, durable, name):
-        return
-    raise NotPersisted(f"checkpoint {name.index}, the newest, was not in {durable.root} when "
-                       "the workers exited: its copy did not finish within the stop's time "
-                       "(the grace, or Slurm's deadline) or failed (the workers' log says why)")
+        return None
+    return name
 
 
 def _newest_in_memory(memory: CheckpointLayout, durable: CheckpointLayout) -> Path:

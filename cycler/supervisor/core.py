@@ -201,6 +201,12 @@ class SupervisorCore:
                                                                       StopPath.NEXT_COMMIT)
 
     @property
+    def stop_deadline(self) -> float | None:
+        """When the stop asked here must be over: the grace from its first signal, or the
+        scheduler's earlier hard deadline (``None``: no stop was asked here)."""
+        return self._stop_deadline if self.stop_requested else None
+
+    @property
     def stop_checkpoint_made(self) -> bool:
         """Whether a checkpoint was committed since the stop was requested."""
         return (self.phase in (Phase.STOPPING, Phase.TERMINATING)
@@ -215,6 +221,8 @@ class SupervisorCore:
             return [Log("signal", {"signal": event.name, "effect": "ignored"})]
         repeated = self.stop_requested
         self._stop_signals.append(event.name)
+        if not repeated:  # every stop has a deadline, with workers to stop or none
+            self._stop_deadline = event.now + self.config.grace
         if self.phase in (Phase.BACKOFF, Phase.AWAITING_PEERS):
             return [Log("signal", {"signal": event.name, "effect": "stop while no workers run"}),
                     *self._finish_stop()]

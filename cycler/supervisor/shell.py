@@ -142,7 +142,8 @@ class Supervisor:
         self._outcome: RunOutcome | None = None
         self._tier_end = TierEnd(options, self._record, self._requeue)
         self._stopped = False
-        """Whether the run ended as a stop (its persist is checked, never repeated)."""
+        """Whether the run ended as a stop (its persist is checked, copied only in time)."""
+        self._stop_deadline: float | None = None
         self._failure: str | None = None
         self._linked = self._links()
         self._started_at = clock()
@@ -206,6 +207,7 @@ class Supervisor:
             if decisions.listening:
                 self._execute(decisions.handle(core.Announced(self._announced(), self._clock())))
         self._stopped = decisions.stopped
+        self._stop_deadline = decisions.stop_deadline
         return self._outcome
 
     def _watch_other_nodes(self, decisions: core.SupervisorCore) -> None:
@@ -339,7 +341,8 @@ class Supervisor:
     def _finish_memory_tier(self, outcome: RunOutcome) -> RunOutcome:
         """The workers are gone: the outcome with the exit code that says where the newest
         state is (:class:`TierEnd`)."""
-        code, line = self._tier_end.finish(outcome.exit_code, stopped=self._stopped)
+        code, line = self._tier_end.finish(outcome.exit_code, stopped=self._stopped,
+                                           deadline=self._stop_deadline)
         return outcome if line is None else RunOutcome(code, line, outcome.failure)
 
     # -- actions ----------------------------------------------------------------------------

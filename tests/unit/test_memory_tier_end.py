@@ -83,3 +83,63 @@ def test_after_a_stop_whose_checkpoint_landed_the_end_is_clean(tmp_path: Path) -
     persist(memory, durable, memory.parse("AtomicDirectory_checkpoint_1"))
     end = finish_job(memory, durable, several_nodes=False, exit_code=EXIT_REQUEUE, stopped=True)
     assert (end.failure, end.persisted, end.exit_code(EXIT_REQUEUE)) == (None, None, EXIT_REQUEUE)
+
+
+class Clock:
+    """Returns the given times one per call, then the last one for ever."""
+
+    def __init__(self, *times: float) -> None:
+        self._times = list(times)
+
+    def __call__(self) -> float:
+        return self._times.pop(0) if len(self._times) > 1 else self._times[0]
+
+
+def test_after_a_stop_a_checkpoint_that_did_not_land_is_copied_in_the_time_left(
+        tmp_path: Path) -> None:
+    memory = memory_with_checkpoints(tmp_path / "memory", 2)
+    durable = CheckpointLayout(tmp_path / "root", "AtomicDirectory")
+    durable.root.mkdir()
+    said: list[tuple[int, float]] = []
+    end = finish_job(memory, durable, several_nodes=False, exit_code=EXIT_REQUEUE, stopped=True,
+                     copy_until=110.0, clock=Clock(100.0, 100.5, 102.5),
+                     copying=lambda name, left: said.append((name.index, left)))
+    assert end.failure is None and end.exit_code(EXIT_REQUEUE) == EXIT_REQUEUE
+    assert said == [(1, 10.0)], "the copy is said before it starts, with the time left"
+    assert end.stop_copy is not None and end.stop_copy.index == 1
+    assert (end.stop_copy.seconds, end.stop_copy.spare) == (2.5, 7.5)
+    assert durable.link_target_name() == memory.parse("AtomicDirectory_checkpoint_1")
+    assert memory.root.is_dir(), "kept for a rerun here"
+
+
+def test_after_a_stop_a_copy_that_reaches_the_deadline_is_removed_and_is_the_failure(
+        tmp_path: Path) -> None:
+    memory = memory_with_checkpoints(tmp_path / "memory", 1)
+    durable = CheckpointLayout(tmp_path / "root", "AtomicDirectory")
+    durable.root.mkdir()
+    saver = AtomicDirectory(str(memory.root))  # a stop's checkpoint of two files
+    directory = saver.prepare_checkpoint_directory()
+    for part in ("a.pt", "b.pt"):
+        atomic_torch_save({"part": part}, f"{directory}/{part}")
+    saver.symlink_latest(directory)
+    persist(memory, durable, memory.parse("AtomicDirectory_checkpoint_0"))
+    # The start, the first file's chunk; past the deadline at the second file's.
+    end = finish_job(memory, durable, several_nodes=False, exit_code=EXIT_REQUEUE, stopped=True,
+                     copy_until=105.0, clock=Clock(100.0, 100.2, 200.0))
+    assert end.failure is not None and "reached the stop's deadline" in end.failure
+    assert end.exit_code(EXIT_REQUEUE) == EXIT_NOT_PERSISTED and end.stop_copy is None
+    assert sorted(p.name for p in durable.root.iterdir() if p.name.startswith("Atomic")) == [
+        "AtomicDirectory.latest_checkpoint", "AtomicDirectory_checkpoint_0"], "nothing partial"
+    assert durable.link_target_name() == memory.parse("AtomicDirectory_checkpoint_0")
+
+
+@pytest.mark.parametrize("until", [None, 99.0])
+def test_after_a_stop_with_no_time_left_nothing_is_copied(tmp_path: Path,
+                                                          until: float | None) -> None:
+    memory = memory_with_checkpoints(tmp_path / "memory", 2)
+    durable = CheckpointLayout(tmp_path / "root", "AtomicDirectory")
+    durable.root.mkdir()
+    end = finish_job(memory, durable, several_nodes=False, exit_code=EXIT_REQUEUE, stopped=True,
+                     copy_until=until, clock=lambda: 100.0)
+    assert end.failure is not None and "no time was left" in end.failure
+    assert not list(durable.root.iterdir()) and end.exit_code(EXIT_REQUEUE) == EXIT_NOT_PERSISTED
