@@ -4,6 +4,8 @@ what happens to it when a run of the job ends."""
 from __future__ import annotations
 
 import json
+import logging
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -24,6 +26,8 @@ from cycler.checkpoint.tiers import (
 )
 from cycler.errors import CyclerError
 from cycler.protocol.exit_codes import EXIT_NOT_PERSISTED, EXIT_REQUEUE, EXIT_SUCCESS
+
+log = logging.getLogger(__name__)
 
 
 def announce(memory: CheckpointLayout, durable: CheckpointLayout, persist_every: int) -> None:
@@ -127,6 +131,8 @@ def land_stop(memory: CheckpointLayout, durable: CheckpointLayout, several_nodes
                 "workers exited: its copy did not finish within the stop's time (the grace, "
                 "or Slurm's deadline) or failed (the workers' log says why)")
     started = clock()
+    if not several_nodes:  # deleting its files is not worth the stop's time
+        _set_aside_cut_copy(durable, name)
     if until is None or until <= started:
         raise NotPersisted(f"{unlanded}, and no time was left to copy it")
     if copying is not None:
@@ -138,6 +144,22 @@ def land_stop(memory: CheckpointLayout, durable: CheckpointLayout, several_nodes
                            f"deadline after {clock() - started:.1f} s and was removed") from None
     done = clock()
     return StopCopy(name.index, seconds=done - started, spare=until - done)
+
+
+def _set_aside_cut_copy(durable: CheckpointLayout, name: CheckpointName) -> None:
+    """Rename the workers' copy of ``name`` cut by a kill out of the checkpoint names: one
+    step, where deleting its files would take the stop's time (the next persist reclaims them
+    as a dead writer's leftover). Nothing else writes it: the workers are gone. Logged, never
+    raised."""
+    target = durable.path_of(name)
+    if not os.path.lexists(target):
+        return
+    try:
+        os.rename(target, _fs.temporary_sibling(target))
+        _fs.fsync_directory(durable.root)
+    except OSError as error:
+        log.warning("could not set aside the unfinished copy %s (%s); the next persist "
+                    "removes it", target, error)
 
 
 def _copy_before(memory: CheckpointLayout, durable: CheckpointLayout, name: CheckpointName,

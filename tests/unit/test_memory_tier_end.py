@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cycler import AtomicDirectory, atomic_torch_save
+from cycler import AtomicDirectory, atomic_torch_save, list_checkpoints
 from cycler.checkpoint.job_end import finish_job
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.checkpoint.tiers import persist
@@ -134,12 +134,20 @@ def test_after_a_stop_a_copy_that_reaches_the_deadline_is_removed_and_is_the_fai
 
 
 @pytest.mark.parametrize("until", [None, 99.0])
-def test_after_a_stop_with_no_time_left_nothing_is_copied(tmp_path: Path,
-                                                          until: float | None) -> None:
+def test_after_a_stop_with_no_time_left_nothing_is_copied_and_a_cut_copy_is_set_aside(
+        tmp_path: Path, until: float | None) -> None:
     memory = memory_with_checkpoints(tmp_path / "memory", 2)
     durable = CheckpointLayout(tmp_path / "root", "AtomicDirectory")
+    name = memory.parse("AtomicDirectory_checkpoint_1")
     durable.root.mkdir()
+    durable.record_index(name.index)  # the workers' copy, cut by a kill, as persist makes it
+    cut = durable.path_of(name)
+    cut.mkdir()
+    (cut / "train.pt").write_bytes(b"half")
     end = finish_job(memory, durable, several_nodes=False, exit_code=EXIT_REQUEUE, stopped=True,
                      copy_until=until, clock=lambda: 100.0)
     assert end.failure is not None and "no time was left" in end.failure
-    assert not list(durable.root.iterdir()) and end.exit_code(EXIT_REQUEUE) == EXIT_NOT_PERSISTED
+    assert end.exit_code(EXIT_REQUEUE) == EXIT_NOT_PERSISTED
+    assert not list_checkpoints(durable.root), "no checkpoint, whole or partial, in the root"
+    (left,) = durable.own_temporaries()  # the next persist reclaims it once cycle run is gone
+    assert (left / "train.pt").read_bytes() == b"half"
