@@ -202,9 +202,11 @@ class SupervisorCore:
 
     @property
     def stop_deadline(self) -> float | None:
-        """When the stop asked here must be over: the grace from its first signal, or the
-        scheduler's earlier hard deadline (``None``: no stop was asked here)."""
-        return self._stop_deadline if self.stop_requested else None
+        """When the stop must be over: the grace from its first signal here, or the
+        scheduler's earlier hard deadline, or the one another node's request set (``None``:
+        no stop, or one of another node with no deadline)."""
+        stopped = self.stop_requested or self.stopped
+        return (self._stop_deadline or None) if stopped else None
 
     @property
     def stop_checkpoint_made(self) -> bool:
@@ -377,6 +379,7 @@ class SupervisorCore:
             return [log, *self._finish_peer_lost()]
         if event.stopped_elsewhere and not self.stop_requested:
             self._checkpoint_at_stop = self.config.initial_checkpoint
+            self._stop_deadline = event.deadline_elsewhere or 0.0
             return [log, Log("stopped_by_another_node", {}), *self._finish_stop()]
         if self.stop_requested:
             handled = (self._stop_path is StopPath.SIGNAL and self.phase is Phase.STOPPING

@@ -20,13 +20,20 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import inspect_checkpoint, list_checkpoints
 from cycler.checkpoint.lock import SupervisorLock
-from cycler.protocol.control import Action, read_control, stop_requested_since, write_control
+from cycler.protocol.control import (
+    Action,
+    read_control,
+    stop_deadline_since,
+    stop_requested_since,
+    write_control,
+)
 from cycler.protocol.events import EventLog, describe, process_start
 from cycler.protocol.features import announced, clear_announcements
 from cycler.protocol.stop_signals import lower_shields, raise_shields
@@ -110,8 +117,12 @@ def stop_requested_elsewhere(layout: CheckpointLayout, node_rank: int, since: fl
     workers exit 0 as if training had finished; the other nodes' control files, on the shared
     checkpoint root, tell the two apart.
     """
+    return stop_requested_since(_other_control_paths(layout, node_rank), since)
+
+
+def _other_control_paths(layout: CheckpointLayout, node_rank: int) -> list[Path]:
     own = layout.control_path(node_rank)
-    return stop_requested_since([path for path in layout.control_paths() if path != own], since)
+    return [path for path in layout.control_paths() if path != own]
 
 
 def newest_valid_index(layout: CheckpointLayout) -> int | None:
@@ -392,10 +403,11 @@ class Supervisor:
         error = None if code == 0 else failure_signature(tree.stderr.text())
         if code != 0:
             self._failure = failure_report(tree.stderr.text(), code)
-        elsewhere = self.options.nnodes > 1 and stop_requested_elsewhere(
-            self.layout, self.options.node_rank, self._started_at)
+        others = _other_control_paths(self.layout, self.options.node_rank)
+        elsewhere = self.options.nnodes > 1 and stop_requested_since(others, self._started_at)
         return core.WorkersExited(code, self._clock(), elsewhere,
-                                  self._progress.before_first_step(), error)
+                                  self._progress.before_first_step(), error,
+                                  stop_deadline_since(others, self._started_at))
 
     def _signal_tree(self, number: signal.Signals) -> None:
         if self._tree is not None:

@@ -104,3 +104,11 @@ def test_a_stop_while_no_workers_run_has_the_grace_as_its_deadline() -> None:
     core.handle(SignalReceived("SIGTERM", 150.0, workers_started=False))
     core.handle(WorkersExited(-9, 150.5))
     assert core.stopped and core.stop_deadline == 170.0
+
+
+def test_a_stop_asked_by_another_node_has_that_node_s_deadline_or_none() -> None:
+    for deadline, expected in [(130.0, 130.0), (None, None)]:
+        core = SupervisorCore(CoreConfig(grace=20.0, initial_checkpoint=1))
+        core.start(100.0)
+        core.handle(WorkersExited(0, 120.0, stopped_elsewhere=True, deadline_elsewhere=deadline))
+        assert core.stopped and core.stop_deadline == expected
