@@ -19,6 +19,7 @@ from cycler.checkpoint.listing import inspect_checkpoint
 from cycler.checkpoint.tiers import (
     Abandon,
     PersistAbandoned,
+    never_abandon,
     newer_than_persisted,
     persist,
     persist_newest,
@@ -79,7 +80,8 @@ class JobEnd:
 def finish_job(memory: CheckpointLayout, durable: CheckpointLayout, *, several_nodes: bool,
                exit_code: int, stopped: bool = False, copy_until: float | None = None,
                clock: Callable[[], float] = time.time,
-               copying: Callable[[CheckpointName, float], None] | None = None) -> JobEnd:
+               copying: Callable[[CheckpointName, float], None] | None = None,
+               give_up: Abandon = never_abandon) -> JobEnd:
     """A run of the job ended and its workers are gone: persist the newest memory checkpoint
     if the checkpoint root has nothing as new (on several nodes this node contributes what it
     holds; the node that completes it commits it), then remove the memory tier unless the job
@@ -89,11 +91,13 @@ def finish_job(memory: CheckpointLayout, durable: CheckpointLayout, *, several_n
     After a stop (``stopped``) the workers persisted the stop's checkpoint within the grace;
     where it did not land, it is copied here only until ``copy_until`` (wall-clock by
     ``clock``: what is left of the stop's deadline; ``None``: no time is known), given up
-    between chunks then, its unfinished copy removed (:func:`land_stop`)."""
+    between chunks then or once ``give_up()`` says so, its unfinished copy removed
+    (:func:`land_stop`)."""
     try:
         persisted, copied = None, None
         if stopped:
-            copied = land_stop(memory, durable, several_nodes, copy_until, clock, copying)
+            copied = land_stop(memory, durable, several_nodes, copy_until, clock, copying,
+                               give_up)
         elif several_nodes:
             # Imported here: nodes.contribution imports this module.
             from cycler.checkpoint.nodes.contribution import contribute_newest
@@ -117,13 +121,14 @@ class NotPersisted(CyclerError):
 def land_stop(memory: CheckpointLayout, durable: CheckpointLayout, several_nodes: bool,
               until: float | None, clock: Callable[[], float] = time.time,
               copying: Callable[[CheckpointName, float], None] | None = None,
-              ) -> StopCopy | None:
+              give_up: Abandon = never_abandon) -> StopCopy | None:
     """After a stop: return ``None`` when the newest valid memory checkpoint is in the
     checkpoint root (:func:`not_landed`); else copy it there (on several nodes this node's
     share, :func:`contribute`) with ``copying(name, seconds_left)`` said first, and return
-    how long that took. The copy is given up between two chunks at ``until`` and removed
-    (nothing partial stays in the root). Raises :class:`NotPersisted` when no time is left
-    or the deadline comes first, and what the copy raises (a full or read-only root)."""
+    how long that took. The copy is given up between two chunks at ``until``, or once
+    ``give_up()`` says so (stop now), and removed (nothing partial stays in the root). Raises
+    :class:`NotPersisted` when no time is left or the copy was given up, and what the copy
+    raises (a full or read-only root)."""
     name = not_landed(memory, durable, several_nodes)
     if name is None:
         return None
@@ -138,10 +143,13 @@ def land_stop(memory: CheckpointLayout, durable: CheckpointLayout, several_nodes
     if copying is not None:
         copying(name, until - started)
     try:
-        _copy_before(memory, durable, name, several_nodes, lambda: clock() >= until)
+        _copy_before(memory, durable, name, several_nodes,
+                     lambda: clock() >= until or give_up())
     except PersistAbandoned:
-        raise NotPersisted(f"{unlanded}; cycle run's own copy of it reached the stop's "
-                           f"deadline after {clock() - started:.1f} s and was removed") from None
+        now = clock()
+        why = "reached the stop's deadline" if now >= until else "was given up on request"
+        raise NotPersisted(f"{unlanded}; cycle run's own copy of it {why} after "
+                           f"{now - started:.1f} s and was removed") from None
     done = clock()
     return StopCopy(name.index, seconds=done - started, spare=until - done)
 

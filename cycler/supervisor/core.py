@@ -284,6 +284,7 @@ class SupervisorCore:
         return self._take_path(event.features, event.now)
 
     def _force_stop(self, event: SignalReceived) -> list[SupervisorAction]:
+        self._stop_deadline = min(self._stop_deadline, event.now)  # nothing more is copied
         if self.phase is Phase.TERMINATING or self.phase is Phase.KILLED:
             self.phase, self.wake_at = Phase.KILLED, None
             return [Log("signal", {"signal": event.name, "effect": "kill now"}),

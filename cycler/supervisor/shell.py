@@ -54,7 +54,7 @@ from cycler.supervisor.slurm import (
     read_job,
     requeue_job,
 )
-from cycler.supervisor.tier_end import TierEnd
+from cycler.supervisor.tier_end import TierEnd, sigint_came
 from cycler.supervisor.torchrun import (
     LaunchPlan,
     full_environment,
@@ -353,7 +353,8 @@ class Supervisor:
         """The workers are gone: the outcome with the exit code that says where the newest
         state is (:class:`TierEnd`)."""
         code, line = self._tier_end.finish(outcome.exit_code, stopped=self._stopped,
-                                           deadline=self._stop_deadline)
+                                           deadline=self._stop_deadline,
+                                           give_up=lambda: sigint_came(self._queue))
         return outcome if line is None else RunOutcome(code, line, outcome.failure)
 
     # -- actions ----------------------------------------------------------------------------

@@ -13,6 +13,7 @@ node's memory.
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +21,7 @@ from cycler.checkpoint import job_end
 from cycler.checkpoint.layout import CheckpointName
 from cycler.protocol.events import describe
 from cycler.supervisor.options import RunOptions
-from cycler.supervisor.vocabulary import Log, Requeue, SupervisorAction
+from cycler.supervisor.vocabulary import Event, Log, Requeue, SignalReceived, SupervisorAction
 
 STOP_COPY_MARGIN_SECONDS = 1.0
 """Kept between the end of the supervisor's copy after a stop and the stop's deadline: time to
@@ -61,10 +62,11 @@ class TierEnd:
         return False
 
     def finish(self, planned: int, stopped: bool, deadline: float | None = None,
-               ) -> tuple[int, str | None]:
+               give_up: Callable[[], bool] = job_end.never_abandon) -> tuple[int, str | None]:
         """The workers are gone: :func:`job_end.finish_job` (after a stop, its copy of a
         checkpoint that did not land ends :data:`STOP_COPY_MARGIN_SECONDS` before
-        ``deadline``, the stop's; ``None``: none is known, nothing is copied), said in events,
+        ``deadline``, the stop's, or once ``give_up()``; ``None``: none is known, nothing is
+        copied), said in events,
         then what was held; return the exit code and, when it changed, the line that says
         where the newest state is."""
         memory = self._memory
@@ -73,7 +75,7 @@ class TierEnd:
         until = None if deadline is None else deadline - STOP_COPY_MARGIN_SECONDS
         end = job_end.finish_job(memory, self._options.layout, exit_code=planned,
                                  several_nodes=self._options.nnodes > 1, stopped=stopped,
-                                 copy_until=until, copying=self._copying)
+                                 copy_until=until, copying=self._copying, give_up=give_up)
         if end.persisted is not None:
             self._record("persisted", index=end.persisted.index, why=f"exit {planned}")
         if end.stop_copy is not None:
@@ -107,3 +109,13 @@ class TierEnd:
         self._record("exit", warning=True, code=code,
                      reason="the newest checkpoint is only in this node's memory")
         return code, line
+
+
+def sigint_came(events: queue.SimpleQueue[Event]) -> bool:
+    """Whether the shell's queue, no longer read (its loop ended), holds a SIGINT: Ctrl-C during
+    the copy after a stop means stop now, as a second SIGINT does during the stop."""
+    while not events.empty():
+        event = events.get_nowait()
+        if isinstance(event, SignalReceived) and event.name == "SIGINT":
+            return True
+    return False

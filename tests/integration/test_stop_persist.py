@@ -246,14 +246,41 @@ def test_a_stop_whose_persist_fails_exits_74_and_is_not_requeued(tmp_path: Path,
     assert "requeue_withheld" in names and "requeue" not in names
 
 
+def copying(tmp_path: Path) -> bool:
+    """Whether cycle run began its own copy of the stop's checkpoint."""
+    return "stop_copy" in [e["event"] for e in events(tmp_path)]
+
+
+def test_sigterm_twice_during_cycle_run_s_copy_changes_nothing_and_sigint_gives_it_up(
+        tmp_path: Path, shm: Path) -> None:
+    # SIGTERM again (Slurm repeats it) is the stop under way; Ctrl-C asks to stop now: 74,
+    # nothing partial, no wait for the 60 s grace.
+    root = tmp_path / "ck"
+    process, _ = kill_worker_during_stop_persist(tmp_path, shm, "--grace", "60",
+                                                 stop_files=20000)
+    wait_for(lambda: copying(tmp_path) and copy_in_flight(root), process, "cycle run's copy")
+    process.send_signal(signal.SIGTERM)
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert process.poll() is None and copy_in_flight(root), "the copy goes on"
+    sent = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=60)
+    took = time.monotonic() - sent
+    print(f"SIGINT to exit: {took:.2f} s, exit {process.returncode}")
+    assert process.returncode == EXIT_NOT_PERSISTED, output
+    assert "was given up on request" in output and took < 10, output
+    assert [c.index for c in list_checkpoints(root)] == [0], "nothing partial in the root"
+
+
 def test_a_kill_of_cycle_run_during_its_own_copy_leaves_a_root_the_next_run_resumes_and_cleans(
         tmp_path: Path, shm: Path) -> None:
     root = tmp_path / "ck"
     memory = memory_root(memory_base(shm), root)
     process, _ = kill_worker_during_stop_persist(tmp_path, shm, "--grace", "60",
                                                  stop_files=20000)
-    copying = lambda: "stop_copy" in [e["event"] for e in events(tmp_path)]  # noqa: E731
-    wait_for(lambda: copying() and copy_in_flight(root), process, "cycle run's copy under way")
+    wait_for(lambda: copying(tmp_path) and copy_in_flight(root), process,
+             "cycle run's copy under way")
     process.kill()
     process.communicate(timeout=60)
     assert valid(root) == [0] and list_checkpoints(root)[-1].index == 1, "cut: no manifest"

@@ -151,3 +151,14 @@ def test_after_a_stop_with_no_time_left_nothing_is_copied_and_a_cut_copy_is_set_
     assert not list_checkpoints(durable.root), "no checkpoint, whole or partial, in the root"
     (left,) = durable.own_temporaries()  # the next persist reclaims it once cycle run is gone
     assert (left / "train.pt").read_bytes() == b"half"
+
+
+def test_after_a_stop_a_copy_given_up_on_request_is_removed_and_is_the_failure(
+        tmp_path: Path) -> None:
+    memory = memory_with_checkpoints(tmp_path / "memory", 2)
+    durable = CheckpointLayout(tmp_path / "root", "AtomicDirectory")
+    durable.root.mkdir()
+    end = finish_job(memory, durable, several_nodes=False, exit_code=EXIT_REQUEUE, stopped=True,
+                     copy_until=110.0, clock=lambda: 100.0, give_up=lambda: True)
+    assert end.failure is not None and "was given up on request" in end.failure
+    assert not list_checkpoints(durable.root) and end.exit_code(EXIT_REQUEUE) == EXIT_NOT_PERSISTED

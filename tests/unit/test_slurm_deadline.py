@@ -112,3 +112,12 @@ def test_a_stop_asked_by_another_node_has_that_node_s_deadline_or_none() -> None
         core.start(100.0)
         core.handle(WorkersExited(0, 120.0, stopped_elsewhere=True, deadline_elsewhere=deadline))
         assert core.stopped and core.stop_deadline == expected
+
+
+def test_a_second_sigint_ends_the_stop_s_deadline_at_once() -> None:
+    core = SupervisorCore(CoreConfig(grace=90.0, initial_checkpoint=1))
+    core.start(100.0)
+    core.handle(SignalReceived("SIGINT", 150.0, frozenset({USES_CONTROL})))
+    core.handle(SignalReceived("SIGINT", 151.0, frozenset({USES_CONTROL})))
+    core.handle(WorkersExited(-15, 151.5))
+    assert core.stopped and core.stop_deadline == 151.0, "nothing is copied after it"

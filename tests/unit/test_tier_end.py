@@ -4,6 +4,7 @@ checkpoint is only in memory is not requeued (issue 25, finding 8)."""
 
 from __future__ import annotations
 
+import queue
 import time
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,8 @@ from typing import Any
 from cycler import AtomicDirectory, atomic_torch_save
 from cycler.protocol.exit_codes import EXIT_NOT_PERSISTED, EXIT_REQUEUE
 from cycler.supervisor.options import RunOptions
-from cycler.supervisor.tier_end import STOP_COPY_MARGIN_SECONDS, TierEnd
-from cycler.supervisor.vocabulary import Log, Requeue
+from cycler.supervisor.tier_end import STOP_COPY_MARGIN_SECONDS, TierEnd, sigint_came
+from cycler.supervisor.vocabulary import Event, Log, Requeue, SignalReceived, Tick
 
 
 class Said:
@@ -81,3 +82,12 @@ def test_a_stop_with_less_than_the_margin_left_copies_nothing_and_exits_74(
     deadline = time.time() + STOP_COPY_MARGIN_SECONDS / 2
     assert end.finish(EXIT_REQUEUE, stopped=True, deadline=deadline)[0] == EXIT_NOT_PERSISTED
     assert said.done == ["persist_failed", "requeue_withheld", "exit"]
+
+
+def test_a_sigint_left_in_the_queue_after_the_loop_means_stop_now() -> None:
+    events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+    for event in (SignalReceived("SIGTERM", 1.0), Tick(2.0)):
+        events.put(event)
+    assert not sigint_came(events), "a repeated SIGTERM is no reason to give the copy up"
+    events.put(SignalReceived("SIGINT", 3.0))
+    assert sigint_came(events)
