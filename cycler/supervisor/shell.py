@@ -404,11 +404,12 @@ class Supervisor:
         error = None if code == 0 else failure_signature(tree.stderr.text())
         if code != 0:
             self._failure = failure_report(tree.stderr.text(), code)
-        others = _other_control_paths(self.layout, self.options.node_rank)
-        elsewhere = self.options.nnodes > 1 and stop_requested_since(others, self._started_at)
+        elsewhere = self.options.nnodes > 1 and stop_requested_elsewhere(
+            self.layout, self.options.node_rank, self._started_at)
+        deadline = stop_deadline_since(
+            _other_control_paths(self.layout, self.options.node_rank), self._started_at)
         return core.WorkersExited(code, self._clock(), elsewhere,
-                                  self._progress.before_first_step(), error,
-                                  stop_deadline_since(others, self._started_at))
+                                  self._progress.before_first_step(), error, deadline)
 
     def _signal_tree(self, number: signal.Signals) -> None:
         if self._tree is not None:

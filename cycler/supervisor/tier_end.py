@@ -66,9 +66,8 @@ class TierEnd:
         """The workers are gone: :func:`job_end.finish_job` (after a stop, its copy of a
         checkpoint that did not land ends :data:`STOP_COPY_MARGIN_SECONDS` before
         ``deadline``, the stop's, or once ``give_up()``; ``None``: none is known, nothing is
-        copied), said in events,
-        then what was held; return the exit code and, when it changed, the line that says
-        where the newest state is."""
+        copied), said in events, then what was held; return the exit code and, when it
+        changed, the line that says where the newest state is."""
         memory = self._memory
         if memory is None:
             return planned, None
