@@ -396,7 +396,7 @@ def test_at_the_job_end_each_node_contributes_and_the_newest_whole_checkpoint_is
     assert contribute_newest(memories[0], durable) is None  # nothing newer to give
 
 
-def test_after_a_stop_each_node_copies_its_share_in_time_and_a_share_given_up_leaves_no_file(
+def test_after_a_stop_each_node_copies_its_share_in_time_and_a_share_given_up_commits_nothing(
         tmp_path: Path) -> None:
     """What each node's `cycle run` does after a stop whose contributions were cut: node 0's
     share given up at the deadline keeps only the file it had verified and renamed in (no
