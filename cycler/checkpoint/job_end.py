@@ -106,8 +106,10 @@ def finish_job(memory: CheckpointLayout, durable: CheckpointLayout, *, several_n
         else:
             persisted = persist_newest(memory, durable)
     except (OSError, CyclerError) as error:
+        # Known after a stop's copy: a memory root of many files takes long to list again.
+        newest = error.newest if isinstance(error, NotPersisted) else None
         return JobEnd(failure=str(error) or type(error).__name__,
-                      newest=_newest_in_memory(memory, durable))
+                      newest=newest or _newest_in_memory(memory, durable))
     removed = exit_code != EXIT_REQUEUE and memory.root.exists()
     if removed:
         remove_memory_root(memory.root)
@@ -115,7 +117,12 @@ def finish_job(memory: CheckpointLayout, durable: CheckpointLayout, *, several_n
 
 
 class NotPersisted(CyclerError):
-    """The newest memory checkpoint is not in the checkpoint root after a stop."""
+    """The newest memory checkpoint, at ``newest``, is not in the checkpoint root after a
+    stop."""
+
+    def __init__(self, message: str, newest: Path) -> None:
+        super().__init__(message)
+        self.newest = newest
 
 
 def land_stop(memory: CheckpointLayout, durable: CheckpointLayout, several_nodes: bool,
@@ -135,23 +142,42 @@ def land_stop(memory: CheckpointLayout, durable: CheckpointLayout, several_nodes
     unlanded = (f"checkpoint {name.index}, the newest, was not in {durable.root} when the "
                 "workers exited: its copy did not finish within the stop's time (the grace, "
                 "or Slurm's deadline) or failed (the workers' log says why)")
-    started = clock()
+    started, newest = clock(), memory.path_of(name)
     if not several_nodes:  # deleting its files is not worth the stop's time
         _set_aside_cut_copy(durable, name)
     if until is None or until <= started:
-        raise NotPersisted(f"{unlanded}, and no time was left to copy it")
+        raise NotPersisted(f"{unlanded}, and no time was left to copy it", newest)
     if copying is not None:
         copying(name, until - started)
+    deadline = _CopyDeadline(until, clock, give_up)
     try:
-        _copy_before(memory, durable, name, several_nodes,
-                     lambda: clock() >= until or give_up())
+        _copy_before(memory, durable, name, several_nodes, deadline.reached)
     except PersistAbandoned:
-        now = clock()
-        why = "reached the stop's deadline" if now >= until else "was given up on request"
-        raise NotPersisted(f"{unlanded}; cycle run's own copy of it {why} after "
-                           f"{now - started:.1f} s and was removed") from None
+        raise NotPersisted(f"{unlanded}; {deadline.said(started)}", newest) from None
     done = clock()
     return StopCopy(name.index, seconds=done - started, spare=until - done)
+
+
+class _CopyDeadline:
+    """When ``cycle run``'s copy after a stop is given up: at ``until``, or once
+    ``give_up()`` says so; the first moment either held is kept."""
+
+    def __init__(self, until: float, clock: Callable[[], float], give_up: Abandon) -> None:
+        self._until, self._clock, self._give_up = until, clock, give_up
+        self._at: float | None = None
+
+    def reached(self) -> bool:
+        if self._at is None:
+            now = self._clock()
+            if now >= self._until or self._give_up():
+                self._at = now
+        return self._at is not None
+
+    def said(self, started: float) -> str:
+        at = self._until if self._at is None else self._at
+        why = "reached the stop's deadline" if at >= self._until else "was given up on request"
+        return (f"cycle run's own copy of it {why} after {at - started:.1f} s; nothing "
+                "unfinished of it is left under a checkpoint's name")
 
 
 def _set_aside_cut_copy(durable: CheckpointLayout, name: CheckpointName) -> None:
@@ -163,8 +189,7 @@ def _set_aside_cut_copy(durable: CheckpointLayout, name: CheckpointName) -> None
     if not os.path.lexists(target):
         return
     try:
-        os.rename(target, _fs.temporary_sibling(target))
-        _fs.fsync_directory(durable.root)
+        _fs.set_aside(target)
     except OSError as error:
         log.warning("could not set aside the unfinished copy %s (%s); the next persist "
                     "removes it", target, error)
@@ -173,7 +198,7 @@ def _set_aside_cut_copy(durable: CheckpointLayout, name: CheckpointName) -> None
 def _copy_before(memory: CheckpointLayout, durable: CheckpointLayout, name: CheckpointName,
                  several_nodes: bool, abandon: Abandon) -> None:
     if not several_nodes:
-        persist(memory, durable, name, abandon)
+        persist(memory, durable, name, abandon, unfinished=_fs.set_aside)
         return
     # Imported here: nodes.contribution imports the tiers this module builds on.
     from cycler.checkpoint.nodes.contribution import contribute

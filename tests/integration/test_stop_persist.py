@@ -197,9 +197,10 @@ def test_a_stop_whose_persist_is_cut_by_a_kill_is_copied_by_cycle_run_and_then_r
 
 def test_a_stop_whose_copy_would_outlast_the_grace_exits_74_at_the_deadline_with_nothing_partial(
         tmp_path: Path, shm: Path) -> None:
-    # 20000 files, well over the 10 s grace (one fsync each: 12 s on a disk): cycle run's own
-    # copy is given up 1 s before the stop's deadline and removed; the root resumes from
-    # checkpoint 0, and the job is not requeued: its newest state is in this node's memory.
+    # 20000 files, well over the 10 s grace (one fsync each: 12 s on a disk, after the stop's
+    # save in memory, 4-6 s of it): cycle run's own copy is given up 1 s before the stop's
+    # deadline and set aside; the root resumes from checkpoint 0, and the job is not requeued:
+    # its newest state is in this node's memory.
     path_env, record = fake_scontrol(tmp_path)
     root = tmp_path / "ck"
     memory = memory_root(memory_base(shm), root)
@@ -210,8 +211,7 @@ def test_a_stop_whose_copy_would_outlast_the_grace_exits_74_at_the_deadline_with
     took = time.monotonic() - sent
     print(f"SIGTERM to exit: {took:.2f} s, exit {process.returncode}")
     assert process.returncode == EXIT_NOT_PERSISTED, output
-    # Given up 1 s before the deadline; removing its files and exiting take the margin.
-    assert took < 10 + 1.5, f"{took:.1f} s from SIGTERM to exit: the copy ran past the deadline"
+    assert took < 10, f"{took:.1f} s from SIGTERM to exit, past the deadline\n{output}"
     assert valid(memory)[-1] == 1 and valid(root) == [0], output
     assert [c.index for c in list_checkpoints(root)] == [0], "nothing partial in the root"
     assert list_checkpoints(root)[0].is_latest, "the root still resumes from checkpoint 0"

@@ -130,6 +130,8 @@ def test_after_a_stop_a_copy_that_reaches_the_deadline_is_removed_and_is_the_fai
     assert end.exit_code(EXIT_REQUEUE) == EXIT_NOT_PERSISTED and end.stop_copy is None
     assert sorted(p.name for p in durable.root.iterdir() if p.name.startswith("Atomic")) == [
         "AtomicDirectory.latest_checkpoint", "AtomicDirectory_checkpoint_0"], "nothing partial"
+    (left,) = durable.own_temporaries()  # set aside at once; the next persist reclaims it
+    assert sorted(f.name for f in left.iterdir()) == ["a.pt"], "the file copied before it"
     assert durable.link_target_name() == memory.parse("AtomicDirectory_checkpoint_0")
 
 
