@@ -131,7 +131,7 @@ def test_after_a_stop_a_copy_that_reaches_the_deadline_is_removed_and_is_the_fai
     assert sorted(p.name for p in durable.root.iterdir() if p.name.startswith("Atomic")) == [
         "AtomicDirectory.latest_checkpoint", "AtomicDirectory_checkpoint_0"], "nothing partial"
     (left,) = durable.own_temporaries()  # set aside at once; the next persist reclaims it
-    assert sorted(f.name for f in left.iterdir()) == ["a.pt"], "the file copied before it"
+    assert (left / "a.pt").is_file(), "the copy cut, under a name no reader takes"
     assert durable.link_target_name() == memory.parse("AtomicDirectory_checkpoint_0")
 
 
