@@ -251,11 +251,18 @@ def discard_directory(path: Path) -> None:
     """
     import shutil
 
+    shutil.rmtree(set_aside(path))
+
+
+def set_aside(path: Path) -> Path:
+    """Rename ``path`` to a temporary name beside it (one atomic step: from then on no reader
+    takes it for what it was) and return that name; its files are this process's leftover,
+    reclaimed once it is gone (:func:`left_by_dead_writer`)."""
     path = Path(path)
     doomed = temporary_sibling(path)
     os.rename(path, doomed)
     fsync_directory(path.parent)
-    shutil.rmtree(doomed)
+    return doomed
 
 
 def remove_leftover(path: Path) -> None:

@@ -9,8 +9,9 @@ for it too (:mod:`cycler.checkpoint.in_flight`): the partner copies use a proces
 
 A stop's persist starts as soon as its checkpoint is committed in memory: the copy of an older,
 unpinned checkpoint still in flight is given up (the stop's stands for it), so the grace pays
-for one copy, not two. ``cycle run`` does not copy it again after the workers exit: it only
-checks that it landed (:func:`cycler.checkpoint.job_end.finish_job`).
+for one copy, not two. After the workers exit ``cycle run`` checks that it landed, and copies it
+itself only where it did not (a kill, a failure), in what is left of the stop's deadline
+(:func:`cycler.checkpoint.job_end.land_stop`).
 """
 
 from __future__ import annotations

@@ -183,13 +183,15 @@ def never_abandon() -> bool:
 
 
 def persist(memory: CheckpointLayout, durable: CheckpointLayout, name: CheckpointName,
-            abandon: Abandon = never_abandon) -> Path:
+            abandon: Abandon = never_abandon,
+            unfinished: Callable[[Path], object] = _fs.discard_directory) -> Path:
     """Copy the committed memory checkpoint ``name`` into the durable root and commit it there
     once the copy verifies; return the durable directory.
 
     The durable link moves only forward. Raises :class:`CorruptCheckpoint` (the copy removed)
     when the memory copy does not match its own manifest, and :class:`PersistAbandoned` (the
-    copy removed) when ``abandon()`` says so before the commit.
+    copy removed) when ``abandon()`` says so before the commit. ``unfinished`` removes a copy
+    that did not commit (:func:`_fs.set_aside` where deleting its files takes time it has not).
     """
     source = memory.path_of(name)
     manifest = read_manifest(source)
@@ -217,7 +219,7 @@ def persist(memory: CheckpointLayout, durable: CheckpointLayout, name: Checkpoin
         finalize(durable, name, manifest, forward=True)
     except BaseException:
         if not os.path.lexists(target / MANIFEST_NAME):  # committed, only the link may lag
-            _fs.remove_logged(_fs.discard_directory, target, "unfinished persisted copy")
+            _fs.remove_logged(unfinished, target, "unfinished persisted copy")
         raise
     return target
 

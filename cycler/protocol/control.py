@@ -98,6 +98,16 @@ def stop_requested_since(paths: list[Path], since: float) -> bool:
     return False
 
 
+def stop_deadline_since(paths: list[Path], since: float) -> float | None:
+    """The earliest deadline of the ``checkpoint_and_exit`` requests in the control files
+    ``paths`` made at or after ``since`` (``None``: there is none, or none has a deadline)."""
+    requests = [read_control(path) for path in paths]
+    return min((request.deadline for request in requests
+                if request is not None and request.action is Action.CHECKPOINT_AND_EXIT
+                and request.requested_at >= since and request.deadline is not None),
+               default=None)
+
+
 def stop_requested_of_this_job(since: float = WORKER_STARTED_AT) -> bool:
     """Under ``cycle run``: whether a supervisor of this job (any node) asked for
     ``checkpoint_and_exit`` since ``since``. Reads the control files beside

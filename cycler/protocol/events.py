@@ -73,6 +73,12 @@ MESSAGES = {
     "last_progress": "the previous workers' newest progress: step {step}",
     "persisted": "persisted checkpoint {index} from the memory tier to the checkpoint root "
                  "({why})",
+    "stop_copy": "checkpoint {index}, the stop's, had not reached the checkpoint root when the "
+                 "workers exited: cycle run copies it there itself, in the {seconds_left:g} s "
+                 "left before the stop's deadline",
+    "stop_copy_landed": "cycle run finished the stop's copy: checkpoint {index} is in the "
+                        "checkpoint root after {seconds:g} s, {spare:g} s before the stop's "
+                        "deadline",
     "memory_tier_removed": "removed the memory tier {root} (the job ended)",
     "persist_failed": "the newest checkpoint is only in this node's memory, at {newest}: "
                       "persisting it to the checkpoint root failed ({error}); exit {code}, not "
@@ -102,7 +108,8 @@ HISTORY = frozenset({
     "restart_scheduled", "restart_together", "no_restart_during_stop", "peer_lost",
     "failed_after_training", "requeue",
     "requeue_skipped", "exit",
-    "hang", "start_failed", "waiting_for_node", "persisted", "memory_tier_removed",
+    "hang", "start_failed", "waiting_for_node", "persisted", "stop_copy", "stop_copy_landed",
+    "memory_tier_removed",
     "persist_failed", "requeue_withheld", "control_unwritable",
     "checkpoint_committed", "checkpoint_interval", "compile_cache_not_carried",
 })

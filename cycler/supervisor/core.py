@@ -201,6 +201,14 @@ class SupervisorCore:
                                                                       StopPath.NEXT_COMMIT)
 
     @property
+    def stop_deadline(self) -> float | None:
+        """When the stop must be over: the grace from its first signal here, or the
+        scheduler's earlier hard deadline, or the one another node's request set (``None``:
+        no stop, or one of another node with no deadline)."""
+        stopped = self.stop_requested or self.stopped
+        return (self._stop_deadline or None) if stopped else None
+
+    @property
     def stop_checkpoint_made(self) -> bool:
         """Whether a checkpoint was committed since the stop was requested."""
         return (self.phase in (Phase.STOPPING, Phase.TERMINATING)
@@ -215,6 +223,8 @@ class SupervisorCore:
             return [Log("signal", {"signal": event.name, "effect": "ignored"})]
         repeated = self.stop_requested
         self._stop_signals.append(event.name)
+        if not repeated:  # every stop has a deadline, with workers to stop or none
+            self._stop_deadline = event.now + self.config.grace
         if self.phase in (Phase.BACKOFF, Phase.AWAITING_PEERS):
             return [Log("signal", {"signal": event.name, "effect": "stop while no workers run"}),
                     *self._finish_stop()]
@@ -274,6 +284,7 @@ class SupervisorCore:
         return self._take_path(event.features, event.now)
 
     def _force_stop(self, event: SignalReceived) -> list[SupervisorAction]:
+        self._stop_deadline = min(self._stop_deadline, event.now)  # nothing more is copied
         if self.phase is Phase.TERMINATING or self.phase is Phase.KILLED:
             self.phase, self.wake_at = Phase.KILLED, None
             return [Log("signal", {"signal": event.name, "effect": "kill now"}),
@@ -369,6 +380,7 @@ class SupervisorCore:
             return [log, *self._finish_peer_lost()]
         if event.stopped_elsewhere and not self.stop_requested:
             self._checkpoint_at_stop = self.config.initial_checkpoint
+            self._stop_deadline = event.deadline_elsewhere or 0.0
             return [log, Log("stopped_by_another_node", {}), *self._finish_stop()]
         if self.stop_requested:
             handled = (self._stop_path is StopPath.SIGNAL and self.phase is Phase.STOPPING

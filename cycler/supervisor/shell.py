@@ -20,13 +20,20 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import inspect_checkpoint, list_checkpoints
 from cycler.checkpoint.lock import SupervisorLock
-from cycler.protocol.control import Action, read_control, stop_requested_since, write_control
+from cycler.protocol.control import (
+    Action,
+    read_control,
+    stop_deadline_since,
+    stop_requested_since,
+    write_control,
+)
 from cycler.protocol.events import EventLog, describe, process_start
 from cycler.protocol.features import announced, clear_announcements
 from cycler.protocol.stop_signals import lower_shields, raise_shields
@@ -47,7 +54,7 @@ from cycler.supervisor.slurm import (
     read_job,
     requeue_job,
 )
-from cycler.supervisor.tier_end import TierEnd
+from cycler.supervisor.tier_end import TierEnd, sigint_came
 from cycler.supervisor.torchrun import (
     LaunchPlan,
     full_environment,
@@ -110,8 +117,12 @@ def stop_requested_elsewhere(layout: CheckpointLayout, node_rank: int, since: fl
     workers exit 0 as if training had finished; the other nodes' control files, on the shared
     checkpoint root, tell the two apart.
     """
+    return stop_requested_since(_other_control_paths(layout, node_rank), since)
+
+
+def _other_control_paths(layout: CheckpointLayout, node_rank: int) -> list[Path]:
     own = layout.control_path(node_rank)
-    return stop_requested_since([path for path in layout.control_paths() if path != own], since)
+    return [path for path in layout.control_paths() if path != own]
 
 
 def newest_valid_index(layout: CheckpointLayout) -> int | None:
@@ -142,7 +153,8 @@ class Supervisor:
         self._outcome: RunOutcome | None = None
         self._tier_end = TierEnd(options, self._record, self._requeue)
         self._stopped = False
-        """Whether the run ended as a stop (its persist is checked, never repeated)."""
+        """Whether the run ended as a stop (its persist is checked, copied only in time)."""
+        self._stop_deadline: float | None = None
         self._failure: str | None = None
         self._linked = self._links()
         self._started_at = clock()
@@ -209,6 +221,7 @@ class Supervisor:
             if decisions.listening:
                 self._execute(decisions.handle(core.Announced(self._announced(), self._clock())))
         self._stopped = decisions.stopped
+        self._stop_deadline = decisions.stop_deadline
         return self._outcome
 
     def _watch_other_nodes(self, decisions: core.SupervisorCore) -> None:
@@ -342,7 +355,9 @@ class Supervisor:
     def _finish_memory_tier(self, outcome: RunOutcome) -> RunOutcome:
         """The workers are gone: the outcome with the exit code that says where the newest
         state is (:class:`TierEnd`)."""
-        code, line = self._tier_end.finish(outcome.exit_code, stopped=self._stopped)
+        code, line = self._tier_end.finish(outcome.exit_code, stopped=self._stopped,
+                                           deadline=self._stop_deadline,
+                                           give_up=lambda: sigint_came(self._queue))
         return outcome if line is None else RunOutcome(code, line, outcome.failure)
 
     # -- actions ----------------------------------------------------------------------------
@@ -394,8 +409,10 @@ class Supervisor:
             self._failure = failure_report(tree.stderr.text(), code)
         elsewhere = self.options.nnodes > 1 and stop_requested_elsewhere(
             self.layout, self.options.node_rank, self._started_at)
+        deadline = stop_deadline_since(
+            _other_control_paths(self.layout, self.options.node_rank), self._started_at)
         return core.WorkersExited(code, self._clock(), elsewhere,
-                                  self._progress.before_first_step(), error)
+                                  self._progress.before_first_step(), error, deadline)
 
     def _signal_tree(self, number: signal.Signals) -> None:
         if self._tree is not None:

@@ -31,9 +31,9 @@ REQUEUE_TIMEOUT_SECONDS = 60.0
 QUERY_TIMEOUT_SECONDS = 10.0
 DEADLINE_MARGIN_SECONDS = 3.0
 """Kept before a hard deadline beyond the supervisor's own SIGTERM -> SIGKILL interval: time to
-reap the workers, check that a memory tier's stop checkpoint reached the checkpoint root (a
-check, never a copy: the copy runs in the workers, inside the grace this deadline cuts) and run
-``scontrol requeue``."""
+reap the workers and run ``scontrol requeue``. A memory tier's stop checkpoint is copied to the
+checkpoint root inside the deadline this margin leaves (by the workers, or by the supervisor
+where theirs did not land), never in the margin."""
 
 
 @dataclass(frozen=True)

@@ -2,21 +2,30 @@
 at a run's end the verdict on where the newest state is, before anything is said or requeued.
 
 The core decides an exit line and, after a stop under Slurm, a requeue, before the workers are
-reaped. With the memory tier both wait for :func:`cycler.checkpoint.job_end.finish_job`: a stop
-whose checkpoint did not reach the checkpoint root ends with exit 74 and no requeue, since a
-requeued job starts on another node, from the older checkpoint in the root, while the newest
-state is in this node's memory.
+reaped. With the memory tier both wait for :func:`cycler.checkpoint.job_end.finish_job`. After a
+stop whose checkpoint did not reach the checkpoint root in the workers' persist, the supervisor
+copies it there itself in what is left of the stop's deadline, less
+:data:`STOP_COPY_MARGIN_SECONDS`: landed, the stop ends 75 and is requeued; not (no time, the
+deadline came first, the copy failed), it ends with exit 74 and no requeue, since a requeued job
+starts on another node, from the older checkpoint in the root, while the newest state is in this
+node's memory.
 """
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Callable
 from typing import Any
 
 from cycler.checkpoint import job_end
+from cycler.checkpoint.layout import CheckpointName
 from cycler.protocol.events import describe
 from cycler.supervisor.options import RunOptions
-from cycler.supervisor.vocabulary import Log, Requeue, SupervisorAction
+from cycler.supervisor.vocabulary import Event, Log, Requeue, SignalReceived, SupervisorAction
+
+STOP_COPY_MARGIN_SECONDS = 1.0
+"""Kept between the end of the supervisor's copy after a stop and the stop's deadline: time to
+requeue and exit before the job is killed."""
 
 Recorder = Callable[..., None]
 """The shell's ``_record(event, warning=False, **fields)``."""
@@ -52,17 +61,26 @@ class TierEnd:
             return True
         return False
 
-    def finish(self, planned: int, stopped: bool) -> tuple[int, str | None]:
-        """The workers are gone: :func:`job_end.finish_job` (after a stop it only checks the
-        stop's persist landed), said in events, then what was held; return the exit code and,
-        when it changed, the line that says where the newest state is."""
+    def finish(self, planned: int, stopped: bool, deadline: float | None = None,
+               give_up: Callable[[], bool] = job_end.never_abandon) -> tuple[int, str | None]:
+        """The workers are gone: :func:`job_end.finish_job` (after a stop, its copy of a
+        checkpoint that did not land ends :data:`STOP_COPY_MARGIN_SECONDS` before
+        ``deadline``, the stop's, or once ``give_up()``; ``None``: none is known, nothing is
+        copied), said in events, then what was held; return the exit code and, when it
+        changed, the line that says where the newest state is."""
         memory = self._memory
         if memory is None:
             return planned, None
+        until = None if deadline is None else deadline - STOP_COPY_MARGIN_SECONDS
         end = job_end.finish_job(memory, self._options.layout, exit_code=planned,
-                                 several_nodes=self._options.nnodes > 1, stopped=stopped)
+                                 several_nodes=self._options.nnodes > 1, stopped=stopped,
+                                 copy_until=until, copying=self._copying, give_up=give_up)
         if end.persisted is not None:
             self._record("persisted", index=end.persisted.index, why=f"exit {planned}")
+        if end.stop_copy is not None:
+            copy = end.stop_copy
+            self._record("stop_copy_landed", index=copy.index, seconds=round(copy.seconds, 2),
+                         spare=round(copy.spare, 1))
         if end.removed:
             self._record("memory_tier_removed", root=str(memory.root))
         said, self._exit_said = self._exit_said, None
@@ -73,6 +91,10 @@ class TierEnd:
                 self._record(said.event, warning=said.warning, **said.fields)
             return planned, None
         return self._not_persisted(end, planned)
+
+    def _copying(self, name: CheckpointName, seconds_left: float) -> None:
+        self._record("stop_copy", warning=True, index=name.index,
+                     seconds_left=round(seconds_left, 1))
 
     def _not_persisted(self, end: job_end.JobEnd, planned: int) -> tuple[int, str]:
         code = end.exit_code(planned)
@@ -86,3 +108,13 @@ class TierEnd:
         self._record("exit", warning=True, code=code,
                      reason="the newest checkpoint is only in this node's memory")
         return code, line
+
+
+def sigint_came(events: queue.SimpleQueue[Event]) -> bool:
+    """Whether the shell's queue, no longer read (its loop ended), holds a SIGINT: Ctrl-C during
+    the copy after a stop means stop now, as a second SIGINT does during the stop."""
+    while not events.empty():
+        event = events.get_nowait()
+        if isinstance(event, SignalReceived) and event.name == "SIGINT":
+            return True
+    return False

@@ -116,6 +116,9 @@ class WorkersExited:
     error: str | None = None
     """The failing worker's traceback, stripped of what differs between two runs of the same
     failure (``None``: none was printed, as when a worker was killed)."""
+    deadline_elsewhere: float | None = None
+    """With ``stopped_elsewhere``: the earliest deadline the other nodes' stop requests set
+    (wall-clock), which bounds this node's copy of its share of the stop's checkpoint."""
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import datetime
 import os
 import shutil
 import stat
+import time
 import warnings
 from pathlib import Path
 
@@ -393,3 +394,34 @@ def test_at_the_job_end_each_node_contributes_and_the_newest_whole_checkpoint_is
     assert inspect_checkpoint(durable, _name(1), verify=True).valid
     assert not inspect_checkpoint(durable, _name(2)).committed  # torn, never linked
     assert contribute_newest(memories[0], durable) is None  # nothing newer to give
+
+
+def test_after_a_stop_each_node_copies_its_share_in_time_and_a_share_given_up_commits_nothing(
+        tmp_path: Path) -> None:
+    """What each node's `cycle run` does after a stop whose contributions were cut: node 0's
+    share given up at the deadline keeps only the file it had verified and renamed in (no
+    temporary, nothing committed: exit 74 there); then each node copies its share in time:
+    node 0's finishes its part, node 1's completes and commits the checkpoint (75 on both)."""
+    from cycler.checkpoint.job_end import finish_job
+    from cycler.checkpoint.listing import list_checkpoints
+    from cycler.protocol.exit_codes import EXIT_NOT_PERSISTED, EXIT_REQUEUE
+
+    memories = [CheckpointLayout(tmp_path / f"memory-node{node}") for node in (0, 1)]
+    durable = CheckpointLayout(tmp_path / "checkpoints")
+    durable.root.mkdir()
+    _node_checkpoints(memories, 1, 1)
+    calls = iter(range(10**6))  # past the deadline from the second file's first chunk on
+    cut = finish_job(memories[0], durable, several_nodes=True, exit_code=EXIT_REQUEUE,
+                     stopped=True, copy_until=2.0, clock=lambda: float(next(calls)))
+    assert cut.failure is not None and "reached the stop's deadline" in cut.failure
+    assert cut.exit_code(EXIT_REQUEUE) == EXIT_NOT_PERSISTED
+    assert durable.link_target_name() is None
+    left = sorted(p.name for p in durable.path_of(_name(1)).iterdir())
+    assert left == ["part-0.bin"], "a file is renamed in only whole and verified"
+    ends = [finish_job(memory, durable, several_nodes=True, exit_code=EXIT_REQUEUE,
+                       stopped=True, copy_until=time.time() + 60) for memory in memories]
+    assert [end.failure for end in ends] == [None, None]
+    assert [end.stop_copy is not None for end in ends] == [True, True]
+    assert durable.link_target_name() == _name(1)
+    assert inspect_checkpoint(durable, _name(1), verify=True).valid
+    assert all(c.valid for c in list_checkpoints(durable.root))

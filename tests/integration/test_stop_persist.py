@@ -32,6 +32,7 @@ JOB = """
 import os, time
 from cycler import AtomicDirectory, StepControl
 s = AtomicDirectory(os.environ["CYCLER_CHECKPOINT_DIR"], keep_last=3)
+print("resuming from", s.latest_checkpoint(), flush=True)
 c = StepControl(every_steps=10**9)
 for step in range(10**9):
     time.sleep(0.1)
@@ -153,29 +154,72 @@ def test_a_stop_that_finds_the_memory_tier_full_does_not_wait_behind_the_persist
     assert valid(root)[-1] == 1, "the stop's checkpoint is in the root"
 
 
-def test_a_stop_whose_persist_is_cut_by_a_kill_is_not_copied_again_and_exits_74(
-        tmp_path: Path, shm: Path) -> None:
-    # kill -9 of the worker in the middle of the stop's persist (3000 files): cycle run must
-    # not copy it again after the workers (a copy with no deadline), and must say where the
-    # state is; the root keeps its previous checkpoint, never a partial one.
+def kill_worker_during_stop_persist(tmp_path: Path, shm: Path, *flags: str, stop_files: int,
+                                    env: dict[str, str] | None = None,
+                                    ) -> tuple[subprocess.Popen[str], float]:
+    """SIGTERM, then kill -9 of the worker in the middle of the stop's persist (``stop_files``
+    files of 4 KB, one fsync each). Return the job and when SIGTERM was sent (monotonic)."""
+    process = start(tmp_path, shm, *flags, files=1, stop_files=stop_files, env=env)
     root = tmp_path / "ck"
-    memory = memory_root(memory_base(shm), root)
-    process = start(tmp_path, shm, "--grace", "60", files=1, stop_files=3000)
     wait_for(lambda: valid(root) == [0], process, "the first checkpoint persisted")
     (worker,) = training_workers(process)
     sent = time.monotonic()
     process.send_signal(signal.SIGTERM)
     wait_for(lambda: copy_in_flight(root), process, "the stop's persist under way")
     worker.kill()
+    return process, sent
+
+
+def test_a_stop_whose_persist_is_cut_by_a_kill_is_copied_by_cycle_run_and_then_requeued(
+        tmp_path: Path, shm: Path) -> None:
+    # kill -9 of the worker in the middle of the stop's persist (3000 files), 60 s of grace:
+    # cycle run copies the stop's checkpoint itself, in the time left, then requeues (75).
+    path_env, record = fake_scontrol(tmp_path)
+    root = tmp_path / "ck"
+    process, sent = kill_worker_during_stop_persist(
+        tmp_path, shm, "--grace", "60", stop_files=3000,
+        env={**path_env, "SLURM_JOB_ID": "4242"})
     output, _ = process.communicate(timeout=180)
     took = time.monotonic() - sent
+    print(f"SIGTERM to exit: {took:.2f} s, exit {process.returncode}")
+    assert process.returncode == EXIT_REQUEUE, output
+    assert valid(root) == [0, 1] and list_checkpoints(root)[-1].is_latest, output
+    assert all(c.valid for c in list_checkpoints(root)), "nothing partial in the root"
+    names = [e["event"] for e in events(tmp_path)]
+    assert names.index("stop_copy") < names.index("stop_copy_landed") < names.index("requeue")
+    assert "persist_failed" not in names and "requeue_withheld" not in names, output
+    landed = next(e for e in events(tmp_path) if e["event"] == "stop_copy_landed")
+    assert landed["index"] == 1 and 0 < landed["seconds"] < took, landed  # type: ignore[operator]
+    assert "cycle run finished the stop's copy" in output, output
+    assert record.read_text().split() == ["requeue", "4242"], "requeued after the copy"
+    assert took < 60, f"{took:.1f} s from SIGTERM to exit, past the grace"
+
+
+def test_a_stop_whose_copy_would_outlast_the_grace_exits_74_at_the_deadline_with_nothing_partial(
+        tmp_path: Path, shm: Path) -> None:
+    # 20000 files, well over the 10 s grace (one fsync each: 12 s on a disk, after the stop's
+    # save in memory, 4-6 s of it): cycle run's own copy is given up 1 s before the stop's
+    # deadline and set aside; the root resumes from checkpoint 0, and the job is not requeued:
+    # its newest state is in this node's memory.
+    path_env, record = fake_scontrol(tmp_path)
+    root = tmp_path / "ck"
+    memory = memory_root(memory_base(shm), root)
+    process, sent = kill_worker_during_stop_persist(
+        tmp_path, shm, "--grace", "10", stop_files=20000,
+        env={**path_env, "SLURM_JOB_ID": "4242"})
+    output, _ = process.communicate(timeout=180)
+    took = time.monotonic() - sent
+    print(f"SIGTERM to exit: {took:.2f} s, exit {process.returncode}")
     assert process.returncode == EXIT_NOT_PERSISTED, output
+    assert took < 10, f"{took:.1f} s from SIGTERM to exit, past the deadline\n{output}"
     assert valid(memory)[-1] == 1 and valid(root) == [0], output
+    assert [c.index for c in list_checkpoints(root)] == [0], "nothing partial in the root"
     assert list_checkpoints(root)[0].is_latest, "the root still resumes from checkpoint 0"
     said = [line for line in output.splitlines() if "only in this node's memory" in line]
-    assert said and str(memory) in said[0], output
-    assert not [e for e in events(tmp_path) if e["event"] == "persisted"], "copied once"
-    assert took < 30, f"{took:.1f} s from SIGTERM to exit"
+    assert said and str(memory) in said[0] and "reached the stop's deadline" in said[0], output
+    names = [e["event"] for e in events(tmp_path)]
+    assert "stop_copy" in names and "stop_copy_landed" not in names, output
+    assert not record.exists(), f"scontrol requeue ran: {record.read_text()}\n{output}"
 
 
 def fill(mount: Path) -> None:
@@ -200,3 +244,54 @@ def test_a_stop_whose_persist_fails_exits_74_and_is_not_requeued(tmp_path: Path,
     assert not record.exists(), f"scontrol requeue ran: {record.read_text()}\n{output}"
     assert "not requeued" in output and "this node's memory" in output, output
     assert "requeue_withheld" in names and "requeue" not in names
+
+
+def copying(tmp_path: Path) -> bool:
+    """Whether cycle run began its own copy of the stop's checkpoint."""
+    return "stop_copy" in [e["event"] for e in events(tmp_path)]
+
+
+def test_sigterm_twice_during_cycle_run_s_copy_changes_nothing_and_sigint_gives_it_up(
+        tmp_path: Path, shm: Path) -> None:
+    # SIGTERM again (Slurm repeats it) is the stop under way; Ctrl-C asks to stop now: 74,
+    # nothing partial, no wait for the 60 s grace.
+    root = tmp_path / "ck"
+    process, _ = kill_worker_during_stop_persist(tmp_path, shm, "--grace", "60",
+                                                 stop_files=20000)
+    wait_for(lambda: copying(tmp_path) and copy_in_flight(root), process, "cycle run's copy")
+    process.send_signal(signal.SIGTERM)
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert process.poll() is None and copy_in_flight(root), "the copy goes on"
+    sent = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=60)
+    took = time.monotonic() - sent
+    print(f"SIGINT to exit: {took:.2f} s, exit {process.returncode}")
+    assert process.returncode == EXIT_NOT_PERSISTED, output
+    assert "was given up on request" in output and took < 10, output
+    assert [c.index for c in list_checkpoints(root)] == [0], "nothing partial in the root"
+
+
+def test_a_kill_of_cycle_run_during_its_own_copy_leaves_a_root_the_next_run_resumes_and_cleans(
+        tmp_path: Path, shm: Path) -> None:
+    root = tmp_path / "ck"
+    memory = memory_root(memory_base(shm), root)
+    process, _ = kill_worker_during_stop_persist(tmp_path, shm, "--grace", "60",
+                                                 stop_files=20000)
+    wait_for(lambda: copying(tmp_path) and copy_in_flight(root), process,
+             "cycle run's copy under way")
+    process.kill()
+    process.communicate(timeout=60)
+    assert valid(root) == [0] and list_checkpoints(root)[-1].index == 1, "cut: no manifest"
+    # The next run resumes from the newest valid checkpoint (1, in memory), and its stop's
+    # persist removes the copy the kill cut.
+    again = start(tmp_path, shm, "--grace", "60", files=1, stop_files=1)
+    wait_for(lambda: valid(memory)[-1] == 2, again, "the next run's first checkpoint")
+    output, _ = stop(again)
+    assert again.returncode == EXIT_REQUEUE, output
+    assert f"resuming from {memory / 'AtomicDirectory_checkpoint_1'}" in output, output
+    assert valid(root) == [0, 3] and all(c.valid for c in list_checkpoints(root)), output
+    assert not root.joinpath("AtomicDirectory_checkpoint_1").exists(), "the cut copy is gone"
+    assert not any(p.name.startswith(".") and "checkpoint_1" in p.name
+                   for p in root.iterdir()), "nor set aside"

@@ -16,6 +16,7 @@ from cycler.supervisor.core import (
     SignalTree,
     SupervisorCore,
     Tick,
+    WorkersExited,
 )
 from cycler.supervisor.slurm import SlurmJob, hard_deadline, read_job
 
@@ -83,3 +84,40 @@ def test_a_later_deadline_or_one_outside_a_stop_changes_nothing() -> None:
     assert core.handle(HardDeadline(120.0, "x", 101.0)) == []
     core.handle(SignalReceived("SIGTERM", 150.0, frozenset({USES_CONTROL})))
     assert core.handle(HardDeadline(170.0, "x", 150.1)) == [] and core.wake_at == 160.0
+
+
+def test_the_stop_deadline_is_the_grace_from_the_first_signal_or_an_earlier_hard_one() -> None:
+    core = SupervisorCore(CoreConfig(grace=90.0, initial_checkpoint=1))
+    core.start(100.0)
+    assert core.stop_deadline is None, "no stop, no deadline"
+    core.handle(SignalReceived("SIGTERM", 150.0, frozenset({USES_CONTROL})))
+    core.handle(SignalReceived("SIGTERM", 160.0, frozenset({USES_CONTROL})))
+    assert core.stop_deadline == 240.0, "a repeated signal does not move it"
+    core.handle(HardDeadline(175.0, "KillWait 30 s", 150.1))
+    core.handle(WorkersExited(0, 160.0))
+    assert core.stopped and core.stop_deadline == 175.0
+
+
+def test_a_stop_while_no_workers_run_has_the_grace_as_its_deadline() -> None:
+    core = SupervisorCore(CoreConfig(grace=20.0, initial_checkpoint=1))
+    core.start(100.0)
+    core.handle(SignalReceived("SIGTERM", 150.0, workers_started=False))
+    core.handle(WorkersExited(-9, 150.5))
+    assert core.stopped and core.stop_deadline == 170.0
+
+
+def test_a_stop_asked_by_another_node_has_that_node_s_deadline_or_none() -> None:
+    for deadline, expected in [(130.0, 130.0), (None, None)]:
+        core = SupervisorCore(CoreConfig(grace=20.0, initial_checkpoint=1))
+        core.start(100.0)
+        core.handle(WorkersExited(0, 120.0, stopped_elsewhere=True, deadline_elsewhere=deadline))
+        assert core.stopped and core.stop_deadline == expected
+
+
+def test_a_second_sigint_ends_the_stop_s_deadline_at_once() -> None:
+    core = SupervisorCore(CoreConfig(grace=90.0, initial_checkpoint=1))
+    core.start(100.0)
+    core.handle(SignalReceived("SIGINT", 150.0, frozenset({USES_CONTROL})))
+    core.handle(SignalReceived("SIGINT", 151.0, frozenset({USES_CONTROL})))
+    core.handle(WorkersExited(-15, 151.5))
+    assert core.stopped and core.stop_deadline == 151.0, "nothing is copied after it"

@@ -9,7 +9,12 @@ import pytest
 
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.errors import CheckpointDirectoryError, ConfigError
-from cycler.protocol.control import Action, ControlRequest, write_control
+from cycler.protocol.control import (
+    Action,
+    ControlRequest,
+    stop_deadline_since,
+    write_control,
+)
 from cycler.supervisor.checks import check_script, prepare_checkpoint_root
 from cycler.supervisor.core import SignalReceived
 from cycler.supervisor.options import RunOptions
@@ -37,6 +42,18 @@ def test_a_stop_asked_on_another_node_since_the_start_is_seen(tmp_path: Path):
     assert stop_requested_elsewhere(layout, node_rank=0, since=99.0)
     assert not stop_requested_elsewhere(layout, node_rank=0, since=101.0), "an old request"
     assert not stop_requested_elsewhere(layout, node_rank=1, since=99.0), "its own file"
+
+
+def test_the_earliest_deadline_of_the_stops_asked_since_the_start_is_found(tmp_path: Path):
+    layout = CheckpointLayout(tmp_path)
+    layout.supervisor_dir.mkdir()
+    for node, at, deadline in [(1, 100.0, 160.0), (2, 101.0, 130.0), (3, 50.0, 60.0)]:
+        write_control(layout.control_path(node), ControlRequest(
+            sequence=1, action=Action.CHECKPOINT_AND_EXIT, reason="SIGTERM", requested_at=at,
+            deadline=deadline))
+    write_control(layout.control_path(4), request(Action.RUN, at=102.0))
+    assert stop_deadline_since(layout.control_paths(), since=99.0) == 130.0, "3's is old"
+    assert stop_deadline_since(layout.control_paths(), since=200.0) is None
 
 
 def test_a_run_request_on_another_node_is_not_a_stop(tmp_path: Path):

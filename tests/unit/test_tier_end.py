@@ -4,14 +4,16 @@ checkpoint is only in memory is not requeued (issue 25, finding 8)."""
 
 from __future__ import annotations
 
+import queue
+import time
 from pathlib import Path
 from typing import Any
 
 from cycler import AtomicDirectory, atomic_torch_save
 from cycler.protocol.exit_codes import EXIT_NOT_PERSISTED, EXIT_REQUEUE
 from cycler.supervisor.options import RunOptions
-from cycler.supervisor.tier_end import TierEnd
-from cycler.supervisor.vocabulary import Log, Requeue
+from cycler.supervisor.tier_end import STOP_COPY_MARGIN_SECONDS, TierEnd, sigint_came
+from cycler.supervisor.vocabulary import Event, Log, Requeue, SignalReceived, Tick
 
 
 class Said:
@@ -64,3 +66,28 @@ def test_a_stop_whose_checkpoint_is_only_in_memory_exits_74_and_is_not_requeued(
     assert "only in this node's memory" in line and "not requeued" in line, line
     assert "REQUEUED" not in said.done
     assert said.done == ["persist_failed", "requeue_withheld", "exit"]
+
+
+def test_a_stop_whose_checkpoint_did_not_land_is_copied_then_requeued_while_time_is_left(
+        tmp_path: Path) -> None:
+    end, said = stopped_run(tmp_path, persisted=False)
+    assert end.finish(EXIT_REQUEUE, stopped=True, deadline=time.time() + 30) == (EXIT_REQUEUE,
+                                                                                  None)
+    assert said.done == ["stop_copy", "stop_copy_landed", "REQUEUED", "exit"]
+
+
+def test_a_stop_with_less_than_the_margin_left_copies_nothing_and_exits_74(
+        tmp_path: Path) -> None:
+    end, said = stopped_run(tmp_path, persisted=False)
+    deadline = time.time() + STOP_COPY_MARGIN_SECONDS / 2
+    assert end.finish(EXIT_REQUEUE, stopped=True, deadline=deadline)[0] == EXIT_NOT_PERSISTED
+    assert said.done == ["persist_failed", "requeue_withheld", "exit"]
+
+
+def test_a_sigint_left_in_the_queue_after_the_loop_means_stop_now() -> None:
+    events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+    for event in (SignalReceived("SIGTERM", 1.0), Tick(2.0)):
+        events.put(event)
+    assert not sigint_came(events), "a repeated SIGTERM is no reason to give the copy up"
+    events.put(SignalReceived("SIGINT", 3.0))
+    assert sigint_came(events)
