@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -251,6 +252,16 @@ persist(CheckpointLayout(memory), CheckpointLayout(durable), name)
 """
 
 
+def _persist_seconds(memory: Path, durable: Path) -> float:
+    """Seconds from the persister's "copying" to its exit, for checkpoint 2 into ``durable``."""
+    process = subprocess.Popen([sys.executable, "-c", PERSISTER, str(memory), str(durable), "2"],
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline() == "copying\n"
+    started = time.monotonic()
+    assert process.wait() == 0
+    return time.monotonic() - started
+
+
 def test_kill_9_during_a_persist_leaves_the_durable_root_at_its_previous_checkpoint(
         tier: tuple[Path, Path]) -> None:
     durable, memory = tier
@@ -265,13 +276,18 @@ def test_kill_9_during_a_persist_leaves_the_durable_root_at_its_previous_checkpo
             torch.save({"w": torch.randn(2 << 20)}, directory / f"part-{part}.pt")
         saver.symlink_latest(directory, metadata={"step": step})
     del saver
+    # The kills land within the time a whole copy takes on this machine now (measured into a
+    # scratch root): a fixed delay let a fast disk finish the copy before the first kill.
+    scratch = durable.parent / "scratch"
+    shutil.copytree(durable, scratch, symlinks=True)
+    whole = _persist_seconds(memory, scratch)
     rng = random.Random(7)
     kills = 0
     for _ in range(10):
         process = subprocess.Popen([sys.executable, "-c", PERSISTER, str(memory), str(durable),
                                     "2"], stdout=subprocess.PIPE, text=True)
         assert process.stdout is not None and process.stdout.readline() == "copying\n"
-        time.sleep(rng.uniform(0.0, 0.3))
+        time.sleep(rng.uniform(0.05, 0.8) * whole)
         process.send_signal(signal.SIGKILL)
         killed = process.wait() == -signal.SIGKILL
         kills += killed
