@@ -143,9 +143,12 @@ def watch_exits_by_pid() -> None:
 
     def start_watching_pids(context: Any) -> None:
         start(context)
-        processes = context._pc.processes
+        try:
+            processes, sentinels = context._pc.processes, context._pc.sentinels
+        except AttributeError:  # a torch whose context is built otherwise: its own pipe
+            return
         watched = {_exit_watch(processes[index], pipe): index
-                   for pipe, index in context._pc.sentinels.items()}
+                   for pipe, index in sentinels.items()}
         context._pc.sentinels = watched
         opened = [fd for fd, index in watched.items() if fd != processes[index].sentinel]
         weakref.finalize(context._pc, _close_pidfds, opened)
