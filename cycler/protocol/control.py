@@ -87,24 +87,24 @@ def read_control(path: Path) -> ControlRequest | None:
         return None
 
 
+def stops_since(paths: list[Path], since: float) -> list[ControlRequest]:
+    """The ``checkpoint_and_exit`` requests in the control files ``paths`` made at or after
+    ``since`` (wall-clock time)."""
+    requests = (read_control(path) for path in paths)
+    return [request for request in requests
+            if request is not None and request.action is Action.CHECKPOINT_AND_EXIT
+            and request.requested_at >= since]
+
+
 def stop_requested_since(paths: list[Path], since: float) -> bool:
     """Whether any of the control files ``paths`` asks for ``checkpoint_and_exit`` made at or
     after ``since`` (wall-clock time)."""
-    for path in paths:
-        request = read_control(path)
-        if (request is not None and request.action is Action.CHECKPOINT_AND_EXIT
-                and request.requested_at >= since):
-            return True
-    return False
+    return bool(stops_since(paths, since))
 
 
-def stop_deadline_since(paths: list[Path], since: float) -> float | None:
-    """The earliest deadline of the ``checkpoint_and_exit`` requests in the control files
-    ``paths`` made at or after ``since`` (``None``: there is none, or none has a deadline)."""
-    requests = [read_control(path) for path in paths]
-    return min((request.deadline for request in requests
-                if request is not None and request.action is Action.CHECKPOINT_AND_EXIT
-                and request.requested_at >= since and request.deadline is not None),
+def earliest_deadline(requests: list[ControlRequest]) -> float | None:
+    """The earliest deadline ``requests`` set (``None``: none sets one)."""
+    return min((request.deadline for request in requests if request.deadline is not None),
                default=None)
 
 

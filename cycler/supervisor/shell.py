@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -29,9 +28,10 @@ from cycler.checkpoint.listing import inspect_checkpoint, list_checkpoints
 from cycler.checkpoint.lock import SupervisorLock
 from cycler.protocol.control import (
     Action,
+    ControlRequest,
+    earliest_deadline,
     read_control,
-    stop_deadline_since,
-    stop_requested_since,
+    stops_since,
     write_control,
 )
 from cycler.protocol.events import EventLog, describe, process_start
@@ -117,12 +117,14 @@ def stop_requested_elsewhere(layout: CheckpointLayout, node_rank: int, since: fl
     workers exit 0 as if training had finished; the other nodes' control files, on the shared
     checkpoint root, tell the two apart.
     """
-    return stop_requested_since(_other_control_paths(layout, node_rank), since)
+    return bool(stops_elsewhere(layout, node_rank, since))
 
 
-def _other_control_paths(layout: CheckpointLayout, node_rank: int) -> list[Path]:
+def stops_elsewhere(layout: CheckpointLayout, node_rank: int, since: float,
+                    ) -> list[ControlRequest]:
+    """The stop requests since ``since`` in the other nodes' control files (read once)."""
     own = layout.control_path(node_rank)
-    return [path for path in layout.control_paths() if path != own]
+    return stops_since([path for path in layout.control_paths() if path != own], since)
 
 
 def newest_valid_index(layout: CheckpointLayout) -> int | None:
@@ -407,12 +409,11 @@ class Supervisor:
         error = None if code == 0 else failure_signature(tree.stderr.text())
         if code != 0:
             self._failure = failure_report(tree.stderr.text(), code)
-        elsewhere = self.options.nnodes > 1 and stop_requested_elsewhere(
-            self.layout, self.options.node_rank, self._started_at)
-        deadline = stop_deadline_since(
-            _other_control_paths(self.layout, self.options.node_rank), self._started_at)
-        return core.WorkersExited(code, self._clock(), elsewhere,
-                                  self._progress.before_first_step(), error, deadline)
+        stops = stops_elsewhere(self.layout, self.options.node_rank, self._started_at) \
+            if self.options.nnodes > 1 else []
+        return core.WorkersExited(code, self._clock(), bool(stops),
+                                  self._progress.before_first_step(), error,
+                                  earliest_deadline(stops))
 
     def _signal_tree(self, number: signal.Signals) -> None:
         if self._tree is not None:

@@ -12,7 +12,8 @@ from cycler.errors import CheckpointDirectoryError, ConfigError
 from cycler.protocol.control import (
     Action,
     ControlRequest,
-    stop_deadline_since,
+    earliest_deadline,
+    stops_since,
     write_control,
 )
 from cycler.supervisor.checks import check_script, prepare_checkpoint_root
@@ -52,8 +53,8 @@ def test_the_earliest_deadline_of_the_stops_asked_since_the_start_is_found(tmp_p
             sequence=1, action=Action.CHECKPOINT_AND_EXIT, reason="SIGTERM", requested_at=at,
             deadline=deadline))
     write_control(layout.control_path(4), request(Action.RUN, at=102.0))
-    assert stop_deadline_since(layout.control_paths(), since=99.0) == 130.0, "3's is old"
-    assert stop_deadline_since(layout.control_paths(), since=200.0) is None
+    assert earliest_deadline(stops_since(layout.control_paths(), since=99.0)) == 130.0, "3's is old"
+    assert earliest_deadline(stops_since(layout.control_paths(), since=200.0)) is None
 
 
 def test_a_run_request_on_another_node_is_not_a_stop(tmp_path: Path):
