@@ -41,40 +41,47 @@ import tempfile
 import time
 from pathlib import Path
 
+from _checks import (
+    duration,
+    events,
+    events_since,
+    exists,
+    exited,
+    first_step_since,
+    ratio,
+    require,
+)
+
 REPOSITORY = Path(__file__).resolve().parents[1]
 SCRIPT = REPOSITORY / "examples" / "train.py"
-TRAIN = ["--compile", "--samples", "1024", "--checkpoint-every", "16", "--hidden", "64"]
+TRAIN = ("--compile", "--samples", "1024", "--checkpoint-every", "16", "--hidden", "64")
 KINDS = ("warm", "fresh_carried", "fresh_uncached")
 
 
-def cycle_run(root: Path, node: Path, epochs: int, nproc: int,
-              stop_after_first_step: bool = False) -> tuple[float, float]:
-    """Run the example for ``epochs`` under ``cycle run`` on ``node`` (with
-    ``stop_after_first_step``, until the first step: SIGTERM then); seconds from the start
-    to the first step of the workers."""
+def cycle_run(root: Path, node: Path, nproc: int, run: str, epochs: int = 1000,
+              stop_after: str = "first_step", train: tuple[str, ...] = TRAIN,
+              ) -> tuple[float, float]:
+    """Run the example under ``cycle run`` on ``node`` until this run's first ``stop_after``
+    event (``first_step`` or ``checkpoint_committed``), then SIGTERM it (a stop: exit 75);
+    seconds from the start to the workers' first step of this run, and its compile part.
+    Fails (:mod:`_checks`) when the run made no step of its own or did not stop as asked."""
     env = {**os.environ, "TMPDIR": str(node / "tmp"), "HOME": str(node / "home")}
     for name in ("tmp", "home"):
         (node / name).mkdir(parents=True, exist_ok=True)
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)
     started = time.time()
     job = subprocess.Popen([sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node",
-                            str(nproc), "--checkpoint-dir", str(root), str(SCRIPT), *TRAIN,
+                            str(nproc), "--checkpoint-dir", str(root), str(SCRIPT), *train,
                             "--epochs", str(epochs)],
                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while stop_after_first_step and job.poll() is None and not [
-            e for e in events(root) if e["event"] == "first_step" and e["time"] > started]:
+    while job.poll() is None and not events_since(root, started, stop_after):
         time.sleep(0.05)
-    if stop_after_first_step:
+    if job.poll() is None:
         job.send_signal(signal.SIGTERM)
-    if job.wait() not in (0, 75):
-        sys.exit(f"cycle run exited {job.returncode}")
-    first = [e for e in events(root) if e["event"] == "first_step"][-1]
-    return float(first["at"]) - started, float(first.get("compile", 0.0))
-
-
-def events(root: Path) -> list[dict[str, object]]:
-    lines = (root / ".cycler" / "events-node0.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+    exited(job, run, expected=(75,))
+    first = first_step_since(root, started, run)
+    return duration(started, float(first["at"]), run, "the time to the first step"), \
+        float(first.get("compile", 0.0))
 
 
 KILLED_STEP_DELAY = 0.05
@@ -98,9 +105,9 @@ def killed_then_fresh(work: Path, nproc: int) -> dict[str, object]:
                             str(nproc), "--checkpoint-dir", str(root), str(SCRIPT), *TRAIN,
                             "--epochs", "1000", "--step-delay", str(KILLED_STEP_DELAY)],
                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while not any(e["event"] == "checkpoint_committed" for e in safe_events(root)):
-        if job.poll() is not None:
-            sys.exit("the killed run ended before its first checkpoint")
+    while not events_since(root, 0.0, "checkpoint_committed"):
+        require(job.poll() is None, "killed", f"ended (exit {job.returncode}) before its first "
+                "checkpoint")
         time.sleep(0.05)
     time.sleep(KILL_AFTER)
     everyone = [psutil.Process(job.pid), *psutil.Process(job.pid).children(recursive=True)]
@@ -112,19 +119,11 @@ def killed_then_fresh(work: Path, nproc: int) -> dict[str, object]:
     carries = [float(e["time"]) - commits[0] for e in found
                if e["event"] == "compile_cache_carried"]
     carried = (root / ".cycler" / "compile-cache.tar").exists()
-    first_step, compile_s = cycle_run(root, work / "node-fresh", epochs=1001, nproc=nproc,
-                                      stop_after_first_step=True)
+    first_step, compile_s = cycle_run(root, work / "node-fresh", nproc, "fresh after the kill")
     return {"carried": carried, "fresh_first_step_s": round(first_step, 2),
             "fresh_compile_s": round(compile_s, 2),
             "carried_s_after_first_checkpoint": [round(t, 2) for t in carries],
             "checkpoints_s_after_first": [round(t - commits[0], 2) for t in commits]}
-
-
-def safe_events(root: Path) -> list[dict[str, object]]:
-    try:
-        return events(root)
-    except (OSError, ValueError):
-        return []
 
 
 def restart(kind: str, prepared: Path, warm_node: Path, work: Path, nproc: int,
@@ -137,7 +136,7 @@ def restart(kind: str, prepared: Path, warm_node: Path, work: Path, nproc: int,
     node = warm_node if kind == "warm" else work / f"node-{kind}"
     if kind != "warm":
         shutil.rmtree(node, ignore_errors=True)
-    return cycle_run(root, node, epochs=2, nproc=nproc)
+    return cycle_run(root, node, nproc, kind)
 
 
 PORTABLE_STEP = """
@@ -209,9 +208,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-compile-") as scratch:
         work = Path(scratch)
         prepared, warm_node = work / "prepared", work / "node-warm"
-        first, _ = cycle_run(prepared, warm_node, epochs=1, nproc=args.nproc_per_node)
-        if not (prepared / ".cycler" / "compile-cache.tar").exists():
-            sys.exit("the first run carried no compile cache")
+        # Stopped after its first checkpoint: every restart resumes mid-training and takes
+        # the first step of its own run (a finished job's restart would make none).
+        first, _ = cycle_run(prepared, warm_node, args.nproc_per_node, "prepare",
+                             stop_after="checkpoint_committed")
+        exists(prepared / ".cycler" / "compile-cache.tar", "prepare")
         # The warm node knows the restart's graphs too (one warm-up restart).
         restart("warm", prepared, warm_node, work, args.nproc_per_node)
         times: dict[str, list[tuple[float, float]]] = {kind: [] for kind in KINDS}
@@ -223,8 +224,9 @@ def main() -> None:
             report[f"{kind}_first_step_s"] = round(statistics.median(t for t, _ in times[kind]), 2)
             report[f"{kind}_compile_s"] = round(statistics.median(c for _, c in times[kind]), 2)
         warm = report["warm_first_step_s"]
-        report["fresh_carried_over_warm"] = round(report["fresh_carried_first_step_s"] / warm, 2)
-        report["fresh_uncached_over_warm"] = round(report["fresh_uncached_first_step_s"] / warm, 2)
+        for kind in KINDS[1:]:
+            report[f"{kind}_over_warm"] = round(ratio(report[f"{kind}_first_step_s"], warm, kind),
+                                                2)
         report["all_s"] = {kind: [round(t, 2) for t, _ in times[kind]] for kind in KINDS}
         print(json.dumps(report, indent=1))
 

@@ -4,6 +4,7 @@ Goals: time to the first line of user code <= 1.2x bare torchrun's; SIGTERM to e
 the job gone within one step + the checkpoint's save time + 0.5 s.
 
     python benchmarks/bench_cycle_run.py [--repeats 5] [--size-mb 100] [--step 0.05]
+    python benchmarks/bench_cycle_run.py --repeats 1 --size-mb 1        # the smoke size
 
 Start-up: the same script (its first line writes ``time.time()`` to a file, before any import) is
 launched ``--repeats`` times by ``cycle run`` and by ``python -m torch.distributed.run
@@ -31,6 +32,7 @@ import time
 from pathlib import Path
 
 import psutil
+from _checks import duration, exists, exited, require
 
 FIRST_LINE_SCRIPT = """\
 import os, sys, time
@@ -70,10 +72,10 @@ def first_line_seconds(command: list[str], out: Path, nproc: int) -> float:
     launched = time.time()
     process = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              check=False)
-    if process.returncode != 0:
-        raise SystemExit(f"{command[:4]}... exited {process.returncode}")
-    stamps = [float((out / f"first-{rank}").read_text()) for rank in range(nproc)]
-    return max(stamps) - launched
+    run = f"{' '.join(command[2:4])} with {nproc} ranks"
+    exited(process, run)
+    stamps = [float(exists(out / f"first-{rank}", run).read_text()) for rank in range(nproc)]
+    return duration(launched, max(stamps), run, "the time to the first line")
 
 
 def startup(repeats: int) -> list[dict[str, object]]:
@@ -110,8 +112,8 @@ def stop_once(size_mb: int, step: float) -> dict[str, float]:
                    str(out / "ck"), str(script), str(out), str(size_mb), str(step)]
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         while not (out / "ready").exists():
-            if process.poll() is not None:
-                raise SystemExit(f"cycle run exited {process.returncode} before the worker ran")
+            require(process.poll() is None, "stop",
+                    f"cycle run exited {process.returncode} before the worker ran")
             time.sleep(0.01)
         tree = psutil.Process(process.pid).children(recursive=True)
         signalled = time.monotonic()
@@ -120,9 +122,9 @@ def stop_once(size_mb: int, step: float) -> dict[str, float]:
         supervisor_exit = time.monotonic() - signalled
         _, alive = psutil.wait_procs(tree, timeout=30)
         all_gone = time.monotonic() - signalled
-        save = json.loads((out / "save").read_text())["seconds"]
-    if code != 75 or alive:
-        raise SystemExit(f"stop failed: exit {code}, survivors {alive}")
+        require(code == 75, "stop", f"exited {code}, expected 75 (stopped with a checkpoint)")
+        require(not alive, "stop", f"left processes behind: {alive}")
+        save = json.loads(exists(out / "save", "stop").read_text())["seconds"]
     return {"sigterm_to_all_gone_s": all_gone, "supervisor_exit_s": supervisor_exit,
             "save_s": save, "overhead_s": all_gone - save - step}
 

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from _checks import require
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 SCRIPT = REPOSITORY / "examples" / "train.py"
@@ -89,12 +90,18 @@ def drive(root: Path, args: argparse.Namespace, mode: str) -> dict[str, Any]:
         codes.append(code)
         if code == 0:
             break
-        if mode == "stop" and code != EXIT_REQUEUE or len(codes) > args.max_runs:
-            raise SystemExit(f"{mode}: cycle run exited {code}; see {log.name}")
+        require(not (mode == "stop" and code != EXIT_REQUEUE), mode,
+                f"cycle run exited {code} after a stop, expected {EXIT_REQUEUE}; see {log.name}")
+        require(len(codes) <= args.max_runs, mode, f"did not end in {args.max_runs} runs; see "
+                f"{log.name}")
     wall = time.time() - started
     log.close()
+    require(mode == "none" or interruptions, mode, "the job ended before its first "
+            "interruption: nothing to measure (raise --epochs or lower --every)")
+    shown = status(root)
+    require(shown.get("useful", 0) > 0, mode, "cycle status counts no useful training")
     return {"mode": mode, "wall": wall, "interruptions": interruptions, "codes": codes,
-            "status": status(root)}
+            "status": shown}
 
 
 def status(root: Path) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """How long a hung rank costs under ``cycle run``: detection and restart, against the step time.
 
     python benchmarks/bench_hang.py [--steps-seconds 0.05,0.5] [--factor 3] [--floor 0]
+    python benchmarks/bench_hang.py --steps-seconds 0.05               # the smoke size
 
 For each step interval: ``cycle run`` of ``tests/integration/hang_worker.py`` on 2 gloo ranks,
 rank 1 sleeping forever before its all_reduce at step 25 of the first start. From the events
@@ -23,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _checks import duration, exited, require
+
 from cycler.protocol.events import read_events
 
 WORKER = Path(__file__).resolve().parent.parent / "tests" / "integration" / "hang_worker.py"
@@ -42,20 +45,22 @@ def one_run(step_seconds: float, factor: float, floor: float, crash: bool = Fals
                    "--hang-rank", "1", "--hang-step", "25", "--step-seconds", str(step_seconds),
                    *(["--crash"] if crash else [])]
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
-        if done.returncode != 0:
-            raise SystemExit(done.stderr)
+        run = f"{'crash' if crash else 'hang'} at {step_seconds} s steps"
+        exited(done, run)
         events = read_events(root / ".cycler" / "events-node0.jsonl")
+    cause = next((e for e in events if e["event"] == ("workers_exited" if crash else "hang")),
+                 None)
+    require(cause is not None, run, "recorded no " + ("crash" if crash else "hang"))
+    assert cause is not None
+    restarted = [e for e in events if e["event"] == "first_step" and e["at"] > cause["time"]]
+    require(restarted, run, "made no step after its restart")
+    restart = duration(cause["time"], restarted[0]["at"], run, "the restart")
     if crash:
-        failed = next(e for e in events if e["event"] == "workers_exited")
-        restarted = [e for e in events if e["event"] == "first_step" and e["at"] > failed["time"]]
-        return {"step_s": step_seconds, "crash_restart_s": round(restarted[0]["at"]
-                                                                 - failed["time"], 2)}
-    hang = next(e for e in events if e["event"] == "hang")
-    restarted = [e for e in events if e["event"] == "first_step" and e["at"] > hang["time"]]
-    return {"step_s": step_seconds, "allowance_s": hang["allowance"],
-            "silent_for_s": hang["silent_for"],
-            "over_allowance_s": round(hang["silent_for"] - hang["allowance"], 2),
-            "restart_s": round(restarted[0]["at"] - hang["time"], 2)}
+        return {"step_s": step_seconds, "crash_restart_s": round(restart, 2)}
+    return {"step_s": step_seconds, "allowance_s": cause["allowance"],
+            "silent_for_s": cause["silent_for"],
+            "over_allowance_s": round(cause["silent_for"] - cause["allowance"], 2),
+            "restart_s": round(restart, 2)}
 
 
 def main() -> None:

@@ -31,6 +31,8 @@ import threading
 import time
 from pathlib import Path
 
+from _checks import duration, exited, require
+
 from cycler import list_checkpoints
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "tests" / "integration" / "stack_scripts"
@@ -66,9 +68,15 @@ def run(stack: str, adopted: bool, out: Path, stop_at: int | None) -> dict[str, 
     code = process.wait(600)
     ended = time.monotonic()
     reader.join()
+    name = f"{stack} {'adopted' if adopted else 'unadopted'} " + \
+        ("uninterrupted" if stop_at is None else f"stopped at step {stop_at}")
     if stop_at is None:
-        first, last = 20, max(steps)
-        return {"step_ms": 1000 * (steps[last] - steps[first]) / (last - first)}
+        exited(process, name)
+        first, last = 20, max(steps, default=0)
+        require(last > first, name, f"printed {last} steps, the timing starts at step {first}")
+        return {"step_ms": 1000 * duration(steps[first], steps[last], name) / (last - first)}
+    require(signalled, name, f"ended (exit {code}) before step {stop_at}")
+    exited(process, name, expected=(0, 75))
     resumable = resumable_step(out, adopted)
     # A step whose print an exit cut short still counts as done when it was committed.
     return {"stop_s": ended - signalled[0], "code": code,

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _checks import require
 
 from cycler.checkpoint.memory_roots import memory_root
 from cycler.protocol.environment import ENV_MEMORY_TIER, ENV_PERSIST_EVERY
@@ -162,6 +163,9 @@ def lost_work(every: int, crashes: int, tier: Path | None, persist_every: int,
             resumed = int(subprocess.run([sys.executable, "-c", RESUME_STEP, str(root)],
                                          capture_output=True, text=True, env=env,
                                          check=True).stdout)
+            run = f"crash {crash + 1} " + ("with the memory tier" if tier else "disk only")
+            require(done > 0, run, "made no step before the kill")
+            require(0 <= resumed <= done, run, f"resumes at step {resumed} after {done} steps")
             lost.append(done - resumed)
             if tier is not None:
                 shutil.rmtree(memory_root(tier, root), ignore_errors=True)

@@ -34,6 +34,7 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "netns"))
+from _checks import skip  # noqa: E402
 from hosts import Host, two_hosts, unavailable  # noqa: E402
 
 WORKER = """\
@@ -163,7 +164,7 @@ def main() -> None:
     arguments = parser.parse_args()
     reason = unavailable()
     if reason is not None:
-        raise SystemExit(f"two simulated hosts unavailable: {reason}")
+        skip(f"two simulated hosts unavailable: {reason}")
     single, double = [], []
     with two_hosts() as hosts, tempfile.TemporaryDirectory() as scratch:
         for repeat in range(arguments.repeats):

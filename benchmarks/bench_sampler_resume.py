@@ -16,6 +16,7 @@ It also prints the size of the saved state (pickled, torch.save'd, JSON).
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import pickle
@@ -103,6 +104,11 @@ def state_sizes(state: dict[str, Any]) -> str:
 
 
 def main() -> None:
+    global SIZES, WORLD_SIZES
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="the smallest size: checks it runs")
+    if parser.parse_args().smoke:
+        SIZES, WORLD_SIZES = (10_000,), (2,)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, best of {REPEATS}")
     print(f"{'size':>11} {'world':>5} {'first':>6} {'torch epoch start':>18} "
           f"{'cycler resume':>14} {'ratio':>6}")

@@ -115,6 +115,7 @@ def row(length: int, order: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--one", nargs=3, metavar=("LENGTH", "ORDER", "PHASE"))
+    parser.add_argument("--smoke", action="store_true", help="the smallest size: checks it runs")
     args = parser.parse_args()
     if args.one:
         length, order, phase = args.one
@@ -123,7 +124,7 @@ def main() -> None:
     print("| n | order | start (first index) | resume (first index) | resume extra RSS | "
           "iteration (extra RSS) |")
     print("| --- | --- | --- | --- | --- | --- |")
-    for length in SIZES:
+    for length in (10**4,) if args.smoke else SIZES:
         for order in ORDERS:
             print(row(length, order), flush=True)
 

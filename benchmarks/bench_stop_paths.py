@@ -5,6 +5,7 @@ commits through AtomicDirectory within 1 s of its first commit after the request
 knows nothing of cycler within 0.2 s of torchrun's own stop of the same script.
 
     python benchmarks/bench_stop_paths.py [--repeats 5] [--size-mb 50] [--step 0.05]
+    python benchmarks/bench_stop_paths.py --repeats 1 --size-mb 1      # the smoke size
 
 Every script runs with 2 workers and holds a ``--size-mb`` tensor per rank:
 
@@ -35,6 +36,7 @@ import time
 from pathlib import Path
 
 import psutil
+from _checks import require
 
 from cycler import list_checkpoints
 
@@ -112,11 +114,11 @@ def stop_once(script_name: str, kind: str, args: argparse.Namespace) -> dict[str
         script.write_text(SCRIPTS[script_name])
         arguments = [str(out), str(args.size_mb), str(args.step), str(args.commit_every)]
         environment = {k: v for k, v in os.environ.items() if not k.startswith("CYCLER_")}
+        run = f"{kind} {script_name}"
         process = subprocess.Popen(launcher(kind, out, script, arguments), env=environment,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         while not all((out / f"ready-{rank}").exists() for rank in (0, 1)):
-            if process.poll() is not None:
-                raise SystemExit(f"{kind} {script_name} exited {process.returncode} early")
+            require(process.poll() is None, run, f"exited {process.returncode} early")
             time.sleep(0.01)
         time.sleep(args.commit_every * 1.5)  # the saver-only script has committed by now
         tree = psutil.Process(process.pid).children(recursive=True)
@@ -125,8 +127,7 @@ def stop_once(script_name: str, kind: str, args: argparse.Namespace) -> dict[str
         code = process.wait()
         _, alive = psutil.wait_procs(tree, timeout=30)
         gone = time.time() - sent
-        if alive:
-            raise SystemExit(f"{kind} {script_name}: survivors {alive}")
+        require(not alive, run, f"left processes behind: {alive}")
         figures = {"all_gone_s": gone, "exit_code": code}
         saves = [json.loads(p.read_text()) for p in out.glob("save-*")]
         if saves:
@@ -136,7 +137,21 @@ def stop_once(script_name: str, kind: str, args: argparse.Namespace) -> dict[str
                  if c.manifest is not None and c.manifest.created_at > sent]
         if later:
             figures["next_commit_s"] = min(later)
+        check_claims(run, kind, script_name, figures)
         return figures
+
+
+def check_claims(run: str, kind: str, script_name: str, figures: dict[str, float]) -> None:
+    """The figures ``judge`` reads exist: the stop of each script under ``cycle run`` (and the
+    plain script's own handler under both) saved what it claims to have saved."""
+    if kind == "cycle run":
+        require(figures["exit_code"] in (0, 75), run, f"exited {figures['exit_code']:g}, "
+                "expected 75 or 0 (a stop)")
+    claim = {"step_control": "save_s", "saver_only": "next_commit_s", "plain": "save_s"}
+    if kind == "cycle run" or script_name == "plain":
+        require(claim[script_name] in figures, run,
+                f"made no {claim[script_name].removesuffix('_s').replace('_', ' ')} after the "
+                "SIGTERM")
 
 
 def main() -> None:

@@ -67,6 +67,7 @@ def time_to_first_batch(state_path: str | None) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--child", default=None)
+    parser.add_argument("--smoke", action="store_true", help="one repeat: checks it runs")
     args = parser.parse_args()
     if args.child is not None:
         first_batch(args.child or None)
@@ -74,7 +75,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as directory:
         state = saved_state(Path(directory))
         fresh, resumed = [], []
-        for _ in range(REPEATS):
+        for _ in range(1 if args.smoke else REPEATS):
             fresh.append(time_to_first_batch(None))
             resumed.append(time_to_first_batch(state))
     fresh_s, resumed_s = statistics.median(fresh), statistics.median(resumed)

@@ -5,6 +5,7 @@ restarts together). Both are timed here, one after the other, on the same machin
 
     python benchmarks/bench_verify.py [--epochs 4] [--samples 4096] [--step-delay 0.01]
                                       [--stops 3] [--repeats 1]
+    python benchmarks/bench_verify.py --epochs 1 --samples 512 --stops 1     # the smoke size
 
 The command is ``examples/train.py`` with a checkpoint every 16 steps. Every start of
 ``cycle run`` pays for its imports and process group (seconds on a loaded machine), so the
@@ -22,6 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from _checks import exited, ratio, require
+
+from cycler import list_checkpoints
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train.py"
 
 
@@ -32,7 +37,8 @@ def timed(command: list[str], cwd: Path) -> float:
     done = subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
-        sys.exit(f"{' '.join(command)} exited {done.returncode}:\n{done.stdout}{done.stderr}")
+        print(done.stdout, done.stderr, sep="\n", file=sys.stderr)
+    exited(done, " ".join(command[2:4]))
     return seconds
 
 
@@ -51,10 +57,11 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as directory:
             cwd = Path(directory)
             plain = timed([*cycle, "run", "--checkpoint-dir", str(cwd / "plain"), *script], cwd)
+            require(list_checkpoints(cwd / "plain"), "cycle run", "committed no checkpoint")
             verify = timed([*cycle, "verify", "--stops", str(args.stops), *script], cwd)
         print(json.dumps({"steps": args.epochs * args.samples // 32, "stops": args.stops,
                           "plain_run_s": round(plain, 1), "verify_s": round(verify, 1),
-                          "ratio": round(verify / plain, 2)}), flush=True)
+                          "ratio": round(ratio(verify, plain, "cycle verify"), 2)}), flush=True)
 
 
 if __name__ == "__main__":

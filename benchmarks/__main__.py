@@ -1,0 +1,111 @@
+"""Run every benchmark at its smallest size: ``python -m benchmarks --smoke [NAME ...]``.
+
+The smoke run checks that each benchmark runs and that its self-checks hold (every timed run
+did its work: see ``_checks.py``), not its speed: the figures of a smoke run are not quoted.
+A benchmark that the machine cannot run (two simulated hosts need root and network
+namespaces) says why and is skipped. Exit 0 when every benchmark passed or was skipped, 1
+otherwise; one line per benchmark, and the output of each failed one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks._checks import EXIT_SKIPPED
+
+HERE = Path(__file__).resolve().parent
+
+SMOKE: dict[str, list[str]] = {
+    "bench_checkpoint_interval": ["--hours", "2", "--seeds", "1", "--stalls", "5",
+                                  "--rates", "1"],
+    "bench_commit_scaling": ["--kept", "20", "--repeats", "3"],
+    "bench_compile_cache": ["--repeats", "1"],
+    "bench_control_call": ["--steps", "200", "--repeats", "1", "--size", "32"],
+    "bench_cycle_run": ["--repeats", "1", "--size-mb", "1"],
+    "bench_goodput": ["--samples", "2048", "--epochs", "3", "--every", "12",
+                      "--checkpoint-every", "20", "--step-delay", "0.01",
+                      "--modes", "none,stop,kill"],
+    "bench_hang": ["--steps-seconds", "0.05"],
+    "bench_integrations": ["--repeats", "1", "--stop-at", "30"],
+    "bench_memory_tier": ["--sizes-mb", "10", "--repeats", "1", "--crashes", "1"],
+    "bench_multinode_restart": ["--repeats", "1"],
+    "bench_resume_verify": ["--size-mb", "10", "--repeats", "2"],
+    "bench_sampler_resume": ["--smoke"],
+    "bench_saving": ["--sizes", "10MB", "--repeats", "2"],
+    "bench_scalable_order": ["--smoke"],
+    "bench_sharded": ["--sizes-mb", "10", "--repeats", "1", "--rank-mb", "8"],
+    "bench_stop_paths": ["--repeats", "1", "--size-mb", "1"],
+    "bench_streaming_resume": ["--smoke"],
+    "bench_verify": ["--epochs", "1", "--samples", "512", "--stops", "1"],
+}
+"""Each benchmark's smallest size. A new ``bench_*.py`` must be added here (a unit test
+checks that every script has its row)."""
+
+NEGATIVE = re.compile(r'"\w*(?:_s|_ms|_us|ratio\w*|_over_\w+)": -\d'
+                      r"|(?<![\w.])-\d+(?:\.\d+)?\s?(?:s|ms|us)\b")
+"""A negative duration or ratio in a benchmark's output: never a real figure."""
+
+
+def scripts() -> list[str]:
+    return sorted(path.stem for path in HERE.glob("bench_*.py"))
+
+
+def smoke(name: str, timeout: float) -> tuple[str, float, str]:
+    """Run one benchmark at its smoke size: (verdict, seconds, output)."""
+    started = time.monotonic()
+    try:
+        done = subprocess.run([sys.executable, str(HERE / f"{name}.py"), *SMOKE[name]],
+                              capture_output=True, text=True, timeout=timeout,
+                              cwd=HERE.parent, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    except subprocess.TimeoutExpired as expired:
+        out = (expired.stdout or b"").decode() if isinstance(expired.stdout, bytes) \
+            else expired.stdout or ""
+        return f"FAILED: still running after {timeout:.0f} s", timeout, out
+    seconds = time.monotonic() - started
+    output = done.stdout + done.stderr
+    if done.returncode == EXIT_SKIPPED:
+        return f"skipped: {(done.stderr.strip().splitlines() or ['no reason'])[-1]}", seconds, ""
+    if done.returncode != 0:
+        return f"FAILED: exit {done.returncode}", seconds, output
+    if (negative := NEGATIVE.search(done.stdout)) is not None:
+        return f"FAILED: printed a negative figure ({negative.group(0)})", seconds, output
+    return "ok", seconds, ""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split(
+        "\n")[0])
+    parser.add_argument("--smoke", action="store_true", required=True,
+                        help="every benchmark at its smallest size (the only mode here; run "
+                             "a benchmark's script for its figures)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per benchmark")
+    parser.add_argument("names", nargs="*", help="benchmarks to run (default: all)")
+    args = parser.parse_args()
+    missing = sorted(set(scripts()) - set(SMOKE))
+    if missing:
+        sys.exit(f"no smoke size for {', '.join(missing)}: add it to SMOKE in "
+                 f"{Path(__file__).name}")
+    names = args.names or scripts()
+    unknown = sorted(set(names) - set(SMOKE))
+    if unknown:
+        sys.exit(f"no benchmark named {', '.join(unknown)}; known: {', '.join(scripts())}")
+    failed = []
+    for name in names:
+        verdict, seconds, output = smoke(name, args.timeout)
+        print(f"{name}: {verdict} ({seconds:.0f} s)", flush=True)
+        if verdict.startswith("FAILED"):
+            failed.append(name)
+            print("\n".join("    " + line for line in output.splitlines()[-40:]), flush=True)
+    print(f"{len(names) - len(failed)} of {len(names)} benchmarks passed or were skipped "
+          f"(load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
