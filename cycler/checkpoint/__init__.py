@@ -1,4 +1,4 @@
-"""The checkpoint part of cycler, split by responsibility (DESIGN.md):
+"""The checkpoint part of cycler, split by responsibility (docs/design.md):
 
 - :mod:`.layout`: names, the root's entries, ``.cycler/`` (the one owner of naming);
 - :mod:`.manifest` and :mod:`.checksum`: what a committed checkpoint holds, and its checksums;

@@ -3,7 +3,7 @@
 Every rank calls ``prepare_checkpoint_directory()`` and then ``symlink_latest(path)`` (or its
 other names ``atomic_symlink`` and ``commit``); in between, any rank writes its own files into
 the directory. Rank 0 creates and commits; every rank gets the same path and returns from the
-commit only once it is durable. The commit protocol is DESIGN.md's: fsync the files, write the
+commit only once it is durable. The commit protocol is docs/design.md's: fsync the files, write the
 manifest last, point a unique temporary link at the directory and rename it over the latest link,
 fsync the root; only then apply retention.
 

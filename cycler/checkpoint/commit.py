@@ -1,4 +1,4 @@
-"""The commit protocol's rounds across ranks (DESIGN.md, "Commit protocol"), and its last step.
+"""The commit protocol's rounds across ranks (docs/design.md, "Commit protocol"), and its last step.
 
 :class:`CommitRounds` runs a saver's prepare round (rank 0 creates, every rank learns the path)
 and commit round (every rank records its share of the files, rank 0 writes the manifest from

@@ -1,4 +1,4 @@
-"""The memory tier at the supervisor's side (DESIGN.md, "Tiers"): where a job's tier is, and
+"""The memory tier at the supervisor's side (docs/design.md, "Tiers"): where a job's tier is, and
 what happens to it when a run of the job ends."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The checkpoint root's layout: the one owner of names, indices and paths (DESIGN.md).
+"""The checkpoint root's layout: the one owner of names, indices and paths (docs/design.md).
 
 ::
 

@@ -1,4 +1,4 @@
-"""Where the memory tier lives, and whose it is (DESIGN.md, "Tiers" and "Shared places belong
+"""Where the memory tier lives, and whose it is (docs/design.md, "Tiers" and "Shared places belong
 to the user").
 
 ::

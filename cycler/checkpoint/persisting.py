@@ -1,6 +1,6 @@
 """The memory tier's background work after each commit in memory: the partner copy (several
 nodes), persisting every K-th, pinned and stop checkpoint to the checkpoint root, and the memory
-root's retention (DESIGN.md, "Tiers").
+root's retention (docs/design.md, "Tiers").
 
 A commit waits for none of it (removing a 100 MB checkpoint from tmpfs alone took 13 ms): it
 runs on one thread of its own, in order. A stop's checkpoint is waited for (the node may be

@@ -1,4 +1,4 @@
-"""Directories in shared places that belong to one user (DESIGN.md, "Shared places belong to
+"""Directories in shared places that belong to one user (docs/design.md, "Shared places belong to
 the user").
 
 A tmpfs such as ``/dev/shm`` is writable by every local user: whatever cycler keeps there lives

@@ -1,4 +1,4 @@
-"""The memory tier (DESIGN.md, "Tiers"): checkpoints committed first in node memory, some of
+"""The memory tier (docs/design.md, "Tiers"): checkpoints committed first in node memory, some of
 them persisted to the checkpoint root.
 
 Under ``cycle run --memory-tier`` a saver commits every checkpoint in this job's memory root on
@@ -265,7 +265,7 @@ def copy_durably(source: Path, target: Path, abandon: Abandon = never_abandon) -
 
 
 def retain_durable(durable: CheckpointLayout, keep_last: int) -> None:
-    """Retention in the durable root after a persisted commit (DESIGN.md's rules); failures
+    """Retention in the durable root after a persisted commit (docs/design.md's rules); failures
     are logged, never raised."""
     try:
         checkpoints = list_checkpoints(durable.root, durable.prefix, commit_state_only=True)

@@ -1,4 +1,4 @@
-"""The control file: how the supervisor asks workers to checkpoint or stop (DESIGN.md).
+"""The control file: how the supervisor asks workers to checkpoint or stop (docs/design.md).
 
 The supervisor is the only writer and always replaces the file atomically, so a reader sees a
 whole request or the previous one. Workers poll it cheaply: a ``stat`` per check, and a read only

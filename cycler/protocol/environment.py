@@ -1,4 +1,4 @@
-"""Environment variables of the stop protocol and the checkpoint root's default (DESIGN.md)."""
+"""Environment variables of the stop protocol and the checkpoint root's default (docs/design.md)."""
 
 from __future__ import annotations
 

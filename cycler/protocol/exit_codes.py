@@ -1,4 +1,5 @@
-"""Exit codes of ``cycle run`` (DESIGN.md), shared by the supervisor, the CLI and user scripts."""
+"""Exit codes of ``cycle run`` (docs/design.md), shared by the supervisor, the CLI and
+user scripts."""
 
 from __future__ import annotations
 

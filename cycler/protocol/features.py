@@ -1,5 +1,5 @@
 """What workers speak of the protocol, told to the supervisor so that on a stop it picks the
-path that suits the script (DESIGN.md): an empty file beside the control file per feature
+path that suits the script (docs/design.md): an empty file beside the control file per feature
 (``control-node0.uses-control``), created by the first worker that uses it. The supervisor
 removes them before each start of the workers.
 """

@@ -1,4 +1,4 @@
-"""The names of the supervisor's record inside a checkpoint root (DESIGN.md): ``.cycler/`` and
+"""The names of the supervisor's record inside a checkpoint root (docs/design.md): ``.cycler/`` and
 the files supervisor and workers share there. The layout builds paths from them; the protocol's
 readers (a worker looking for its job's control files) use them without a layout.
 """

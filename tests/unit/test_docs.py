@@ -224,3 +224,27 @@ def test_a_name_cycler_does_not_have_is_reported(tmp_path: Path) -> None:
     assert sorted(name for name in names if not resolves(name)) == [
         "cycler.NoSuchThing", "cycler.samplers.InterruptableSampler"]
     assert {"cycler.StepControl", "cycler.errors.DiskFull"} <= names
+
+
+CITATION = re.compile(r"(docs/design\.md|STYLE\.md|DESIGN\.md)((?:,\s*\"[^\"]+\"(?:\s+and\s+\"[^\"]+\")?)?)")
+
+
+def test_every_citation_of_the_design_in_the_code_names_a_file_and_section_that_exist() -> None:
+    design = (REPOSITORY / "docs" / "design.md").read_text()
+    sections = {line.lstrip("#").strip() for line in design.splitlines() if line.startswith("#")}
+    cited: list[str] = []
+    here = Path(__file__).resolve()
+    for path in sorted([*REPOSITORY.glob("cycler/**/*.py"), *REPOSITORY.glob("cycler_cli/*.py"),
+                        *REPOSITORY.glob("tests/**/*.py")]):
+        if path.resolve() == here:
+            continue
+        # A citation's section may wrap onto the next line of a docstring.
+        text = re.sub(r"\s+", " ", path.read_text())
+        for match in CITATION.finditer(text):
+            where = f"{path.relative_to(REPOSITORY)}: {match.group(0)}"
+            assert match.group(1) != "DESIGN.md", f"{where}: the design is docs/design.md"
+            assert (REPOSITORY / match.group(1)).is_file(), where
+            for section in re.findall(r"\"([^\"]+)\"", match.group(2)):
+                assert any(s.startswith(section) for s in sections), f"{where}: no such section"
+            cited.append(where)
+    assert len(cited) >= 10

@@ -1,6 +1,6 @@
 """The memory tier of a job on several nodes: node manifests, the partner copy, persisting by
 contribution and the resume that assembles a checkpoint from what the nodes hold
-(DESIGN.md, "Tiers").
+(docs/design.md, "Tiers").
 
 With several nodes, a node's memory root holds only what its own ranks wrote. A checkpoint is
 committed there by the node's first local rank (its *leader*) under a *node manifest*: the
