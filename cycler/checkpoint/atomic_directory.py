@@ -40,6 +40,7 @@ from cycler.checkpoint.resume import (
     requested_in_a_tier,
 )
 from cycler.checkpoint.retainer import Retainer
+from cycler.checkpoint.retention import checked_keep_last
 from cycler.checkpoint.tiers import newest_of, remember_overflow_on_crash
 from cycler.protocol.control import stop_requested_of_this_job
 from cycler.protocol.environment import ENV_CONTROL_FILE, default_checkpoint_name
@@ -86,6 +87,7 @@ class AtomicDirectory:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, "
                              f"not {strategy!r}")
+        keep_last = checked_keep_last(keep_last)
         self.strategy, self.keep_last, self.is_master, self.device = (strategy, keep_last,
                                                                       is_master, device)
         name = name or default_checkpoint_name()

@@ -25,7 +25,7 @@ from cycler.checkpoint.listing import (
 )
 from cycler.checkpoint.lock import lock_holder
 from cycler.checkpoint.memory_roots import is_private, memory_base, memory_root
-from cycler.checkpoint.retention import Decision, retention_decisions
+from cycler.checkpoint.retention import Decision, checked_keep_last, retention_decisions
 from cycler.errors import CheckpointDirectoryError, DirectoryInUse
 from cycler.protocol.events import history_counts, job_history, read_events
 from cycler.protocol.goodput import Goodput, goodput
@@ -248,6 +248,7 @@ def prune(root: str | os.PathLike[str], *, keep_last: int = -1, dry_run: bool = 
     lock, unless ``force``. With ``dry_run`` only the decisions are returned. The job's memory
     tier on this host, if ``cycle run`` recorded one, is pruned by the same rules.
     """
+    keep_last = checked_keep_last(keep_last)
     path = checked_root(root)
     if path is None:
         return PruneResult([], [], [], dry_run)

@@ -16,7 +16,9 @@ prints these decisions). The rules, in order:
    being written right now.
 7. Of the remaining valid checkpoints (legacy ones included: a cycling_utils root's, oldest
    first), the newest ``keep_last - 1`` besides the latest are kept (``keep_last`` counts the
-   latest, as in cycling_utils); ``keep_last < 0`` keeps them all.
+   latest, as in cycling_utils); ``keep_last == -1`` keeps them all. Any other value below 1
+   would keep no checkpoint, which retention never does: :func:`checked_keep_last` refuses it
+   for the saver, the memory tier's persisting, the integrations and ``cycle prune`` alike.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cycler.checkpoint.listing import Checkpoint, CheckpointState
+from cycler.errors import ConfigError
 
 _LEFT_ALONE = {
     CheckpointState.UNREADABLE: "unreadable: left alone",
@@ -38,6 +41,15 @@ class Decision:
     checkpoint: Checkpoint
     keep: bool
     reason: str
+
+
+def checked_keep_last(keep_last: int) -> int:
+    """``keep_last`` if it means something (``-1``: all; ``N >= 1``: the newest N); otherwise
+    :class:`~cycler.errors.ConfigError` saying what to give."""
+    if keep_last == -1 or keep_last >= 1:
+        return keep_last
+    raise ConfigError(f"keep_last={keep_last} would keep no checkpoint: give 1 or more to keep "
+                      "the newest N (the latest counts), or -1 to keep them all")
 
 
 def retention_decisions(checkpoints: Sequence[Checkpoint], *, keep_last: int,

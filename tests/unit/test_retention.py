@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from cycler.checkpoint.layout import CheckpointName
 from cycler.checkpoint.listing import Checkpoint, CheckpointState
 from cycler.checkpoint.manifest import FileRecord, Manifest
-from cycler.checkpoint.retention import retention_decisions
+from cycler.checkpoint.retention import checked_keep_last, retention_decisions
 
 ROOT = Path("/nowhere/root")
 
@@ -175,3 +175,19 @@ def test_retention_never_removes_what_it_must_keep_and_keeps_exactly_keep_last(
     assert len(kept_older) == expected
     kept_indices = {d.checkpoint.index for d in kept_older}
     assert kept_indices == {c.index for c in older_valid[len(older_valid) - expected:]}
+
+
+@pytest.mark.parametrize("keep_last", [0, -2])
+def test_a_keep_last_that_would_keep_nothing_is_refused_the_same_everywhere(
+        tmp_path: Path, keep_last: int) -> None:
+    """A running saver, a new saver and ``cycle prune`` had disagreed at ``keep_last=0`` (five
+    kept during a run, one after a new saver's first commit); now each refuses it alike."""
+    from cycler import AtomicDirectory
+    from cycler.checkpoint.inspection import prune
+    from cycler.errors import ConfigError
+
+    for refused in (lambda: AtomicDirectory(str(tmp_path), keep_last=keep_last),
+                    lambda: prune(tmp_path, keep_last=keep_last, dry_run=True)):
+        with pytest.raises(ConfigError, match=f"keep_last={keep_last} would keep no checkpoint"):
+            refused()
+    assert checked_keep_last(-1) == -1 and checked_keep_last(1) == 1
