@@ -10,8 +10,10 @@ otherwise; one line per benchmark, and the output of each failed one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -57,25 +59,41 @@ def scripts() -> list[str]:
 
 
 def smoke(name: str, timeout: float) -> tuple[str, float, str]:
-    """Run one benchmark at its smoke size: (verdict, seconds, output)."""
+    """Run one benchmark at its smoke size: (verdict, seconds, output). A benchmark still
+    running at ``timeout`` is ended with everything it started (its own session: a ``cycle
+    run`` it left behind would train on, unseen)."""
     started = time.monotonic()
+    process = subprocess.Popen([sys.executable, str(HERE / f"{name}.py"), *SMOKE[name]],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               cwd=HERE.parent, start_new_session=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        done = subprocess.run([sys.executable, str(HERE / f"{name}.py"), *SMOKE[name]],
-                              capture_output=True, text=True, timeout=timeout,
-                              cwd=HERE.parent, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    except subprocess.TimeoutExpired as expired:
-        out = (expired.stdout or b"").decode() if isinstance(expired.stdout, bytes) \
-            else expired.stdout or ""
-        return f"FAILED: still running after {timeout:.0f} s", timeout, out
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        end_session(process)
+        stdout, stderr = process.communicate()
+        return f"FAILED: still running after {timeout:.0f} s", timeout, stdout + stderr
     seconds = time.monotonic() - started
-    output = done.stdout + done.stderr
-    if done.returncode == EXIT_SKIPPED:
-        return f"skipped: {(done.stderr.strip().splitlines() or ['no reason'])[-1]}", seconds, ""
-    if done.returncode != 0:
-        return f"FAILED: exit {done.returncode}", seconds, output
-    if (negative := NEGATIVE.search(done.stdout)) is not None:
-        return f"FAILED: printed a negative figure ({negative.group(0)})", seconds, output
+    if process.returncode == EXIT_SKIPPED:
+        return f"skipped: {(stderr.strip().splitlines() or ['no reason'])[-1]}", seconds, ""
+    if process.returncode != 0:
+        return f"FAILED: exit {process.returncode}", seconds, stdout + stderr
+    if (negative := NEGATIVE.search(stdout)) is not None:
+        return f"FAILED: printed a negative figure ({negative.group(0)})", seconds, \
+            stdout + stderr
     return "ok", seconds, ""
+
+
+def end_session(process: subprocess.Popen[str]) -> None:
+    """SIGTERM to the benchmark's session (``cycle run`` stops its job), SIGKILL after 30 s."""
+    for number, grace in ((signal.SIGTERM, 30.0), (signal.SIGKILL, None)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, number)
+        try:
+            process.wait(grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def main() -> None:
