@@ -19,6 +19,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--mode", default="exact")
 parser.add_argument("--dir", required=True)
 parser.add_argument("--steps", type=int, default=20)
+parser.add_argument("--sleep", type=float, default=0.02, help="seconds per step after a restart")
 args = parser.parse_args()
 rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 if world > 1:
@@ -53,6 +54,8 @@ while control.global_step < args.steps:
         saver.symlink_latest(directory, metadata={"step": control.global_step})
     if decision.stop:
         break
+    if not first_start:
+        time.sleep(args.sleep)
     if first_start and control.global_step == 13:  # between the checkpoints of 10 and 15
         (Path(args.dir) / f"at-13-{rank}").write_text(str(os.getpid()))
         time.sleep(600)
