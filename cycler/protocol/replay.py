@@ -52,6 +52,9 @@ class Segment:
     world_size: int
     values: dict[int, tuple[int, int]] = field(default_factory=dict)
     """Value type and bits, by step."""
+    earlier: dict[tuple[int, int], int] = field(default_factory=dict)
+    """In a reference: values of steps at or before the resume, and the first step that
+    computed each (a restart that computes one of them repeats earlier steps)."""
 
     @property
     def last(self) -> int:
@@ -59,16 +62,24 @@ class Segment:
         return max(self.values, default=self.resumed)
 
 
+FIRST_STEPS = 64
+"""Steps after each resume kept from before a restart's own resume step: what a restart
+that starts over computes again."""
+
+
 def segments(records: Iterable[Record], after: int | None = None) -> list[Segment]:
     """The segments in ``records``, in the order they began (a record seen twice counts once;
     values before their start's header, whose header was torn, are dropped); with ``after``,
-    only the values of later steps are kept (what a restart that resumed there can replay)."""
+    only the values of later steps are kept (what a restart that resumed there can replay),
+    and the first :data:`FIRST_STEPS` after each resume."""
     found: dict[tuple[int, int], Segment] = {}
     for record in records:
         key = (record.rank, record.start)
         if record.kind == START and key not in found:
             found[key] = Segment(record.rank, record.start, record.step, record.bits)
-        elif record.kind == VALUE and key in found and (after is None or record.step > after):
+        elif record.kind == VALUE and key in found and (
+                after is None or record.step > after
+                or record.step <= found[key].resumed + FIRST_STEPS):
             found[key].values.setdefault(record.step, (record.type, record.bits))
     return list(found.values())
 
@@ -97,13 +108,25 @@ class RankReplay:
 
 
 def reference(earlier: list[Segment], current: Segment) -> Segment | None:
-    """The most recent of ``earlier`` (oldest first) that passed through ``current``'s
-    resume step on its rank, ``None`` when none did (nothing is replayed)."""
-    for segment in reversed(earlier):
-        if (segment.rank == current.rank and segment.resumed <= current.resumed
-                < segment.last):
-            return segment
-    return None
+    """What ``current`` replays: for each step after its resume, the value of the most recent
+    of ``earlier`` (oldest first) that passed through that resume step on its rank (two
+    restarts in a row: the second compares the steps the first replayed with the first, and
+    those beyond with the run before); ``None`` when none did (nothing is replayed). It has the
+    world size of the most recent one."""
+    passed = [segment for segment in earlier if segment.rank == current.rank
+              and segment.resumed <= current.resumed < segment.last]
+    if not passed:
+        return None
+    newest = passed[-1]
+    merged = Segment(current.rank, newest.start, current.resumed, newest.world_size)
+    for segment in reversed(passed):
+        if segment.world_size == newest.world_size:
+            for step, value in segment.values.items():
+                if step > current.resumed:
+                    merged.values.setdefault(step, value)
+                elif merged.earlier.get(value, step + 1) > step:
+                    merged.earlier[value] = step
+    return merged
 
 
 def compare(before: Segment, current: Segment) -> RankReplay:
@@ -129,9 +152,8 @@ def compare(before: Segment, current: Segment) -> RankReplay:
 def _cause(before: Segment, current: Segment, step: int, compared: int) -> str:
     if compared > 1:
         return LATER_STEP_CAUSE.format(same=compared - 1)
-    repeated = [earlier for earlier, value in before.values.items()
-                if value == current.values[step] and earlier != step]
-    return REPEATED_CAUSE.format(step=min(repeated)) if repeated else FIRST_STEP_CAUSE
+    repeated = before.earlier.get(current.values[step])
+    return FIRST_STEP_CAUSE if repeated is None else REPEATED_CAUSE.format(step=repeated)
 
 
 @dataclass(frozen=True)

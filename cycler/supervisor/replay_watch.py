@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,18 +55,29 @@ FLUSHED_FILE = "flushed.json"
 """In the node's directory: how far each rank's file was copied to the root."""
 
 
+def fingerprint_dir(layout: CheckpointLayout, node_rank: int) -> Path | None:
+    """This node's directory for the workers' fingerprints in the job's runtime directory,
+    created private; ``None`` (said once) where it cannot be: the records are for people, no
+    reason to refuse a job."""
+    try:
+        return node_dir(job_runtime_dir(layout), "fingerprints", node_rank)
+    except (CyclerError, OSError) as error:
+        log.warning("replayed steps are not checked: %s", error)
+        return None
+
+
 class ReplayWatch:
     """This node's workers' fingerprints: their restarts' verdicts and their copy to the root."""
 
-    def __init__(self, layout: CheckpointLayout, node_rank: int, *, stop: bool,
+    def __init__(self, layout: CheckpointLayout, node_rank: int,
+                 find_directory: Callable[[], Path | None], *, stop: bool,
                  record: Callable[..., None], local_ranks: int | None = None) -> None:
+        """``find_directory``: where this node's workers append (:func:`fingerprint_dir`;
+        ``None``: nothing is recorded or checked), asked at the first start."""
         self._shared = layout.supervisor_dir / NODE_FILE.format(node=node_rank)
         self._stop, self._record, self._local_ranks = stop, record, local_ranks
+        self._find_directory: Callable[[], Path | None] | None = find_directory
         self.directory: Path | None = None
-        try:
-            self.directory = node_dir(job_runtime_dir(layout), "fingerprints", node_rank)
-        except (CyclerError, OSError) as error:
-            log.warning("replayed steps are not checked: %s", error)
         self._offsets: dict[Path, int] = {}
         self._current: dict[int, Segment] = {}
         self._references: dict[int, Segment] = {}
@@ -81,6 +91,8 @@ class ReplayWatch:
     def new_start(self) -> None:
         """The workers are (re)started: say the last group's verdict, copy its records, and
         read only what the new group appends from now on."""
+        if self._find_directory is not None:
+            self.directory, self._find_directory = self._find_directory(), None
         self.end_of_group()
         self._offsets = {path: path.stat().st_size for path in self._rank_files()}
         self._current, self._references, self._said = {}, {}, None
@@ -91,6 +103,9 @@ class ReplayWatch:
         if self.directory is None or now < self._next_check:
             return None
         self._next_check = now + CHECK_SECONDS
+        return self._judge()
+
+    def _judge(self) -> Verdict | None:
         for path in self._rank_files():
             records, self._offsets[path] = read_records(path, self._offsets.get(path, 0))
             for record in records:
@@ -107,8 +122,7 @@ class ReplayWatch:
         records to the root."""
         if self.directory is None:
             return
-        self._next_check = 0.0
-        self.check(time.monotonic())
+        self._judge()
         decided = verdict(self._compared())
         if decided is not None and self._said is None:
             self._say(decided)

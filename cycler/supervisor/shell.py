@@ -46,7 +46,7 @@ from cycler.supervisor.hangs import HangPolicy, WorkerProgress
 from cycler.supervisor.options import RunOptions
 from cycler.supervisor.peers import Heartbeat, PeerWatch
 from cycler.supervisor.processes import Watchdog, WorkerTree, become_subreaper, start_torchrun
-from cycler.supervisor.replay_watch import ReplayWatch
+from cycler.supervisor.replay_watch import ReplayWatch, fingerprint_dir
 from cycler.supervisor.slurm import (
     DEADLINE_MARGIN_SECONDS,
     RequeueResult,
@@ -174,9 +174,10 @@ class Supervisor:
         self._progress = WorkerProgress(self.layout, options.node_rank, policy, self._record)
         self._carrier = CompileCacheCarrier(options, self._record)
         nproc = options.nproc_per_node
-        self._replays = ReplayWatch(self.layout, options.node_rank,
-                                    stop=options.on_divergence == "stop", record=self._record,
-                                    local_ranks=nproc if isinstance(nproc, int) else None)
+        self._replays = ReplayWatch(
+            self.layout, options.node_rank, lambda: fingerprint_dir(self.layout, options.node_rank),
+            stop=options.on_divergence == "stop", record=self._record,
+            local_ranks=nproc if isinstance(nproc, int) else None)
 
     def handle_signal(self, number: int, frame: FrameType | None = None) -> None:
         """Signal handler: only records the signal; the loop decides what it means."""
