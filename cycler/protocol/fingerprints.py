@@ -66,9 +66,19 @@ class Record:
 
 def pack(record: Record) -> bytes:
     """``record`` as the :data:`RECORD_SIZE` bytes a writer appends."""
-    body = _BODY.pack(_MAGIC, record.kind, record.type, record.rank, record.start,
-                      record.step, record.bits & 0xFFFF_FFFF_FFFF_FFFF)
-    return body + struct.pack("<I", zlib.crc32(body))
+    return pack_fields(record.kind, record.rank, record.start, record.step, record.bits,
+                       record.type)
+
+
+_CRC = struct.Struct("<I")
+
+
+def pack_fields(kind: int, rank: int, start: int, step: int, bits: int,
+                type_of_value: int) -> bytes:
+    """A record from its fields, without making a :class:`Record` (the worker's step path)."""
+    body = _BODY.pack(_MAGIC, kind, type_of_value, rank, start, step,
+                      bits & 0xFFFF_FFFF_FFFF_FFFF)
+    return body + _CRC.pack(zlib.crc32(body))
 
 
 def unpack(data: bytes) -> tuple[list[Record], int]:
@@ -123,6 +133,20 @@ def shown(type_of_value: int, bits: int) -> str:
     return repr(value)
 
 
+_BITS = {FLOAT64: (struct.Struct("<d"), struct.Struct("<Q")),
+         FLOAT32: (struct.Struct("<f"), struct.Struct("<I")),
+         FLOAT16: (struct.Struct("<e"), struct.Struct("<H"))}
+
+
 def float64_bits(value: float) -> int:
     """The bits of a Python float."""
-    return int(struct.unpack("<Q", struct.pack("<d", value))[0])
+    return float_bits(FLOAT64, value)
+
+
+def float_bits(type_of_value: int, value: float) -> int:
+    """The bits of ``value`` in the float type ``type_of_value``, where ``value`` is exactly a
+    number of that type (what ``item()`` of such a tensor gives)."""
+    if type_of_value == BFLOAT16:
+        return float_bits(FLOAT32, value) >> 16
+    packer, reader = _BITS[type_of_value]
+    return int(reader.unpack(packer.pack(value))[0])

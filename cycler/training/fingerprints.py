@@ -16,9 +16,11 @@ kept and read every :data:`RING_SLOTS` steps. One ``write`` of 32 bytes a step.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import os
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,33 +37,38 @@ from cycler.protocol.fingerprints import (
     RANK_FILE,
     START,
     VALUE,
-    Record,
     float64_bits,
-    pack,
+    float_bits,
+    pack_fields,
 )
 
 RING_SLOTS = 64
 """Device values in flight before the host waits for the oldest (steps the device may lag)."""
+WRITE_SECONDS = 0.2
+"""Longest a record waits in the process before it is written (a kill -9 loses at most these
+last steps' records: the replay check then compares fewer steps, never a wrong one)."""
+WRITE_BYTES = 4096
 
-_TYPES = {torch.float64: (FLOAT64, torch.int64), torch.float32: (FLOAT32, torch.int32),
-          torch.float16: (FLOAT16, torch.int16), torch.bfloat16: (BFLOAT16, torch.int16)}
-"""A float tensor's record type, and the integer type of its size that gives its bits."""
+_FLOAT_TYPES = {torch.float64: FLOAT64, torch.float32: FLOAT32, torch.float16: FLOAT16,
+                torch.bfloat16: BFLOAT16}
 
 
 def tensor_bits(tensor: torch.Tensor) -> tuple[int, int]:
     """A one-element host tensor's record type and exact bits (an integer tensor as int64)."""
-    found = _TYPES.get(tensor.dtype)
-    if found is None:
-        return INT64, int(tensor.reshape(()).item())
-    return found[0], int(tensor.reshape(1).view(found[1]).item()) & ((1 << 64) - 1)
+    kind, value = _FLOAT_TYPES.get(tensor.dtype), tensor.item()
+    if kind is not None:
+        return kind, float_bits(kind, value)
+    if isinstance(value, complex):
+        raise ConfigError("a step's loss or fingerprint must be real, not complex")
+    return INT64, int(value) & ((1 << 64) - 1)
 
 
 def number_bits(value: Any) -> tuple[int, int]:
     """A Python number's record type and exact bits."""
-    if isinstance(value, bool | int):
-        return INT64, int(value) & ((1 << 64) - 1)
     if isinstance(value, float):
         return FLOAT64, float64_bits(value)
+    if isinstance(value, bool | int):
+        return INT64, int(value) & ((1 << 64) - 1)
     raise ConfigError(f"a step's loss or fingerprint must be a float, an int or a one-element "
                       f"tensor, got {type(value).__name__}")
 
@@ -90,6 +97,11 @@ class _DeviceRing:
         event.record()
         self._pending.append((step, dtype, slot, event))
 
+    @property
+    def busy(self) -> bool:
+        """Whether copies are on their way."""
+        return bool(self._pending or self._ready)
+
     def take(self, wait: bool = False) -> list[tuple[int, int, int]]:
         """The copies done (every copy with ``wait``), as ``(step, type, bits)``, oldest first."""
         done, self._ready = self._ready, []
@@ -100,7 +112,7 @@ class _DeviceRing:
     def _read_oldest(self) -> tuple[int, int, int]:
         step, dtype, slot, event = self._pending.popleft()
         event.synchronize()
-        bits = tensor_bits(self._buffers[dtype][slot:slot + 1])
+        bits = tensor_bits(self._buffers[dtype][slot])
         self._free[dtype].append(slot)
         return step, *bits
 
@@ -115,6 +127,8 @@ class FingerprintLog:
         self._fd: int | None = None
         self._ring = _DeviceRing()
         self._kept: list[tuple[int, torch.Tensor]] = []
+        self._buffer = bytearray()
+        self._written_at = 0.0
 
     def record(self, step: int, resumed: int, value: Any) -> None:
         """Record ``value`` (a loss or a checksum) as step ``step``'s; ``resumed``: the step
@@ -126,25 +140,31 @@ class FingerprintLog:
         if isinstance(value, torch.Tensor):
             self._tensor(step, value)
         else:
-            self._write(step, *number_bits(value))
-        for done in self._ring.take():
-            self._write(*done)
+            self._add(step, *number_bits(value))
+        if self._ring.busy:
+            for done in self._ring.take():
+                self._add(*done)
+        if len(self._buffer) >= WRITE_BYTES or time.monotonic() - self._written_at >= \
+                WRITE_SECONDS:
+            self._write()
 
     def flush(self) -> None:
-        """Write every value still on its way (waits for the device): at a commit, the end."""
+        """Write every record, the values still on their way too (waits for the device): at
+        the end of the loop, and at the process's exit."""
         for done in self._ring.take(wait=True):
-            self._write(*done)
+            self._add(*done)
         kept, self._kept = self._kept, []
         for step, tensor in kept:
-            self._write(step, *tensor_bits(tensor.cpu()))
+            self._add(step, *tensor_bits(tensor.cpu()))
+        self._write()
 
     def _tensor(self, step: int, tensor: torch.Tensor) -> None:
         if tensor.numel() != 1:
             raise ConfigError(f"a step's loss or fingerprint must have one element, this "
                               f"tensor has {tensor.numel()}: pass loss.sum() or a checksum")
-        if tensor.device.type == "cpu":
-            self._write(step, *tensor_bits(tensor.detach()))
-        elif tensor.device.type == "cuda":
+        if tensor.is_cpu:
+            self._add(step, *tensor_bits(tensor))
+        elif tensor.is_cuda:
             self._ring.put(step, tensor)
         else:
             self._kept.append((step, tensor.detach()))
@@ -158,16 +178,21 @@ class FingerprintLog:
         except OSError:
             self.path = None  # a record for people, never a reason to stop training
             return
-        self._append(Record(START, self.rank, self._start, resumed, self.world_size))
+        atexit.register(self.flush)
+        self._buffer += pack_fields(START, self.rank, self._start, resumed, self.world_size,
+                                    INT64)
 
-    def _write(self, step: int, kind_of_value: int, bits: int) -> None:
-        self._append(Record(VALUE, self.rank, self._start, step, bits, kind_of_value))
+    def _add(self, step: int, kind_of_value: int, bits: int) -> None:
+        self._buffer += pack_fields(VALUE, self.rank, self._start, step, bits, kind_of_value)
 
-    def _append(self, record: Record) -> None:
-        if self._fd is None:
+    def _write(self) -> None:
+        """One ``write`` of whole records (``O_APPEND``: a kill -9 never tears one here)."""
+        self._written_at = time.monotonic()
+        if self._fd is None or not self._buffer or os.getpid() != self.pid:
             return
+        data, self._buffer = bytes(self._buffer), bytearray()
         try:
-            os.write(self._fd, pack(record))
+            os.write(self._fd, data)
         except OSError:
             os.close(self._fd)
             self._fd, self.path = None, None

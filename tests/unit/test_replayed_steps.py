@@ -214,6 +214,8 @@ def test_the_worker_log_writes_a_header_then_each_steps_exact_bits(tmp_path: Pat
     log.record(11, 10, loss)
     log.record(12, 10, 0.25)
     log.record(13, 10, 12345)
+    assert len(read_records(path)[0]) == 2, "the first record at once, the next ones batched"
+    log.flush()
     header, *values = read_records(path)[0]
     assert (header.kind, header.step, header.bits, header.rank) == (START, 10, 4, 2)
     assert values[0].type == FLOAT32
