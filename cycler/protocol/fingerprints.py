@@ -7,11 +7,12 @@ new into ``<root>/.cycler/fingerprints-node<N>.fp`` at cheap moments (a commit, 
 worker group), and compares a restart's replayed steps with the earlier runs' records
 (:mod:`cycler.protocol.replay`).
 
-A record is :data:`RECORD_SIZE` bytes, written with one ``write`` on an ``O_APPEND``
-descriptor: a magic byte, the kind (a start's header or a step's value), the value's type, the
-rank, the worker's start id (random per process), the step and 64 bits of value, then a CRC-32
-of the rest. A reader keeps only records whose CRC holds and steps over anything else one byte
-at a time, so a torn record (a kill -9 mid-append, a copy cut short) costs that record only.
+A record is :data:`RECORD_SIZE` bytes, stored into the writer's memory-mapped file (no system
+call a step; the page cache keeps it through a kill -9 of the writer): a magic byte, the kind
+(a start's header or a step's value), the value's type, the rank, the worker's start id (random
+per process), the step and 64 bits of value, then a CRC-32 of the rest. A reader keeps only
+records whose CRC holds and steps over anything else (the zeros of a mapped file's unwritten
+tail, a record cut short by a copy or a full disk), so a torn record costs that record only.
 No torch here: the supervisor reads these on its own path.
 """
 
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _MAGIC = 0xCF
+_MAGIC_BYTE = bytes([_MAGIC])
 _BODY = struct.Struct("<BBBxIIqQ")
 """magic, kind, value type, rank, start id, step, value bits; then a CRC-32 of these."""
 RECORD_SIZE = _BODY.size + 4
@@ -82,21 +84,26 @@ def pack_fields(kind: int, rank: int, start: int, step: int, bits: int,
 
 
 def unpack(data: bytes) -> tuple[list[Record], int]:
-    """Every whole, intact record in ``data``, in order, and how many bytes were settled (no
-    record can start before that offset once more bytes come); torn or foreign bytes are
-    stepped over one at a time until records line up again."""
+    """Every whole, intact record in ``data``, in order, and the end of the last one (where
+    the next read starts: a writer's file is mapped, its tail zeros until written); torn,
+    zero or foreign bytes are stepped over until records line up again."""
     records, offset, end, settled = [], 0, len(data) - RECORD_SIZE, 0
     while offset <= end:
+        if data[offset] != _MAGIC:
+            offset = data.find(_MAGIC_BYTE, offset + 1)
+            if offset < 0:
+                break
+            continue
         body = data[offset:offset + _BODY.size]
-        (crc,) = struct.unpack_from("<I", data, offset + _BODY.size)
-        if data[offset] == _MAGIC and zlib.crc32(body) == crc:
+        (crc,) = _CRC.unpack_from(data, offset + _BODY.size)
+        if zlib.crc32(body) == crc:
             _, kind, kind_of_value, rank, start, step, bits = _BODY.unpack(body)
             records.append(Record(kind, rank, start, step, bits, kind_of_value))
             offset += RECORD_SIZE
             settled = offset
         else:
             offset += 1
-    return records, max(settled, offset)
+    return records, settled
 
 
 def read_records(path: Path, offset: int = 0) -> tuple[list[Record], int]:

@@ -94,7 +94,7 @@ class ReplayWatch:
         if self._find_directory is not None:
             self.directory, self._find_directory = self._find_directory(), None
         self.end_of_group()
-        self._offsets = {path: path.stat().st_size for path in self._rank_files()}
+        self._offsets = {path: read_records(path)[1] for path in self._rank_files()}
         self._current, self._references, self._said = {}, {}, None
 
     def check(self, now: float) -> Verdict | None:

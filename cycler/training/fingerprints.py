@@ -11,16 +11,17 @@ device). A tensor on a GPU is copied into a slot of a pinned host ring with ``no
 an event recorded after the copy; its bits are read at a later step, once the event says the
 copy is done, so the host never waits for the device (only a ring full of copies the device has
 not reached, :data:`RING_SLOTS` steps behind, waits for the oldest). Other devices' tensors are
-kept and read every :data:`RING_SLOTS` steps. One ``write`` of 32 bytes a step.
+kept and read every :data:`RING_SLOTS` steps. Each record is 32 bytes stored into the mapped
+file: no system call a step (one per :data:`MAP_BYTES`), and nothing lost at a kill -9.
 """
 
 from __future__ import annotations
 
 import atexit
 import collections
+import mmap
 import os
 import random
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from cycler.protocol.fingerprints import (
     FLOAT64,
     INT64,
     RANK_FILE,
+    RECORD_SIZE,
     START,
     VALUE,
     float64_bits,
@@ -44,10 +46,8 @@ from cycler.protocol.fingerprints import (
 
 RING_SLOTS = 64
 """Device values in flight before the host waits for the oldest (steps the device may lag)."""
-WRITE_SECONDS = 0.2
-"""Longest a record waits in the process before it is written (a kill -9 loses at most these
-last steps' records: the replay check then compares fewer steps, never a wrong one)."""
-WRITE_BYTES = 4096
+MAP_BYTES = 1 << 20
+"""How much of the file is mapped at a time: 32 768 records."""
 
 _FLOAT_TYPES = {torch.float64: FLOAT64, torch.float32: FLOAT32, torch.float16: FLOAT16,
                 torch.bfloat16: BFLOAT16}
@@ -118,17 +118,17 @@ class _DeviceRing:
 
 
 class FingerprintLog:
-    """This worker's records, appended to ``path``; a log without a path records nothing."""
+    """This worker's records, stored into ``path`` (mapped); without a path, nothing."""
 
     def __init__(self, path: Path | None, rank: int = 0, world_size: int = 1) -> None:
         self.path, self.rank, self.world_size = path, rank, world_size
         self.pid = os.getpid()
         self._start = random.SystemRandom().getrandbits(32)
         self._fd: int | None = None
+        self._memory: mmap.mmap | None = None
+        self._offset = self._size = 0
         self._ring = _DeviceRing()
         self._kept: list[tuple[int, torch.Tensor]] = []
-        self._buffer = bytearray()
-        self._written_at = 0.0
 
     def record(self, step: int, resumed: int, value: Any) -> None:
         """Record ``value`` (a loss or a checksum) as step ``step``'s; ``resumed``: the step
@@ -142,21 +142,21 @@ class FingerprintLog:
         else:
             self._add(step, *number_bits(value))
         if self._ring.busy:
-            for done in self._ring.take():
-                self._add(*done)
-        if len(self._buffer) >= WRITE_BYTES or time.monotonic() - self._written_at >= \
-                WRITE_SECONDS:
-            self._write()
+            self.write()
+
+    def write(self) -> None:
+        """Store the device values whose copies are done, without waiting for the others."""
+        for done in self._ring.take():
+            self._add(*done)
 
     def flush(self) -> None:
-        """Write every record, the values still on their way too (waits for the device): at
-        the end of the loop, and at the process's exit."""
+        """Store every value still on its way (waits for the device): at the end of the loop,
+        and at the process's exit."""
         for done in self._ring.take(wait=True):
             self._add(*done)
         kept, self._kept = self._kept, []
         for step, tensor in kept:
             self._add(step, *tensor_bits(tensor.cpu()))
-        self._write()
 
     def _tensor(self, step: int, tensor: torch.Tensor) -> None:
         if tensor.numel() != 1:
@@ -172,30 +172,53 @@ class FingerprintLog:
                 self.flush()
 
     def _open(self, resumed: int) -> None:
+        """Map the file after what earlier starts stored (a gap of zeros between: readers
+        skip it), then store this start's header."""
         assert self.path is not None
         try:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            with open(self.path, "rb") as handle:
+                stored = len(handle.read().rstrip(b"\0"))
+            self._offset = stored + RECORD_SIZE if stored else 0
         except OSError:
-            self.path = None  # a record for people, never a reason to stop training
+            self._stop()  # a record for people, never a reason to stop training
             return
         atexit.register(self.flush)
-        self._buffer += pack_fields(START, self.rank, self._start, resumed, self.world_size,
-                                    INT64)
+        self._store(pack_fields(START, self.rank, self._start, resumed, self.world_size,
+                                INT64))
 
     def _add(self, step: int, kind_of_value: int, bits: int) -> None:
-        self._buffer += pack_fields(VALUE, self.rank, self._start, step, bits, kind_of_value)
+        self._store(pack_fields(VALUE, self.rank, self._start, step, bits, kind_of_value))
 
-    def _write(self) -> None:
-        """One ``write`` of whole records (``O_APPEND``: a kill -9 never tears one here)."""
-        self._written_at = time.monotonic()
-        if self._fd is None or not self._buffer or os.getpid() != self.pid:
+    def _store(self, record: bytes) -> None:
+        end = self._offset + RECORD_SIZE
+        if end > self._size and not self._grow(end):
             return
-        data, self._buffer = bytes(self._buffer), bytearray()
+        assert self._memory is not None
+        self._memory[self._offset:end] = record
+        self._offset = end
+
+    def _grow(self, end: int) -> bool:
+        """Map ``MAP_BYTES`` more; blocks reserved first, so a full disk is an ``OSError``
+        here (recording stops) rather than a SIGBUS at a store."""
+        if self._fd is None or os.getpid() != self.pid:
+            return False
+        size = (end // MAP_BYTES + 1) * MAP_BYTES
         try:
-            os.write(self._fd, data)
+            os.posix_fallocate(self._fd, 0, size)
+            memory = mmap.mmap(self._fd, size)
         except OSError:
+            self._stop()
+            return False
+        if self._memory is not None:
+            self._memory.close()
+        self._memory, self._size = memory, size
+        return True
+
+    def _stop(self) -> None:
+        if self._fd is not None:
             os.close(self._fd)
-            self._fd, self.path = None, None
+        self._fd, self.path = None, None
 
 
 _log: FingerprintLog | None = None

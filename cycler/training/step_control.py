@@ -290,6 +290,8 @@ class StepControl:
             decision = self._decide_together()
         if decision.stop:
             stop_decided()
+        if decision.checkpoint:
+            self._fingerprints.write()
         return decision
 
     def paused(self, name: str = "paused") -> contextlib.AbstractContextManager[None]:

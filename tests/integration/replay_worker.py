@@ -1,6 +1,6 @@
 """A worker for the replayed-steps tests: a tiny regression trained on random batches, with a
-checkpoint every 5 steps; at step 13 of the first start every rank writes its pid to
-``at-13-<rank>`` and waits to be killed. ``--mode exact`` saves and restores the global RNG,
+checkpoint every 5 steps; at step 13 of the first start (``--pause-at``: a step per start)
+every rank writes its pid to ``at-13-<rank>`` and waits to be killed. ``--mode exact`` saves and restores the global RNG,
 ``--mode forget`` does not (the batches after a resume are drawn from the seed again)."""
 
 from __future__ import annotations
@@ -19,12 +19,17 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--mode", default="exact")
 parser.add_argument("--dir", required=True)
 parser.add_argument("--steps", type=int, default=20)
+parser.add_argument("--pause-at", default="13",
+                    help="per start, the step at which every rank writes its pid and waits")
 parser.add_argument("--sleep", type=float, default=0.02, help="seconds per step after a restart")
 args = parser.parse_args()
 rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 if world > 1:
     dist.init_process_group("gloo")
-first_start = os.environ.get("CYCLER_RESTART_COUNT", "0") == "0"
+start = int(os.environ.get("CYCLER_RESTART_COUNT", "0"))
+pauses = [int(step) for step in args.pause_at.split(",") if step]
+pause_at = pauses[start] if start < len(pauses) else None
+first_start = start == 0
 torch.manual_seed(1234 + rank)
 model = torch.nn.Linear(8, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -56,7 +61,7 @@ while control.global_step < args.steps:
         break
     if not first_start:
         time.sleep(args.sleep)
-    if first_start and control.global_step == 13:  # between the checkpoints of 10 and 15
-        (Path(args.dir) / f"at-13-{rank}").write_text(str(os.getpid()))
+    if control.global_step == pause_at:  # 13: between the checkpoints of 10 and 15
+        (Path(args.dir) / f"at-{pause_at}-{rank}").write_text(str(os.getpid()))
         time.sleep(600)
 control.close()

@@ -214,9 +214,7 @@ def test_the_worker_log_writes_a_header_then_each_steps_exact_bits(tmp_path: Pat
     log.record(11, 10, loss)
     log.record(12, 10, 0.25)
     log.record(13, 10, 12345)
-    assert len(read_records(path)[0]) == 2, "the first record at once, the next ones batched"
-    log.flush()
-    header, *values = read_records(path)[0]
+    header, *values = read_records(path)[0]  # stored at once: nothing waits for a flush
     assert (header.kind, header.step, header.bits, header.rank) == (START, 10, 4, 2)
     assert values[0].type == FLOAT32
     assert values[0].bits == struct.unpack("<I", struct.pack("<f", loss.item()))[0]
@@ -230,6 +228,20 @@ def test_a_loss_of_several_elements_is_refused_in_one_line(tmp_path: Path) -> No
         log.record(1, 0, torch.ones(3))
     with pytest.raises(ConfigError, match="a float, an int or a one-element tensor"):
         log.record(1, 0, "0.5")
+
+
+def test_a_second_start_stores_after_the_first_and_a_reader_skips_the_mapped_tail(
+        tmp_path: Path) -> None:
+    path = tmp_path / "rank-0.fp"
+    first = FingerprintLog(path)
+    first.record(1, 0, 0.5)
+    assert path.stat().st_size > 2 * RECORD_SIZE, "mapped ahead: the tail is zeros"
+    second = FingerprintLog(path)
+    second.record(1, 0, 0.25)
+    records, offset = read_records(path)
+    assert [(r.kind, r.step) for r in records] == [(START, 0), (VALUE, 1)] * 2
+    assert records[1].bits != records[3].bits and records[0].start != records[2].start
+    assert offset < path.stat().st_size
 
 
 def test_outside_cycle_run_nothing_is_recorded(tmp_path: Path) -> None:
