@@ -94,7 +94,11 @@ class ReplayWatch:
         if self._find_directory is not None:
             self.directory, self._find_directory = self._find_directory(), None
         self.end_of_group()
-        self._offsets = {path: read_records(path)[1] for path in self._rank_files()}
+        try:
+            self._offsets = {path: read_records(path)[1] for path in self._rank_files()}
+        except OSError as error:
+            log.warning("replayed steps are not checked: %s", error)
+            self.directory = None
         self._current, self._references, self._said = {}, {}, None
 
     def check(self, now: float) -> Verdict | None:
@@ -103,7 +107,11 @@ class ReplayWatch:
         if self.directory is None or now < self._next_check:
             return None
         self._next_check = now + CHECK_SECONDS
-        return self._judge()
+        try:
+            return self._judge()
+        except OSError as error:  # records for people: never the supervisor's end
+            log.warning("cannot read the step fingerprints in %s: %s", self.directory, error)
+            return None
 
     def _judge(self) -> Verdict | None:
         for path in self._rank_files():
@@ -122,7 +130,8 @@ class ReplayWatch:
         records to the root."""
         if self.directory is None:
             return
-        self._judge()
+        self._next_check = 0.0
+        self.check(0.0)
         decided = verdict(self._compared())
         if decided is not None and self._said is None:
             self._say(decided)
@@ -133,22 +142,26 @@ class ReplayWatch:
         write, whole records only (a cheap moment: a commit, the end of the workers)."""
         if self.directory is None:
             return
-        done = _read_json(self.directory / FLUSHED_FILE)
+        try:
+            self._copy_new_records(self.directory)
+        except OSError as error:
+            log.warning("cannot copy the step fingerprints to %s: %s", self._shared, error)
+
+    def _copy_new_records(self, directory: Path) -> None:
+        done = _read_json(directory / FLUSHED_FILE)
         chunks, copied = [], {}
         for path in self._rank_files():
-            start = int(done.get(path.name, 0))
+            start = done.get(path.name, 0)
+            start = start if isinstance(start, int) and start >= 0 else 0
             with open(path, "rb") as handle:
                 handle.seek(start)
                 data = handle.read()
             settled = unpack(data)[1]
             chunks.append(data[:settled])
             copied[path.name] = start + settled
-        try:
-            if any(chunks):
-                _append(self._shared, b"".join(chunks))
-            _write_json(self.directory / FLUSHED_FILE, {**done, **copied})
-        except OSError as error:
-            log.warning("cannot copy the step fingerprints to %s: %s", self._shared, error)
+        if any(chunks):
+            _append(self._shared, b"".join(chunks))
+        _write_json(directory / FLUSHED_FILE, {**done, **copied})
 
     def _take(self, record: Record) -> None:
         if record.kind == START:

@@ -50,7 +50,9 @@ while control.global_step < args.steps:
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
-    decision = control.step(loss=loss.detach() if args.mode != "no-loss" else None)
+    reported = {"no-loss": None, "nan": loss.detach() * float("nan")}.get(args.mode,
+                                                                          loss.detach())
+    decision = control.step(loss=reported)
     if decision.checkpoint:
         directory = Path(saver.prepare_checkpoint_directory())
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),

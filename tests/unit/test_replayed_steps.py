@@ -346,3 +346,17 @@ def test_a_restart_that_ends_before_replaying_everything_says_what_it_compared(
     assert said[0][0] == "replay_verified"
     assert said[0][1]["said"] == ("resume at step 10 verified: 2 replayed steps identical "
                                   "(1 rank); the run ended before it replayed the rest")
+
+
+def test_a_malformed_copy_record_or_an_unreadable_file_never_ends_the_supervisor(
+        tmp_path: Path) -> None:
+    said: list[tuple[str, dict[str, Any]]] = []
+    replays = watch(tmp_path, said)
+    replays.new_start()
+    append(tmp_path / "node" / "rank-0.fp", run(0, 1, -1, losses(1, 13)))
+    (tmp_path / "node" / "flushed.json").write_text('{"rank-0.fp": "many"}')
+    replays.flush()  # copies from the start again: a record read twice counts once
+    assert len(read_records(tmp_path / "ck" / ".cycler" / NODE_FILE.format(node=0))[0]) == 14
+    (tmp_path / "node" / "rank-1.fp").mkdir()  # not a file: every read of it fails
+    replays.flush()
+    assert replays.check(100.0) is None
