@@ -91,9 +91,11 @@ class ReplayWatch:
     def new_start(self) -> None:
         """The workers are (re)started: say the last group's verdict, copy its records, and
         read only what the new group appends from now on."""
-        if self._find_directory is not None:
+        if self._find_directory is not None:  # this cycle run's first start
             self.directory, self._find_directory = self._find_directory(), None
-        self.end_of_group()
+            self.flush()  # what an earlier cycle run, killed, left uncopied; said nothing of
+        else:
+            self.end_of_group()
         try:
             self._offsets = {path: read_records(path)[1] for path in self._rank_files()}
         except OSError as error:

@@ -360,3 +360,14 @@ def test_a_malformed_copy_record_or_an_unreadable_file_never_ends_the_supervisor
     (tmp_path / "node" / "rank-1.fp").mkdir()  # not a file: every read of it fails
     replays.flush()
     assert replays.check(100.0) is None
+
+
+def test_a_new_cycle_run_does_not_say_again_what_the_last_one_said(tmp_path: Path) -> None:
+    said: list[tuple[str, dict[str, Any]]] = []
+    replays = watch(tmp_path, said)
+    append(tmp_path / "node" / "rank-0.fp",
+           run(0, 1, -1, losses(1, 13)) + run(0, 2, 10, losses(11, 20)))
+    replays.new_start()  # the last cycle run said its verdict, and was killed before a copy
+    replays.check(1.0)
+    assert said == []
+    assert len(read_records(tmp_path / "ck" / ".cycler" / NODE_FILE.format(node=0))[0]) == 25
