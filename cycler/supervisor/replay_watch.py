@@ -16,14 +16,17 @@ The workers append their fingerprints to files in the job's runtime directory on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from cycler.checkpoint.layout import CheckpointLayout
+from cycler.checkpoint.private_dirs import PRIVATE_FILE_MODE
 from cycler.checkpoint.runtime_dirs import job_runtime_dir, node_dir
 from cycler.errors import CyclerError
 from cycler.protocol.fingerprints import (
@@ -139,6 +142,16 @@ class ReplayWatch:
             self._say(decided)
         self.flush()
 
+    def finish(self, code: int) -> None:
+        """The job's end on this node (``code``: ``cycle run``'s exit): the last group's
+        verdict and copy; after a finished training (0) the node's records go, being in the
+        root (nothing is left to replay)."""
+        self.end_of_group()
+        if code == 0 and self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                self.directory.parent.rmdir()  # the job's, once no other part uses it
+
     def flush(self) -> None:
         """Append what the node's files hold beyond the last copy to the root's file: one
         write, whole records only (a cheap moment: a commit, the end of the workers)."""
@@ -219,8 +232,14 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _write_json(path: Path, value: dict[str, Any]) -> None:
+    """``value`` into ``path``, replaced whole; 0600, as everything in the runtime directory."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    temporary.write_text(json.dumps(value))
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
+    try:
+        os.fchmod(fd, PRIVATE_FILE_MODE)
+        os.write(fd, json.dumps(value).encode())
+    finally:
+        os.close(fd)
     os.replace(temporary, path)
 
 

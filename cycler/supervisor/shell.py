@@ -197,7 +197,7 @@ class Supervisor:
             stack.callback(self._reap)
             outcome = self._loop(core.SupervisorCore(self._core_config()))
             self._reap()
-            self._replays.end_of_group()
+            self._replays.finish(outcome.exit_code)
             outcome = self._finish_memory_tier(outcome)
         if self.options.nnodes > 1:
             self._heartbeat.finish(outcome.exit_code)

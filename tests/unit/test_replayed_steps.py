@@ -371,3 +371,18 @@ def test_a_new_cycle_run_does_not_say_again_what_the_last_one_said(tmp_path: Pat
     replays.check(1.0)
     assert said == []
     assert len(read_records(tmp_path / "ck" / ".cycler" / NODE_FILE.format(node=0))[0]) == 25
+
+
+def test_a_finished_job_leaves_its_records_in_the_root_only_and_private_files_meanwhile(
+        tmp_path: Path) -> None:
+    said: list[tuple[str, dict[str, Any]]] = []
+    replays = watch(tmp_path, said)
+    replays.new_start()
+    append(tmp_path / "node" / "rank-0.fp", run(0, 1, -1, losses(1, 3)))
+    replays.flush()
+    assert os.stat(tmp_path / "node" / "flushed.json").st_mode & 0o777 == 0o600
+    replays.finish(75)
+    assert (tmp_path / "node").is_dir(), "a requeued job replays from these"
+    replays.finish(0)
+    assert not (tmp_path / "node").exists()
+    assert len(read_records(tmp_path / "ck" / ".cycler" / NODE_FILE.format(node=0))[0]) == 4
