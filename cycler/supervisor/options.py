@@ -172,9 +172,8 @@ class RunOptions:
                                            help="Base URL of the metadata service")
     on_divergence: str = option(
         "warn", "--on-divergence", yaml=(str,),
-        help="When a restart's replayed steps differ from what the earlier run computed (the "
-             "losses the script reports): warn (an event and a line), or stop (end the job, "
-             "exit 65)")
+        help="A restart's replayed steps differ from the earlier run's: warn, or stop "
+             "(exit 65)")
     resumable_if: str | None = option(
         None, "--resumable-if", yaml=(str,),
         help="Glob of the script's own checkpoints: after a stop with none of cycler's, one "
