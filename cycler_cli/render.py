@@ -67,7 +67,18 @@ def render_status(status: RootStatus) -> None:
     _render_supervisors(status.supervisors)
     _render_goodput(status.goodput)
     _render_timeline(status.timeline)
+    _render_replays(status.replays)
     _render_events(status.events, status.counts)
+
+
+def _render_replays(replays: list[dict[str, Any]]) -> None:
+    """Each restart's check of its replayed steps, the latest last (a divergence in red)."""
+    for event in replays[-5:]:
+        style = {"replay_diverged": "red", "replay_unchecked": "yellow"}.get(
+            str(event.get("event")), "green")
+        node = event.get("node")
+        console.print(f"[{style}]Replayed steps[/] (node {node}): {escape(str(event.get('said')))}",
+                      soft_wrap=True)
 
 
 def _render_memory_tier(memory: MemoryTierStatus) -> None:

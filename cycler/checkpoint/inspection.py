@@ -30,7 +30,10 @@ from cycler.errors import CheckpointDirectoryError, DirectoryInUse
 from cycler.protocol.events import history_counts, job_history, read_events
 from cycler.protocol.goodput import Goodput, goodput
 from cycler.protocol.names import MEMORY_OWNER_FILENAME, SUPERVISOR_DIRNAME
+from cycler.protocol.replay import VERDICT_EVENTS
 from cycler.protocol.timeline import timeline
+
+VERDICT_NAMES = frozenset(VERDICT_EVENTS.values())
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,9 @@ class RootStatus:
     """The job's memory tier where ``cycle run --memory-tier`` recorded one on this host."""
     timeline: dict[int, str] = field(default_factory=dict)
     """One line per node: the job's life cell by cell (:mod:`cycler.protocol.timeline`)."""
+    replays: list[dict[str, Any]] = field(default_factory=list)
+    """Every restart's verdict on its replayed steps, oldest first (events ``replay_*``:
+    ``verdict``, ``resumed``, ``steps``, ``said``...; :mod:`cycler.protocol.replay`)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"root": str(self.root), "exists": self.exists,
@@ -99,7 +105,8 @@ class RootStatus:
                 "supervisors": self.supervisors, "events": self.events,
                 "counts": self.counts, "notes": self.notes,
                 "goodput": None if self.goodput is None else self.goodput.as_dict(),
-                "timeline": {str(node): line for node, line in self.timeline.items()}}
+                "timeline": {str(node): line for node, line in self.timeline.items()},
+                "replays": self.replays}
 
 
 def checked_root(root: str | os.PathLike[str]) -> Path | None:
@@ -150,7 +157,8 @@ def collect_status(root: str | os.PathLike[str], *, verify: bool = False, events
     return RootStatus(path, True, facts, live_supervisors(layout),
                       history[-events:] if events > 0 else [], history_counts(merged), notes,
                       goodput(first) if first else None,
-                      _memory_tier(layout, facts, verify, clock()), timeline(by_node))
+                      _memory_tier(layout, facts, verify, clock()), timeline(by_node),
+                      [event for event in merged if event.get("event") in VERDICT_NAMES])
 
 
 def memory_tier_here(layout: CheckpointLayout) -> Path | None:

@@ -117,7 +117,7 @@ class CyclerCallback(pl.Callback):
         assert self._control is not None, "on_train_start comes first"
         if self._loader is not None:
             self._loader.batches_done = batch_idx + 1
-        decision = self._control.step()
+        decision = self._control.step(loss=_loss_of(outputs))
         if batch_idx + 1 == trainer.num_training_batches:
             # Lightning resumes a checkpoint of an epoch's last batch one epoch too far: this
             # one is made at the epoch's end, Lightning's own place for it, before anything else.
@@ -231,3 +231,9 @@ class ResumableLoader(DataLoader):
         assert isinstance(skipping, _SkippingBatchSampler)
         skipping.set_epoch(state["epoch"])
         skipping.resume_at = (state["epoch"], state["batches_done"])
+
+
+def _loss_of(outputs: Any) -> Any:
+    """The loss ``training_step`` returned (a tensor, or a dict's ``"loss"``), or ``None``."""
+    loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+    return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None

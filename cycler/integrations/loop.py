@@ -103,10 +103,12 @@ class LoopState:
         restore_rng_state(own["rng"])
         return tuple(own["values"][name] for name in defaults)
 
-    def step(self, **values: Any) -> bool:
+    def step(self, *, loss: Any = None, fingerprint: Any = None, **values: Any) -> bool:
         """Count one finished step on every rank; save when cycler or the timer asks, with
-        ``values`` (this rank's); True when the loop must stop (after the commit)."""
-        decision = self.control.step()
+        ``values`` (this rank's); True when the loop must stop (after the commit). ``loss``
+        or ``fingerprint`` is the step's record, compared when a restart replays the step
+        (:meth:`StepControl.step <cycler.StepControl.step>`); it is not saved."""
+        decision = self.control.step(loss=loss, fingerprint=fingerprint)
         if decision.checkpoint:
             self.save(**values)
         self.stopped = decision.stop

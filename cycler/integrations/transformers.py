@@ -36,6 +36,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import torch
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 
@@ -85,6 +86,9 @@ class CyclerCallback(TrainerCallback):
         self.trainer: Trainer | None = None
         self._saver: AtomicDirectory | None = None
         self._control: StepControl | None = None
+        self._loss: Any = None
+        """The step's loss so far: its micro-batches' (detached) losses summed on their
+        device, read by the step's fingerprint without a sync."""
 
     def attach(self, trainer: Trainer) -> None:
         """Take over ``trainer``'s ``train`` and its checkpoint saves (done when the Trainer
@@ -93,8 +97,11 @@ class CyclerCallback(TrainerCallback):
             return
         self.trainer = trainer
         hf_train, hf_save = trainer.train, trainer._save_checkpoint
+        hf_step = trainer.training_step
         # Instance attributes over the methods: this Trainer only, and no subclass to adopt.
         vars(trainer)["train"] = lambda *args, **kwargs: self._train(hf_train, *args, **kwargs)
+        vars(trainer)["training_step"] = lambda *args, **kwargs: self._keep_loss(
+            hf_step(*args, **kwargs))
         vars(trainer)["_save_checkpoint"] = lambda model, trial: self._save(hf_save, model, trial)
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -110,13 +117,20 @@ class CyclerCallback(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         assert self._control is not None, "on_train_begin comes first"
-        decision = self._control.step()
+        loss, self._loss = self._loss, None
+        decision = self._control.step(loss=loss)
         if decision.checkpoint:
             control.should_save = True
         if decision.stop:
             self.stopped = True
             control.should_training_stop = True
         return control
+
+    def _keep_loss(self, loss: Any) -> Any:
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            kept = loss.detach()
+            self._loss = kept if self._loss is None else self._loss + kept
+        return loss
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.stopped:

@@ -96,6 +96,9 @@ MESSAGES = {
                                  "s) until a save's stall is measured",
     "compile_cache_carried": "{said}",
     "compile_cache_not_carried": "{said}",
+    "replay_verified": "{said}",
+    "replay_diverged": "{said}",
+    "replay_unchecked": "{said}",
     "preemption_notices": "polling {cloud}'s metadata service at {endpoint} for preemption "
                           "notices",
 }
@@ -112,6 +115,7 @@ HISTORY = frozenset({
     "memory_tier_removed",
     "persist_failed", "requeue_withheld", "control_unwritable",
     "checkpoint_committed", "checkpoint_interval", "compile_cache_not_carried",
+    "replay_verified", "replay_diverged", "replay_unchecked",
 })
 """The events ``cycle status`` shows: what the job went through, not every checkpoint."""
 

@@ -12,6 +12,11 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 """Bad usage or configuration: nothing was started."""
 
+EXIT_DIVERGED = 65
+"""With ``--on-divergence stop``: a restart's replayed steps differed from what the earlier run
+computed, so the job was ended instead of training on from a state that is not the one saved
+(EX_DATAERR). Nothing is requeued; the checkpoint resumed from is still the latest."""
+
 EXIT_NOT_PERSISTED = 74
 """With the memory tier: the script finished, or stopped after a checkpoint, but the newest
 checkpoint is only in this node's memory (persisting it to the checkpoint root failed, such as
@@ -25,6 +30,8 @@ MEANINGS = {
     EXIT_FAILURE: "the workers failed and restarts are used up (or a crash loop, or a stop "
                   "with nothing to resume)",
     EXIT_USAGE: "bad usage or configuration, nothing started",
+    EXIT_DIVERGED: "--on-divergence stop: a restart's replayed steps differed from the "
+                   "earlier run's, the job was ended",
     EXIT_NOT_PERSISTED: "finished or stopped, but the newest checkpoint is only in this node's "
                         "memory tier (persisting it failed): rerun on this node",
     EXIT_REQUEUE: "stopped after a committed checkpoint: requeue me",

@@ -42,7 +42,7 @@ import signal
 from dataclasses import dataclass
 
 from cycler.protocol.control import Action, ControlRequest
-from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS
+from cycler.protocol.exit_codes import EXIT_DIVERGED, EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS
 from cycler.protocol.features import USES_OWN_HANDLER
 from cycler.supervisor.budget import RestartBudget
 from cycler.supervisor.vocabulary import (
@@ -54,6 +54,7 @@ from cycler.supervisor.vocabulary import (
     HardDeadline,
     Log,
     PeerLost,
+    ReplayDiverged,
     Requeue,
     SignalReceived,
     SignalTree,
@@ -70,7 +71,7 @@ from cycler.supervisor.vocabulary import (
 __all__ = [  # the vocabulary too: callers and tests speak it through this module
     "Announced", "CheckpointCommitted", "CoreConfig", "Event", "Exit", "HangDetected",
     "HardDeadline", "Log",
-    "PeerLost", "Phase", "Requeue",
+    "PeerLost", "Phase", "ReplayDiverged", "Requeue",
     "SignalReceived", "SignalTree", "SignalWorkers", "StartWorkers", "StopPath",
     "SupervisorAction", "SupervisorCore", "Tick", "WorkersExited", "WriteControl", "stop_path",
 ]
@@ -149,6 +150,7 @@ class SupervisorCore:
         self._budget = RestartBudget(max_restarts=config.max_restarts,
                                      crash_loop_limit=config.crash_loop_limit)
         self._peer_lost: PeerLost | None = None
+        self._diverged: ReplayDiverged | None = None
         self._checkpoint_at_stop: int | None = None
         self._stop_signals: list[str] = []
         self._stop_path: StopPath | None = None
@@ -177,6 +179,8 @@ class SupervisorCore:
             return self._on_peer_lost(event)
         if isinstance(event, HangDetected):
             return self._on_hang(event)
+        if isinstance(event, ReplayDiverged):
+            return self._on_divergence(event)
         if isinstance(event, WorkersExited):
             return self._on_exit(event)
         if isinstance(event, CheckpointCommitted):
@@ -333,6 +337,16 @@ class SupervisorCore:
         self.phase, self.wake_at = Phase.TERMINATING, None
         return [log, SignalTree(signal.SIGKILL)]
 
+    def _on_divergence(self, event: ReplayDiverged) -> list[SupervisorAction]:
+        """``--on-divergence stop``: end the workers at once, without a checkpoint (their state
+        is not the one saved: a new checkpoint would make it the one resumed), and exit
+        :data:`EXIT_DIVERGED` when they are gone. During a stop the stop goes on as it is."""
+        if self.phase is not Phase.RUNNING or self._diverged is not None:
+            return []
+        self._diverged = event
+        self.phase, self.wake_at = Phase.KILLED, None
+        return [SignalTree(signal.SIGKILL)]
+
     # -- time -------------------------------------------------------------------------------
 
     def _on_tick(self, event: Tick) -> list[SupervisorAction]:
@@ -378,6 +392,9 @@ class SupervisorCore:
         log = Log("workers_exited", {"code": event.code, "phase": self.phase.value})
         if self._peer_lost is not None:
             return [log, *self._finish_peer_lost()]
+        if self._diverged is not None:
+            return [log, *self._exit(EXIT_DIVERGED, f"{self._diverged.summary} "
+                                     "(--on-divergence stop)")]
         if event.stopped_elsewhere and not self.stop_requested:
             self._checkpoint_at_stop = self.config.initial_checkpoint
             self._stop_deadline = event.deadline_elsewhere or 0.0

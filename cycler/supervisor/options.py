@@ -48,6 +48,8 @@ RDZV_BACKENDS = ("c10d", "etcd", "etcd-v2", "static")
 
 HANG_LEAST_SECONDS = 1.0
 """The shortest ``--hang-*`` allowance: below it ordinary pauses would count as hangs."""
+DIVERGENCE_ACTIONS = ("warn", "stop")
+"""What ``--on-divergence`` may say (:mod:`.replay_watch`)."""
 LAUNCH_MODES = ("script", "module", "no_python", "run_path")
 """How torchrun starts SCRIPT: ``python SCRIPT``, ``python -m SCRIPT`` (``-m``), SCRIPT itself
 (``--no-python``), or ``runpy.run_path`` (``--run-path``)."""
@@ -168,6 +170,10 @@ class RunOptions:
     metadata_endpoint: str | None = option(None, "--metadata-endpoint", yaml=(str,),
                                            shown="the cloud's",
                                            help="Base URL of the metadata service")
+    on_divergence: str = option(
+        "warn", "--on-divergence", yaml=(str,),
+        help="A restart's replayed steps differ from the earlier run's: warn, or stop "
+             "(exit 65)")
     resumable_if: str | None = option(
         None, "--resumable-if", yaml=(str,),
         help="Glob of the script's own checkpoints: after a stop with none of cycler's, one "
@@ -199,6 +205,8 @@ class RunOptions:
         self._check_rendezvous()
         _require(self.preemption_notices in NOTICE_MODES, "preemption_notices",
                  f"must be one of {', '.join(NOTICE_MODES)}")
+        _require(self.on_divergence in DIVERGENCE_ACTIONS, "on_divergence",
+                 f"must be one of {', '.join(DIVERGENCE_ACTIONS)}")
         _require(self.metadata_endpoint is None or _is_url(self.metadata_endpoint),
                  "metadata_endpoint", "must be an http:// or https:// URL with a host (and a "
                  "numeric port if any), such as http://169.254.169.254")

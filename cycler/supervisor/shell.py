@@ -46,6 +46,7 @@ from cycler.supervisor.hangs import HangPolicy, WorkerProgress
 from cycler.supervisor.options import RunOptions
 from cycler.supervisor.peers import Heartbeat, PeerWatch
 from cycler.supervisor.processes import Watchdog, WorkerTree, become_subreaper, start_torchrun
+from cycler.supervisor.replay_watch import ReplayWatch, fingerprint_dir
 from cycler.supervisor.slurm import (
     DEADLINE_MARGIN_SECONDS,
     RequeueResult,
@@ -172,6 +173,11 @@ class Supervisor:
             first_step=options.hang_first_step, pause=options.hang_pause_timeout)
         self._progress = WorkerProgress(self.layout, options.node_rank, policy, self._record)
         self._carrier = CompileCacheCarrier(options, self._record)
+        nproc = options.nproc_per_node
+        self._replays = ReplayWatch(
+            self.layout, options.node_rank, lambda: fingerprint_dir(self.layout, options.node_rank),
+            stop=options.on_divergence == "stop", record=self._record,
+            local_ranks=nproc if isinstance(nproc, int) else None)
 
     def handle_signal(self, number: int, frame: FrameType | None = None) -> None:
         """Signal handler: only records the signal; the loop decides what it means."""
@@ -191,6 +197,7 @@ class Supervisor:
             stack.callback(self._reap)
             outcome = self._loop(core.SupervisorCore(self._core_config()))
             self._reap()
+            self._replays.finish(outcome.exit_code)
             outcome = self._finish_memory_tier(outcome)
         if self.options.nnodes > 1:
             self._heartbeat.finish(outcome.exit_code)
@@ -208,10 +215,12 @@ class Supervisor:
             event = self._next_event(decisions.wake_at)
             for committed in self._new_checkpoints():
                 self._carrier.checkpoint_committed()  # a thread, if due
+                self._replays.flush()
                 self._execute(decisions.handle(committed))
             self._cut_torchrun_short(decisions)
             self._watch_other_nodes(decisions)
             self._watch_progress(decisions)
+            self._watch_replays(decisions)
             if isinstance(event, core.SignalReceived):
                 event = dataclasses.replace(event, features=self._announced(),
                                             workers_started=self._workers_started())
@@ -247,6 +256,16 @@ class Supervisor:
         hang = self._progress.check(time.monotonic(), self._clock())
         if hang is not None:
             self._execute(decisions.handle(hang))
+
+    def _watch_replays(self, decisions: core.SupervisorCore) -> None:
+        """Compare a restart's replayed steps; a divergence that must end the job goes to the
+        core (``--on-divergence stop``)."""
+        if decisions.phase is not core.Phase.RUNNING:
+            return
+        diverged = self._replays.check(time.monotonic())
+        if diverged is not None:
+            self._execute(decisions.handle(core.ReplayDiverged(diverged.sentence(),
+                                                               self._clock())))
 
     def _watch_for_preemption_notices(self) -> Callable[[], None]:
         """Poll the cloud's metadata service in a thread (``--preemption-notices``); a notice
@@ -391,12 +410,14 @@ class Supervisor:
         clear_announcements(self.layout.control_path(self.options.node_rank))
         raise_shields(self.layout.control_path(self.options.node_rank))
         self._progress.new_start()
+        self._replays.new_start()
         if action.resume_from is not None:
             record_resume_from(self.layout, self.options.node_rank, action.resume_from)
         plan = launch_plan(self.options, start_number=action.start_number,
                            resume_from=action.resume_from)
         assert self._watchdog is not None
-        self._tree = self._starter(plan.command, full_environment(plan), self._watchdog)
+        environment = {**full_environment(plan), **self._replays.environment()}
+        self._tree = self._starter(plan.command, environment, self._watchdog)
         self._record("workers_started", torchrun_pid=self._tree.process.pid,
                      start=action.start_number, resume_from=action.resume_from,
                      restart_count=plan.environment["CYCLER_RESTART_COUNT"])

@@ -102,6 +102,15 @@ class HangDetected:
 
 
 @dataclass(frozen=True)
+class ReplayDiverged:
+    """A restart's replayed steps differ from the earlier run's (``summary``, said already in
+    the events log) and ``cycle run --on-divergence stop`` makes that the end of the job."""
+
+    summary: str
+    now: float
+
+
+@dataclass(frozen=True)
 class WorkersExited:
     """torchrun (and with it every worker) exited with ``code`` (negative: killed by signal)."""
 
@@ -137,7 +146,7 @@ class Tick:
 
 
 Event = (SignalReceived | Announced | HardDeadline | PeerLost | HangDetected | WorkersExited
-         | CheckpointCommitted | Tick)
+         | CheckpointCommitted | ReplayDiverged | Tick)
 
 # --- actions ----------------------------------------------------------------------------------
 

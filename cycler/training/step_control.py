@@ -66,6 +66,7 @@ from cycler.training.auto_interval import (
     events_beside,
 )
 from cycler.training.exchange import Exchange, record_close, starter, wait_or_name_the_missing
+from cycler.training.fingerprints import fingerprint_log
 
 STEP_CONTROL_STATE_VERSION = 1
 
@@ -245,6 +246,7 @@ class StepControl:
         self._last_decision = StepDecision(checkpoint=False, stop=False, reason="", step=start_step)
         self.last_request: ControlRequest | None = None
         """The latest live request this rank read itself (other ranks may have seen none)."""
+        self._fingerprints = fingerprint_log()
         self._beacon = beacon()
         self._beacon.note("ready")  # the process group (if any) is joined: start-up is over
 
@@ -258,16 +260,24 @@ class StepControl:
         """Whether decisions are agreed with other ranks (a group of more than one rank)."""
         return self._group is not None
 
-    def step(self) -> StepDecision:
+    def step(self, *, loss: Any = None, fingerprint: Any = None) -> StepDecision:
         """Count one finished step and return what every rank should do now.
 
         Cheap: a clock read and now and then one ``stat``; with several ranks, an ``all_reduce``
         started at each exchange step and read at the next. After a stop, every later call
         answers ``stop`` again, without a checkpoint.
+
+        ``loss`` (a float or a one-element tensor, on any device) or ``fingerprint`` (a number
+        the script chooses, such as a checksum; it wins over ``loss``) is this rank's record of
+        the step: under ``cycle run`` a restart's replayed steps are compared with it, bit for
+        bit (docs/cycle-run.md, "Replayed steps"). A GPU tensor is read later, without a sync.
         """
         self._step += 1
         self._steps_taken += 1
         self._beacon.progress(self._step)
+        value = loss if fingerprint is None else fingerprint
+        if value is not None:
+            self._fingerprints.record(self._step, self._step - self._steps_taken, value)
         if self._chooser is not None:
             self._chooser.tick(self._clock(), self._last_decision.checkpoint)
             if self._group is None:  # alone: no one to tell, the proposal holds at once
@@ -280,6 +290,8 @@ class StepControl:
             decision = self._decide_together()
         if decision.stop:
             stop_decided()
+        if decision.checkpoint:
+            self._fingerprints.write()
         return decision
 
     def paused(self, name: str = "paused") -> contextlib.AbstractContextManager[None]:
@@ -300,6 +312,7 @@ class StepControl:
         """Wait for the exchange and the asynchronous saves in flight, if any. Call it on every
         rank, or on none."""
         self._beacon.mark(PAUSED, AFTER_THE_LOOP)
+        self._fingerprints.flush()
         wait_for_saves()
         if self._pending is not None:
             self._wait(self._pending)

@@ -8,6 +8,7 @@ training; it runs under ``stack_scripts/slow_saves.py``, which makes a save slow
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -122,6 +123,16 @@ def stop_kill_and_finish(out: Path, script: Path, stop_steps: list[int], save_st
     codes.append(run.finish())
     assert codes[-1] == EXIT_SUCCESS, run.output()
     return codes
+
+
+def assert_replay_verified(root: Path) -> None:
+    """``cycle status --json`` of ``root`` says the last restart's replayed steps (after the
+    kill -9) were identical: the stack's callback recorded each step's loss."""
+    status = subprocess.run([sys.executable, "-m", "cycler_cli", "status", "--json", str(root)],
+                            capture_output=True, text=True, check=True)
+    replays = json.loads(status.stdout)["replays"]
+    assert replays and replays[-1]["verdict"] == "verified", replays
+    assert replays[-1]["steps"] >= 1 and replays[-1]["ranks"] == 2, replays
 
 
 def assert_same_weights(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor],

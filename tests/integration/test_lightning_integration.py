@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from stack_runs import SCRIPTS, assert_same_weights, run_to_the_end, stop_kill_and_finish
+from stack_runs import (
+    SCRIPTS,
+    assert_replay_verified,
+    assert_same_weights,
+    run_to_the_end,
+    stop_kill_and_finish,
+)
 
 pytest.importorskip("lightning", reason="the [lightning] extra is not installed")
 
@@ -30,3 +36,4 @@ def test_lightning_stopped_twice_and_killed_mid_save_ends_bit_identical(tmp_path
     assert codes == [75, 75, 0]
     actual = torch.load(stopped / "final.pt", weights_only=True)
     assert_same_weights(expected, actual, f"after {codes}")
+    assert_replay_verified(stopped / "ck")

@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from stack_runs import SCRIPTS, assert_same_weights, run_to_the_end, stop_kill_and_finish
+from stack_runs import (
+    SCRIPTS,
+    assert_replay_verified,
+    assert_same_weights,
+    run_to_the_end,
+    stop_kill_and_finish,
+)
 
 pytest.importorskip("transformers", reason="the [transformers] extra is not installed")
 
@@ -27,3 +33,4 @@ def test_trainer_stopped_twice_and_killed_mid_save_ends_bit_identical(tmp_path: 
     assert codes == [75, 75, 0]
     actual = torch.load(adopted / "final.pt", weights_only=True)
     assert_same_weights(expected, actual, f"after {codes}")
+    assert_replay_verified(adopted / "ck")
