@@ -260,6 +260,8 @@ def render_verify(result: VerifyResult) -> None:
     console.print(f"compared {len(result.compared)} checkpoints: {result.determinism_checked} "
                   f"before the first interruption, {after} after a resume (seed {result.seed})",
                   soft_wrap=True)
+    for line in coverage_lines(result):
+        console.print(escape(line), soft_wrap=True)
     for note in result.notes:
         console.print(f"note: {escape(note)}", style="yellow", soft_wrap=True)
     for line in verify_lines(result):
@@ -278,6 +280,18 @@ def _interruption(resume: Resume, resumed: bool) -> str:
     when = (f"step {resume.sent_at_step}" if resume.sent_at_step >= 0
             else f"commit {planned.after_checkpoints}")
     return f"{planned.kind} at {when}: {went_on}"
+
+
+def coverage_lines(result: VerifyResult) -> list[str]:
+    """How far after the last resume the states were compared, and what was left out."""
+    lines = []
+    after = result.steps_after_last_resume
+    if after is not None:
+        lines.append(f"compared up to step {result.last_step_compared}: {after} steps after the "
+                     "last resume")
+    for why, places in result.skipped.items():
+        lines.append(f"skipped (a record, not training state): {', '.join(places)}: {why}")
+    return lines
 
 
 def verify_lines(result: VerifyResult) -> list[str]:
@@ -299,7 +313,8 @@ def verify_lines(result: VerifyResult) -> list[str]:
              f"  likely cause: {first.cause.part}: {first.cause.why}",
              f"  fix: {first.cause.fix}"]
     if result.scratch is not None:
-        lines.append(f"  runs kept in {result.scratch}")
+        lines.append(f"  runs kept in {result.scratch} (each run's own outputs in "
+                     f"<run>/work, its log in <run>/cycle-run.log)")
     return lines
 
 

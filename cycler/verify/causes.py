@@ -72,7 +72,9 @@ _PARTS: list[tuple[str, re.Pattern[str]]] = [
     ("metrics", re.compile(r"metric|loss|logs?$|history")),
     ("counters", re.compile(r"^(control|epochs?|steps?|global_step|progress|trainer_state)$")),
 ]
-_RANK_FILE = re.compile(r"rank[-_]?(\d+)")
+_RANK_FILE = re.compile(r"(?:rank|rng_state|rng|random_states)[-_]?(\d+)")
+"""A rank's own file: cycler's ``rank-N.pt``/``rng-N.pt``, HF's ``rng_state_N.pth``,
+Accelerate's ``random_states_N.pkl``."""
 
 
 def part_of(file: str, key: tuple[str, ...]) -> str:
@@ -84,13 +86,21 @@ def part_of(file: str, key: tuple[str, ...]) -> str:
     return "model"
 
 
-def name_cause(diff: CheckpointDiff, *, world_size: int, files: Iterable[str]) -> Cause:
-    """The likely cause of ``diff``, the first differences after a resume."""
+def name_cause(diff: CheckpointDiff, *, world_size: int, files: Iterable[str],
+               checkpoint: CheckpointDiff | None = None) -> Cause:
+    """The likely cause of ``diff``, the first differences after a resume. ``checkpoint``: the
+    last committed checkpoint, compared identical, when ``diff`` is the end of training (files
+    the script wrote after its last checkpoint, which may hold the model alone)."""
     differing = {part_of(d.file, d.key) for d in diff.differences}
-    saved = {part_of(file, key) for file, key in diff.keys}
+    saved = {part_of(file, key) for file, key in (checkpoint or diff).keys}
     upstream = _upstream(diff.differences, differing)
     if upstream is not None:
         name, why, evidence = upstream
+    elif checkpoint is not None and "scheduler" not in saved:
+        name, evidence = "scheduler", None
+        why = ("the last checkpoint is identical and the end of training differs: state the "
+               "checkpoint does not hold acted after it, and it holds no scheduler (whose "
+               "learning rate changes with the step)")
     else:
         (name, why), evidence = _unsaved(differing, saved, world_size, list(files)), None
     part, fix = CAUSES[name]

@@ -73,6 +73,9 @@ class VerifyOptions:
     """A private directory (0700) to keep the runs in (default: one under the system's tmp)."""
     keep: bool = False
     """Keep the runs' checkpoints even when identical."""
+    caller_imports: Path | None = None
+    """A directory the runs import from although they work elsewhere (the caller's, for a
+    module run with ``-m``)."""
 
     def __post_init__(self) -> None:
         if not self.cycle_run:
@@ -94,7 +97,8 @@ def verify(options: VerifyOptions, progress: Progress = lambda name, step, kept:
     when the runs are identical (unless ``options.keep``) and kept, and named, otherwise."""
     seed = options.seed if options.seed is not None else random.randrange(1 << 31)
     scratch = make_scratch(options.scratch_dir)
-    runner = Runner(options.cycle_run, options.run_args, scratch, progress=progress)
+    runner = Runner(options.cycle_run, options.run_args, scratch, progress=progress,
+                    imports=options.caller_imports)
     try:
         result = _verify(options, runner, seed, compared)
     except ConfigError:
@@ -132,7 +136,9 @@ def _verify(options: VerifyOptions, runner: Runner, seed: int,
                              go_on=deterministic_so_far)
     result.runs.append(interrupted)
     if result.verdict == IDENTICAL:
-        _compare(reference, interrupted, result, compared, idle)
+        last = _compare(reference, interrupted, result, compared, idle)
+        if result.verdict == IDENTICAL and interrupted.finished:
+            _compare_ends(reference, interrupted, result, last)
     if result.verdict == IDENTICAL and not any(segment > 0 for _, segment, _ in result.compared):
         raise NothingToVerify("no checkpoint after a resume could be compared with the "
                               "reference's: commit more often or run longer (the runs are in "
@@ -167,9 +173,10 @@ def idle_streams(first: Captured, last: Captured) -> set[tuple[str, tuple[str, .
 
 def _compare(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
              compared: Compared, idle: set[tuple[str, tuple[str, ...]]],
-             segments: int | None = None) -> None:
+             segments: int | None = None) -> CheckpointDiff | None:
     """Compare the pairs not compared yet (of the first ``segments`` only), oldest first,
-    until the first difference."""
+    until the first difference; returns the last comparison."""
+    diff = None
     done = len(result.compared)
     pairs = pair_checkpoints(reference.capture.kept, interrupted.capture.kept)[done:]
     if segments is not None:
@@ -180,11 +187,43 @@ def _compare(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
         files = sorted({*mine.manifest.files, *theirs.manifest.files})
         diff = compare_checkpoints(mine.path, theirs.path, files, trusted=True).without(idle)
         result.compared.append((pair.moment, theirs.segment, diff.identical))
+        result.note_skipped(diff.skipped)
+        if theirs.step is not None:
+            result.last_step_compared = theirs.step
         if theirs.segment == 0:
             result.determinism_checked += 1
         if not diff.identical:
             _differs(result, interrupted, pair, diff)
-            return
+            return diff
+    return diff
+
+
+def _compare_ends(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
+                  last: CheckpointDiff | None) -> None:
+    """Compare what the two runs left in their working directories at the end of training
+    (the files a script writes after its loop, ``final.pt``), when they left anything."""
+    files = sorted({*_files_in(reference.workdir), *_files_in(interrupted.workdir)})
+    if not files:
+        return
+    diff = compare_checkpoints(reference.workdir, interrupted.workdir, files, trusted=True)
+    result.note_skipped(diff.skipped)
+    end = interrupted.last_step if interrupted.last_step >= 0 else None
+    result.compared.append(("the end of training", interrupted.capture.segment, diff.identical))
+    if diff.identical:
+        if end is not None and diff.keys:
+            result.last_step_compared = max(result.last_step_compared or 0, end)
+        return
+    result.verdict = DIFFERENT
+    cause = name_cause(diff, world_size=1, files=files, checkpoint=last)
+    resume = interrupted.resumes[-1] if interrupted.resumes else None
+    result.first = FirstDifference(end, "the end of training (the files the runs left in their "
+                                   "working directories)", "work/", diff, cause, resume,
+                                   len(interrupted.resumes))
+
+
+def _files_in(directory: Path) -> list[str]:
+    return [str(path.relative_to(directory)) for path in sorted(directory.rglob("*"))
+            if path.is_file() and not path.is_symlink()]
 
 
 def _differs(result: VerifyResult, interrupted: RunRecord, pair: Pair,
