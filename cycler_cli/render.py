@@ -248,13 +248,14 @@ def verify_progress(enabled: bool) -> Iterator[tuple[Callable[[str, int, int], N
 def render_verify(result: VerifyResult) -> None:
     """The summary table of the runs, then the verdict in a few lines."""
     table = Table(box=box.SIMPLE, title="cycle verify", title_justify="left")
-    for column in ("run", "starts", "checkpoints", "interruptions", "seconds"):
+    for column in ("run", "starts", "checkpoints", "interruptions", "seconds",
+                   "of which start-up"):
         table.add_column(column, justify="left" if column in ("run", "interruptions") else "right")
     for run in result.runs:
         events = ", ".join(_interruption(r, resumed=run.finished or r is not run.resumes[-1])
                            for r in run.resumes) or "none"
         table.add_row(run.name, str(run.starts), str(len(run.capture.kept)), events,
-                      f"{run.seconds:.1f}")
+                      f"{run.seconds:.1f}", f"{run.startup_seconds:.1f}")
     console.print(table)
     after = sum(1 for _, segment, _ in result.compared if segment > 0)
     console.print(f"compared {len(result.compared)} checkpoints: {result.determinism_checked} "
@@ -286,7 +287,7 @@ def coverage_lines(result: VerifyResult) -> list[str]:
     """How far after the last resume the states were compared, and what was left out."""
     lines = []
     after = result.steps_after_last_resume
-    if after is not None:
+    if after is not None and result.first is None:
         lines.append(f"compared up to step {result.last_step_compared}: {after} steps after the "
                      "last resume")
     for why, places in result.skipped.items():

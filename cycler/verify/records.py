@@ -13,7 +13,9 @@ compared bit for bit. A pure function of names and values: the stacks' files are
 - Values inside a state file: a run's log history (HF's ``log_history``: a resume averages
   its logged loss over fewer steps), wall-clock times (``train_runtime``, ``*_per_second``,
   ``time_elapsed``, ``created_at``...), and paths (an absolute or ``./`` string, or a field
-  named as one: ``best_model_checkpoint``, ``dirpath``, ``*_path``, ``*_dir``).
+  named as one: ``best_model_checkpoint``, ``dirpath``, ``*_path``, ``*_dir``), and the
+  flags of the moment of a save (HF's ``TrainerControl.should_training_stop``: a stop's
+  checkpoint says stop, a periodic one at the same step does not).
 
 State files are never records, whatever their names: HF's ``rng_state_N.pth``,
 ``optimizer.pt``, ``scheduler.pt``, ``scaler.pt``, ``trainer_state.json`` (but for the values
@@ -41,6 +43,7 @@ _FILES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"(^|/)__pycache__/|\.pyc$"), "Python's bytecode cache"),
 ]
 _LOGS = re.compile(r"^(log_history|logs?)$")
+_FLAGS = re.compile(r"^should_(training_stop|save|evaluate|log|epoch_stop)$")
 _TIMES = re.compile(r"(^|_)(time|times|timestamp|runtime|duration|elapsed|date|datetime|"
                     r"wall|created|started|finished)($|_)|_per_second$|_at$")
 _PATH_FIELDS = re.compile(r"(^|_)(path|paths|dir|dirpath|directory|filename|filepath|"
@@ -69,6 +72,9 @@ def record_value(key: tuple[str, ...], left: Any, right: Any) -> str | None:
     words = [k.lower() for k in key]
     if any(_LOGS.match(word) for word in words):
         return "the run's log (a resume averages what it logs over fewer steps)"
+    if words and _FLAGS.match(words[-1]):
+        return ("a flag of the moment of the save (HF's TrainerControl: a stop's checkpoint "
+                "says stop)")
     if words and _TIMES.search(words[-1]):
         return "a wall-clock time"
     if any(_is_path(word) for word in key) or any(

@@ -141,6 +141,8 @@ class VerifyResult:
 
 def _run_dict(run: RunRecord) -> dict[str, Any]:
     return {"name": run.name, "seconds": round(run.seconds, 2), "starts": run.starts,
+            "startup_seconds": round(run.startup_seconds, 2),
+            "stopping_seconds": round(run.stopping_seconds, 2),
             "checkpoints": len(run.capture.kept), "missed": run.capture.missed,
             "last_step": run.last_step, "finished": run.finished,
             "workdir": str(run.workdir),

@@ -85,6 +85,12 @@ class RunRecord:
     resumes: list[Resume] = field(default_factory=list)
     finished: bool = False
     """Whether the script ran to its end (``cycle run`` exited 0)."""
+    startup_seconds: float = 0.0
+    """Of :attr:`seconds`, the starts' time to their first step (the interpreter, cycle run,
+    torchrun, the stack's imports, the process group, building the model, loading the
+    checkpoint): where a short run's time goes."""
+    stopping_seconds: float = 0.0
+    """Of :attr:`seconds`, the time from each stop signal to ``cycle run``'s exit."""
 
 
 Progress = Callable[[str, int, int], None]
@@ -165,18 +171,29 @@ class Runner:
     def _watch(self, process: subprocess.Popen[bytes], record: RunRecord,
                pending: list[Interruption], count_delay: float) -> int:
         capture, beacons = record.capture, CheckpointLayout(record.capture.root).progress_dir()
-        stopping, shown = False, 0.0
+        stopping, shown, began = False, 0.0, time.monotonic()
+        stop_sent = began
+        first_seen: dict[int, int] | None = {}  # pid -> its first step; None once one stepped
         while (code := process.poll()) is None:
             capture.poll()
             readings = [r for r in read_beacons(beacons) if pid_alive(r.pid)]
             record.last_step = max([record.last_step, *(r.step for r in readings)])
+            if first_seen is not None:
+                for reading in readings:
+                    if first_seen.setdefault(reading.pid, reading.step) != reading.step:
+                        record.startup_seconds += time.monotonic() - began
+                        first_seen = None
+                        break
             if pending and not stopping and _due(pending[0], record, readings, count_delay):
                 stopping = self._interrupt(process, record, pending.pop(0), readings)
+                stop_sent = time.monotonic()
             if time.monotonic() - shown > 0.2:
                 self.progress(record.name, record.last_step, len(capture.kept))
                 shown = time.monotonic()
             time.sleep(POLL_SECONDS)
         capture.poll()
+        if stopping:
+            record.stopping_seconds += time.monotonic() - stop_sent
         if stopping and record.resumes:
             record.resumes[-1] = _resumed_from(record.resumes[-1], capture)
         return code
