@@ -13,7 +13,7 @@ or one file for several ranks. Parts are recognised by the names the script give
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from cycler.verify.compare import CheckpointDiff, Difference
@@ -59,6 +59,11 @@ CAUSES: dict[str, tuple[str, str]] = {
                    f"({DOCS}#a-ranks-own-state)"),
     "counters": ("the step and epoch counters", "save StepControl's and EpochLoop's "
                  f"state_dict() and load them on resume ({DOCS}#the-counters)"),
+    "accumulation": ("the gradients accumulated since the last optimizer step",
+                     "checkpoint only after an optimizer step: with accumulate_grad_batches=N at "
+                     "batches that are multiples of N (.grad is not in any checkpoint, so a "
+                     "resume in the middle of an accumulation loses what was summed) "
+                     f"({DOCS}#gradient-accumulation)"),
     "model": ("the model alone", "save model.state_dict() and load it on resume; a buffer "
               "registered with persistent=False or a plain attribute is not in it "
               f"({DOCS}#the-model-alone)"),
@@ -160,3 +165,26 @@ def _unsaved(differing: set[str], saved: set[str], world_size: int,
 def _is_learning_rate(d: Difference) -> bool:
     return part_of(d.file, d.key) == "optimizer" and bool(d.key) and d.key[-1] in (
         "lr", "initial_lr")
+
+
+_BATCHES = ("epoch_loop", "batch_progress", "total", "processed")
+_OPTIMIZER_STEPS = ("optimizer", "step", "total", "completed")
+
+
+def mid_accumulation(counters: Mapping[tuple[str, ...], object]) -> str | None:
+    """Why a checkpoint was taken in the middle of a gradient accumulation, from the loop
+    counters it holds (Lightning's batches processed and optimizer steps: more batches than
+    steps means gradients are accumulated, and a batch count that is not a multiple of the
+    ratio means some were summed into ``.grad`` and not stepped); ``None`` when it was not or
+    the counters are not there."""
+    batches = next((v for k, v in counters.items() if k[-4:] == _BATCHES), None)
+    steps = next((v for k, v in counters.items() if k[-4:] == _OPTIMIZER_STEPS), None)
+    if not isinstance(batches, int) or not isinstance(steps, int) or steps <= 0 \
+            or batches <= steps:
+        return None
+    every = round(batches / steps)
+    if every < 2 or batches % every == 0:
+        return None
+    return (f"the checkpoint it resumed from was taken after {batches} batches but {steps} "
+            f"optimizer steps (one every {every} batches): in the middle of an accumulation, "
+            "whose summed gradients no checkpoint holds")

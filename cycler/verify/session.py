@@ -22,8 +22,8 @@ from pathlib import Path
 from cycler.errors import ConfigError, CyclerError
 from cycler.protocol.exit_codes import EXIT_USAGE
 from cycler.verify.capture import Captured
-from cycler.verify.causes import CAUSES, Cause, name_cause, part_of
-from cycler.verify.compare import CheckpointDiff, compare_checkpoints
+from cycler.verify.causes import CAUSES, Cause, mid_accumulation, name_cause, part_of
+from cycler.verify.compare import CheckpointDiff, compare_checkpoints, leaves, load_unit, units
 from cycler.verify.matching import Pair, pair_checkpoints
 from cycler.verify.plan import Interruption, ReferenceShape, plan_interruptions
 from cycler.verify.result import (
@@ -33,7 +33,7 @@ from cycler.verify.result import (
     FirstDifference,
     VerifyResult,
 )
-from cycler.verify.runner import Progress, Runner, RunRecord
+from cycler.verify.runner import Progress, Resume, Runner, RunRecord
 from cycler.verify.scratch import make_scratch
 
 NEEDS = ("verify compares the checkpoints a run commits with cycler's savers: save with "
@@ -237,8 +237,26 @@ def _differs(result: VerifyResult, interrupted: RunRecord, pair: Pair,
         cause = name_cause(diff, world_size=theirs.manifest.world_size,
                            files=theirs.manifest.files)
     resume = None if before_any else interrupted.resumes[theirs.segment - 1]
+    if resume is not None and result.verdict == DIFFERENT:
+        cause = _accumulation(interrupted, resume) or cause
     result.first = FirstDifference(theirs.step, pair.moment, theirs.name, diff, cause, resume,
                                    theirs.segment)
+
+
+def _accumulation(interrupted: RunRecord, resume: Resume) -> Cause | None:
+    """The accumulated gradients, where the checkpoint the run resumed from was taken in the
+    middle of a gradient accumulation (what differs then is downstream of it: the weights)."""
+    taken = [c for c in interrupted.capture.kept if c.name == resume.from_name]
+    if not taken:
+        return None
+    counters = {(unit, *key): value for unit in units(list(taken[-1].manifest.files))
+                for key, value in leaves(load_unit(taken[-1].path, unit, trusted=True))
+                if isinstance(value, int)}
+    why = mid_accumulation(counters)
+    if why is None:
+        return None
+    part, fix = CAUSES["accumulation"]
+    return Cause("accumulation", part, why, fix)
 
 
 def nondeterminism(diff: CheckpointDiff) -> Cause:

@@ -46,16 +46,21 @@ def main() -> None:
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--samples", type=int, default=256)
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--seeded-loader", action="store_true",
+                        help="give the DataLoader a generator of its own")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     pl.seed_everything(0)
     callback = CyclerCallback() if args.every_steps is None else \
         CyclerCallback(every_steps=args.every_steps)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=args.epochs,
+    trainer = pl.Trainer(accelerator="cpu", devices=args.devices, max_epochs=args.epochs,
                          callbacks=[callback], enable_progress_bar=False,
                          enable_model_summary=False, log_every_n_steps=4,
                          accumulate_grad_batches=args.accumulate)
-    trainer.fit(Classifier(), DataLoader(data(args.samples), batch_size=8, shuffle=True))
+    generator = torch.Generator().manual_seed(0) if args.seeded_loader else None
+    trainer.fit(Classifier(), DataLoader(data(args.samples), batch_size=8, shuffle=True,
+                                         generator=generator))
 
 
 if __name__ == "__main__":
