@@ -37,7 +37,8 @@ def main() -> None:
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 4))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.8)
-    loader = DataLoader(data, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(1))
+    loader = DataLoader(data, batch_size=8, shuffle=True,
+                        generator=torch.Generator().manual_seed(1))
     if args.forget == "scheduler":
         model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     else:
