@@ -85,7 +85,6 @@ class CyclerCallback(pl.Callback):
         self._control: StepControl | None = None
         self._loader: ResumableLoader | None = None
         self._at_epoch_end: StepDecision | None = None
-        self._saved_at = -1
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
@@ -132,8 +131,10 @@ class CyclerCallback(pl.Callback):
             self._act(trainer, decision)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if under_verify() and not self.stopped and self._saved_at != trainer.global_step:
-            self.save(trainer)  # cycle verify compares the state training ends with
+        if under_verify() and not self.stopped:
+            # cycle verify compares the state training ends with: at every end, even where the
+            # last epoch's end committed this step (Lightning's epoch counter moved since).
+            self.save(trainer)
         self._close()
 
     def _act(self, trainer: pl.Trainer, decision: StepDecision) -> None:
@@ -156,7 +157,6 @@ class CyclerCallback(pl.Callback):
         atomic_torch_save(capture_rng_state(), directory / rng_file(trainer.global_rank))
         self._saver.symlink_latest(directory, metadata={"step": trainer.global_step,
                                                         "epoch": trainer.current_epoch})
-        self._saved_at = trainer.global_step
 
     def _checkpoint_file(self) -> str | None:
         return None if self.resumed_from is None else str(self.resumed_from / CHECKPOINT_FILE)
