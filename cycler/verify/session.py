@@ -288,6 +288,14 @@ def _note(result: VerifyResult, reference: RunRecord, interrupted: RunRecord,
         result.notes.append("the manifests carry no step: checkpoints were matched by the "
                             "data position they hold, else by commit order (pass "
                             'metadata={"step": ...} to the commit)')
+    compared_to, ran_to = result.last_step_compared, interrupted.last_step
+    if result.verdict == IDENTICAL and compared_to is not None and ran_to > compared_to:
+        result.notes.append(f"the last state compared is the checkpoint of step {compared_to}; "
+                            f"the workers counted {ran_to} StepControl steps: training after "
+                            "the last checkpoint is compared only where the script commits or "
+                            "writes its final state (integrations and LoopState commit it "
+                            "under verify; else save it, or write final.pt in the working "
+                            "directory)")
     ended, stopped = reference.capture.kept[-1].step, interrupted.capture.kept[-1].step
     # A later last checkpoint may be a stop's; an earlier one means steps were skipped.
     if result.verdict == IDENTICAL and interrupted.finished and ended is not None \
