@@ -58,8 +58,11 @@ def test_an_hf_trainer_whose_rng_is_not_restored_is_different_and_the_rng_named(
 
 def test_lightning_adopted_with_the_documented_one_line_callback_is_identical(
         tmp_path: Path) -> None:
-    done, result = cycle_verify(tmp_path, "--stops", "2", "--seed", "2",
-                                str(SCRIPTS / "lightning_tiny.py"), "--seeded-loader")
+    # 2 DDP ranks: the sampler Lightning injects is seeded. With one device and a shuffling
+    # loader the integration's resume is not exact (the RandomSampler draws its order from the
+    # global RNG, or restarts the loader's own generator): verify finds that, DIFFERENT.
+    done, result = cycle_verify(tmp_path, "--stops", "2", "--seed", "2", "--nproc-per-node",
+                                "2", str(SCRIPTS / "lightning_tiny.py"), "--devices", "2")
     assert done.returncode == 0, result
     assert result["determinism_checked_on"] >= 1
     assert any("version_N" in why or "logger" in why for why in result["skipped"])

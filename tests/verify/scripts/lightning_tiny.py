@@ -49,6 +49,7 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--seeded-loader", action="store_true",
                         help="give the DataLoader a generator of its own")
+    parser.add_argument("--in-order", action="store_true", help="a loader without shuffling")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     pl.seed_everything(0)
@@ -59,8 +60,8 @@ def main() -> None:
                          enable_model_summary=False, log_every_n_steps=4,
                          accumulate_grad_batches=args.accumulate)
     generator = torch.Generator().manual_seed(0) if args.seeded_loader else None
-    trainer.fit(Classifier(), DataLoader(data(args.samples), batch_size=8, shuffle=True,
-                                         generator=generator))
+    trainer.fit(Classifier(), DataLoader(data(args.samples), batch_size=8,
+                                         shuffle=not args.in_order, generator=generator))
 
 
 if __name__ == "__main__":
