@@ -33,7 +33,7 @@ STACKS = {
               "--batch-size", "32", "--hidden", "32", "--checkpoint-every", "8"],
     "loop": [str(SCRIPTS / "loop_tiny.py")],
     "hf": [str(SCRIPTS / "hf_tiny.py")],
-    "lightning": [str(SCRIPTS / "lightning_tiny.py"), "--seeded-loader"],
+    "lightning": [str(SCRIPTS / "lightning_tiny.py"), "--in-order"],
     "accelerate": [str(SCRIPTS / "accelerate_tiny.py")],
 }
 
