@@ -6,7 +6,9 @@ makes. verify leaves those out of every comparison and says which it left out an
 else (model, optimizer, scheduler, scaler, RNG, data position, an integration's own state) is
 compared bit for bit. A pure function of names and values: the stacks' files are named here.
 
-- Whole files: logs (TensorBoard, CSV, ``*.log``, W&B, MLflow), Lightning's ``version_N``
+- Whole files: logs (TensorBoard, ``*.csv``, ``*.txt``, ``*.log``, W&B, MLflow), plots,
+  files in a run's working directory that the other run did not write and whose names hold
+  a number (a time, a pid, a start count), Lightning's ``version_N``
   folders (its logger and ModelCheckpoint write into a new one at each start), HF's
   ``TrainingArguments`` (``training_args.bin``: the configuration, with paths and a
   time-stamped logging directory).
@@ -37,7 +39,8 @@ _FILES: list[tuple[re.Pattern[str], str]] = [
      "Lightning's version_N folder (its logger and ModelCheckpoint start a new one at each "
      "start)"),
     (re.compile(r"(^|/)(metrics\.csv|hparams\.yaml)$"), "Lightning's CSV log"),
-    (re.compile(r"\.(log|out|err)$"), "a log"),
+    (re.compile(r"\.(log|out|err|txt|csv|tsv)$"), "a log"),
+    (re.compile(r"\.(png|jpe?g|svg|pdf|html)$"), "a plot or report"),
     (re.compile(r"(^|/)training_args\.bin$"),
      "HF's TrainingArguments (the configuration, with paths and a time-stamped logging_dir)"),
     (re.compile(r"(^|/)__pycache__/|\.pyc$"), "Python's bytecode cache"),
@@ -87,3 +90,6 @@ def record_value(key: tuple[str, ...], left: Any, right: Any) -> str | None:
 
 def _is_path(text: str) -> bool:
     return text.startswith(("/", "./", "../")) and len(text) > 1
+
+
+ONLY_ONE_RUN = "a file only one run wrote (its name holds a time, a pid, a host or a start count)"

@@ -26,6 +26,7 @@ from cycler.verify.causes import CAUSES, Cause, mid_accumulation, name_cause, pa
 from cycler.verify.compare import CheckpointDiff, compare_checkpoints, leaves, load_unit, units
 from cycler.verify.matching import Pair, pair_checkpoints
 from cycler.verify.plan import Interruption, ReferenceShape, plan_interruptions
+from cycler.verify.records import ONLY_ONE_RUN, Skipped, record_file
 from cycler.verify.result import (
     DIFFERENT,
     IDENTICAL,
@@ -202,7 +203,13 @@ def _compare_ends(reference: RunRecord, interrupted: RunRecord, result: VerifyRe
                   last: CheckpointDiff | None) -> None:
     """Compare what the two runs left in their working directories at the end of training
     (the files a script writes after its loop, ``final.pt``), when they left anything."""
-    files = sorted({*_files_in(reference.workdir), *_files_in(interrupted.workdir)})
+    mine, theirs = set(_files_in(reference.workdir)), set(_files_in(interrupted.workdir))
+    # Only in one run, with a number in its name (a time, a pid, a start count): a record.
+    # Without one (final.pt), its absence from the other run is a difference.
+    generated = {name for name in mine ^ theirs if any(c.isdigit() for c in name)}
+    result.note_skipped([Skipped(name, ONLY_ONE_RUN) for name in sorted(generated)
+                         if record_file(name) is None])
+    files = sorted((mine | theirs) - generated)
     if not files:
         return
     diff = compare_checkpoints(reference.workdir, interrupted.workdir, files, trusted=True)
