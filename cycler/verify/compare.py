@@ -95,16 +95,17 @@ class CheckpointDiff:
 
 
 def compare_checkpoints(reference: Path, resumed: Path, files: list[str], *,
-                        trusted: bool = False) -> CheckpointDiff:
+                        trusted: bool = False, workdirs: bool = False) -> CheckpointDiff:
     """The differences between two checkpoint directories over ``files`` (the manifest's names,
     relative). ``trusted``: both lie in verify's own private scratch, so a file that
-    ``weights_only`` refuses may be unpickled."""
+    ``weights_only`` refuses may be unpickled. ``workdirs``: they are the runs' working
+    directories, where text and CSV files are logs."""
     differences: list[Difference] = []
     keys: list[tuple[str, tuple[str, ...]]] = []
     skipped: list[Skipped] = []
     tensors = 0
     for name in units(files):
-        why = record_file(name)
+        why = record_file(name, in_workdir=workdirs)
         if why is not None:
             skipped.append(Skipped(name, why))
             continue

@@ -6,7 +6,8 @@ makes. verify leaves those out of every comparison and says which it left out an
 else (model, optimizer, scheduler, scaler, RNG, data position, an integration's own state) is
 compared bit for bit. A pure function of names and values: the stacks' files are named here.
 
-- Whole files: logs (TensorBoard, ``*.csv``, ``*.txt``, ``*.log``, W&B, MLflow), plots,
+- Whole files: logs (TensorBoard, ``*.log``, W&B, MLflow; in a working directory also
+  ``*.txt``, ``*.csv`` and plots: in a checkpoint a ``step.txt`` is state),
   files in a run's working directory that the other run did not write and whose names hold
   a number (a time, a pid, a start count), Lightning's ``version_N``
   folders (its logger and ModelCheckpoint write into a new one at each start), HF's
@@ -39,8 +40,7 @@ _FILES: list[tuple[re.Pattern[str], str]] = [
      "Lightning's version_N folder (its logger and ModelCheckpoint start a new one at each "
      "start)"),
     (re.compile(r"(^|/)(metrics\.csv|hparams\.yaml)$"), "Lightning's CSV log"),
-    (re.compile(r"\.(log|out|err|txt|csv|tsv)$"), "a log"),
-    (re.compile(r"\.(png|jpe?g|svg|pdf|html)$"), "a plot or report"),
+    (re.compile(r"\.(log|out|err)$"), "a log"),
     (re.compile(r"(^|/)training_args\.bin$"),
      "HF's TrainingArguments (the configuration, with paths and a time-stamped logging_dir)"),
     (re.compile(r"(^|/)__pycache__/|\.pyc$"), "Python's bytecode cache"),
@@ -61,9 +61,17 @@ class Skipped:
     why: str
 
 
-def record_file(name: str) -> str | None:
-    """Why the file ``name`` (relative) is a record of the run (``None``: it is state)."""
-    for pattern, why in _FILES:
+_WORKDIR_FILES: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"\.(txt|csv|tsv)$"), "a text or CSV log"),
+    (re.compile(r"\.(png|jpe?g|svg|pdf|html)$"), "a plot or report"),
+]
+"""Records only in a run's working directory: inside a checkpoint a ``step.txt`` is state."""
+
+
+def record_file(name: str, *, in_workdir: bool = False) -> str | None:
+    """Why the file ``name`` (relative to a checkpoint, or to a run's working directory) is a
+    record of the run (``None``: it is state)."""
+    for pattern, why in [*_FILES, *(_WORKDIR_FILES if in_workdir else [])]:
         if pattern.search(name):
             return why
     return None

@@ -208,11 +208,12 @@ def _compare_ends(reference: RunRecord, interrupted: RunRecord, result: VerifyRe
     # Without one (final.pt), its absence from the other run is a difference.
     generated = {name for name in mine ^ theirs if any(c.isdigit() for c in name)}
     result.note_skipped([Skipped(name, ONLY_ONE_RUN) for name in sorted(generated)
-                         if record_file(name) is None])
+                         if record_file(name, in_workdir=True) is None])
     files = sorted((mine | theirs) - generated)
     if not files:
         return
-    diff = compare_checkpoints(reference.workdir, interrupted.workdir, files, trusted=True)
+    diff = compare_checkpoints(reference.workdir, interrupted.workdir, files, trusted=True,
+                               workdirs=True)
     result.note_skipped(diff.skipped)
     end = interrupted.last_step if interrupted.last_step >= 0 else None
     result.compared.append(("the end of training", interrupted.capture.segment, diff.identical))

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from cycler import AtomicDirectory, StepControl
+from cycler import AtomicDirectory, StepControl, default_checkpoint_root
 
 
 def main() -> None:
@@ -29,7 +30,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--every", type=int, default=None)
     args = parser.parse_args()
-    accelerator = Accelerator(cpu=True)
+    # A seedable sampler: its order is a function of the seed and the epoch (set_epoch).
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
+        use_seedable_sampler=True))
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(0)
     inputs = torch.randn(256, 8, generator=generator)
@@ -44,7 +47,7 @@ def main() -> None:
     else:
         model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader,
                                                                   scheduler)
-    saver = AtomicDirectory(keep_last=-1)
+    saver = AtomicDirectory(default_checkpoint_root(), keep_last=-1)
     control = StepControl(every_steps=args.every)
     start = 0
     latest = saver.latest_checkpoint()
