@@ -44,7 +44,7 @@ SMOKE: dict[str, list[str]] = {
     "bench_sharded": ["--sizes-mb", "10", "--repeats", "1", "--rank-mb", "8"],
     "bench_stop_paths": ["--repeats", "1", "--size-mb", "1"],
     "bench_streaming_resume": ["--smoke"],
-    "bench_verify": ["--epochs", "1", "--samples", "512", "--stops", "1"],
+    "bench_verify": ["--stops", "1"],
 }
 """Each benchmark's smallest size. A new ``bench_*.py`` must be added here (a unit test
 checks that every script has its row)."""

@@ -1,15 +1,18 @@
-"""``cycle verify``'s whole cost against the plain ``cycle run`` of the same command.
+"""``cycle verify``'s whole cost against the plain ``cycle run`` of the same command, per stack.
 
-Goal (issue 27): at most 2.5x the plain run (the reference, the interrupted run and its
-restarts together). Both are timed here, one after the other, on the same machine:
+Goal (issues 27, 35): at most 2.5x the plain run (the reference, the interrupted run and its
+restarts together). Both are timed here, one after the other, on the same machine, each
+in a fresh empty working directory:
 
-    python benchmarks/bench_verify.py [--epochs 4] [--samples 4096] [--step-delay 0.01]
-                                      [--stops 3] [--repeats 1]
-    python benchmarks/bench_verify.py --epochs 1 --samples 512 --stops 1     # the smoke size
+    python benchmarks/bench_verify.py [--stack train|loop|hf|lightning|accelerate]
+                                      [--stops 3] [--repeats 1] [-- SCRIPT ARGS...]
 
-The command is ``examples/train.py`` with a checkpoint every 16 steps. Every start of
-``cycle run`` pays for its imports and process group (seconds on a loaded machine), so the
-ratio falls as the plain run grows: the figure is printed with the plain run's length.
+``train`` is ``examples/train.py`` (64 steps, a checkpoint every 8); the others are the
+adopted scripts of ``tests/verify/scripts``. Besides the ratio it prints where verify's time
+went (from ``cycle verify --json``): each run's seconds and, of them, its starts' time to their
+first step (the stack's imports, process group, model, loading the checkpoint) and from each
+stop signal to ``cycle run``'s exit. A start costs the same in a plain run and in each of
+verify's 2 + stops starts, so a run that is mostly start-up costs about (2 + stops) / 1.
 """
 
 from __future__ import annotations
@@ -27,41 +30,65 @@ from _checks import exited, ratio, require
 
 from cycler import list_checkpoints
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train.py"
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "tests" / "verify" / "scripts"
+STACKS = {
+    "train": [str(REPO / "examples" / "train.py"), "--epochs", "2", "--samples", "1024",
+              "--batch-size", "32", "--hidden", "32", "--checkpoint-every", "8"],
+    "loop": [str(SCRIPTS / "loop_tiny.py")],
+    "hf": [str(SCRIPTS / "hf_tiny.py")],
+    "lightning": [str(SCRIPTS / "lightning_tiny.py"), "--in-order"],
+    "accelerate": [str(SCRIPTS / "accelerate_tiny.py")],
+}
 
 
-def timed(command: list[str], cwd: Path) -> float:
+def timed(command: list[str], cwd: Path, expected: tuple[int, ...]) -> tuple[float, str]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("CYCLER_", "SLURM_"))}
     environment["TMPDIR"] = str(cwd)
     started = time.perf_counter()
     done = subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True)
     seconds = time.perf_counter() - started
-    if done.returncode != 0:
+    if done.returncode not in expected:
         print(done.stdout, done.stderr, sep="\n", file=sys.stderr)
-    exited(done, " ".join(command[2:4]))
-    return seconds
+    exited(done, " ".join(command[2:4]), expected)
+    return seconds, done.stdout
+
+
+def load() -> float:
+    return os.getloadavg()[0]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--samples", type=int, default=4096)
-    parser.add_argument("--step-delay", type=float, default=0.01)
+    parser.add_argument("--stack", choices=sorted(STACKS), default="train")
     parser.add_argument("--stops", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("script", nargs="*", help="SCRIPT ARGS instead of --stack's")
     args = parser.parse_args()
-    script = [str(EXAMPLE), "--epochs", str(args.epochs), "--samples", str(args.samples),
-              "--hidden", "64", "--checkpoint-every", "16", "--step-delay", str(args.step_delay)]
+    script = args.script or STACKS[args.stack]
     cycle = [sys.executable, "-m", "cycler_cli"]
     for _ in range(args.repeats):
         with tempfile.TemporaryDirectory() as directory:
             cwd = Path(directory)
-            plain = timed([*cycle, "run", "--checkpoint-dir", str(cwd / "plain"), *script], cwd)
-            require(list_checkpoints(cwd / "plain"), "cycle run", "committed no checkpoint")
-            verify = timed([*cycle, "verify", "--stops", str(args.stops), *script], cwd)
-        print(json.dumps({"steps": args.epochs * args.samples // 32, "stops": args.stops,
+            (cwd / "plain").mkdir()
+            before = load()
+            plain, _ = timed([*cycle, "run", "--checkpoint-dir", str(cwd / "ck"), *script],
+                             cwd / "plain", (0,))
+            require(list_checkpoints(cwd / "ck"), "cycle run", "committed no checkpoint")
+            # 0 identical, 1 different: both are verdicts, each of a whole verify.
+            verify, out = timed([*cycle, "verify", "--json", "--seed", "1", "--stops",
+                                 str(args.stops), *script], cwd, (0, 1))
+        result = json.loads(out)
+        require(len(result["runs"]) >= 2 and all(run["seconds"] > 0 for run in result["runs"]),
+                "cycle verify", f"ran {len(result['runs'])} runs, expected the reference and "
+                "the interrupted one")
+        runs = {run["name"]: {key: run[key] for key in
+                              ("seconds", "starts", "startup_seconds", "stopping_seconds")}
+                for run in result["runs"]}
+        print(json.dumps({"stack": args.stack, "stops": args.stops, "verdict": result["verdict"],
                           "plain_run_s": round(plain, 1), "verify_s": round(verify, 1),
-                          "ratio": round(ratio(verify, plain, "cycle verify"), 2)}), flush=True)
+                          "ratio": round(ratio(verify, plain, "cycle verify"), 2), "runs": runs,
+                          "load": [round(before, 1), round(load(), 1)]}), flush=True)
 
 
 if __name__ == "__main__":

@@ -259,18 +259,21 @@ def verify_progress(enabled: bool) -> Iterator[tuple[Callable[[str, int, int], N
 def render_verify(result: VerifyResult) -> None:
     """The summary table of the runs, then the verdict in a few lines."""
     table = Table(box=box.SIMPLE, title="cycle verify", title_justify="left")
-    for column in ("run", "starts", "checkpoints", "interruptions", "seconds"):
+    for column in ("run", "starts", "checkpoints", "interruptions", "seconds",
+                   "of which start-up"):
         table.add_column(column, justify="left" if column in ("run", "interruptions") else "right")
     for run in result.runs:
         events = ", ".join(_interruption(r, resumed=run.finished or r is not run.resumes[-1])
                            for r in run.resumes) or "none"
         table.add_row(run.name, str(run.starts), str(len(run.capture.kept)), events,
-                      f"{run.seconds:.1f}")
+                      f"{run.seconds:.1f}", f"{run.startup_seconds:.1f}")
     console.print(table)
     after = sum(1 for _, segment, _ in result.compared if segment > 0)
     console.print(f"compared {len(result.compared)} checkpoints: {result.determinism_checked} "
                   f"before the first interruption, {after} after a resume (seed {result.seed})",
                   soft_wrap=True)
+    for line in coverage_lines(result):
+        console.print(escape(line), soft_wrap=True)
     for note in result.notes:
         console.print(f"note: {escape(note)}", style="yellow", soft_wrap=True)
     for line in verify_lines(result):
@@ -289,6 +292,18 @@ def _interruption(resume: Resume, resumed: bool) -> str:
     when = (f"step {resume.sent_at_step}" if resume.sent_at_step >= 0
             else f"commit {planned.after_checkpoints}")
     return f"{planned.kind} at {when}: {went_on}"
+
+
+def coverage_lines(result: VerifyResult) -> list[str]:
+    """How far after the last resume the states were compared, and what was left out."""
+    lines = []
+    after = result.steps_after_last_resume
+    if after is not None and result.first is None:
+        lines.append(f"compared up to step {result.last_step_compared}: {after} steps after the "
+                     "last resume")
+    for why, places in result.skipped.items():
+        lines.append(f"skipped (a record, not training state): {', '.join(places)}: {why}")
+    return lines
 
 
 def verify_lines(result: VerifyResult) -> list[str]:
@@ -310,7 +325,8 @@ def verify_lines(result: VerifyResult) -> list[str]:
              f"  likely cause: {first.cause.part}: {first.cause.why}",
              f"  fix: {first.cause.fix}"]
     if result.scratch is not None:
-        lines.append(f"  runs kept in {result.scratch}")
+        lines.append(f"  runs kept in {result.scratch} (each run's own outputs in "
+                     f"<run>/work, its log in <run>/cycle-run.log)")
     return lines
 
 

@@ -54,9 +54,9 @@ def register(app: typer.Typer) -> None:
 
         run_args = list(command or [])
         with exit_on_cycler_error():
-            _refuse_own_root(app, ctx, run_args)
-            options = VerifyOptions(run_args=run_args, cycle_run=CYCLE_RUN, stops=stops,
-                                    kills=kills, seed=seed,
+            run_args, caller_imports = _run_args_for_a_workdir(app, ctx, run_args)
+            options = VerifyOptions(run_args=run_args, caller_imports=caller_imports,
+                                    cycle_run=CYCLE_RUN, stops=stops, kills=kills, seed=seed,
                                     determinism_check=determinism_check,
                                     scratch_dir=scratch_dir, keep=keep)
             with render.verify_progress(enabled=not as_json) as (progress, compared):
@@ -71,13 +71,16 @@ def register(app: typer.Typer) -> None:
         "allow_interspersed_args": False, "ignore_unknown_options": True})(verify_command)
 
 
-def _refuse_own_root(app: typer.Typer, ctx: typer.Context, run_args: list[str]) -> None:
-    """verify gives each run its own checkpoint root: a --checkpoint-dir among cycle run's
-    options would make both runs share the user's (and the later flag would win)."""
+def _run_args_for_a_workdir(app: typer.Typer, ctx: typer.Context,
+                            run_args: list[str]) -> tuple[list[str], Path | None]:
+    """``run_args`` for runs that work in directories of their own: SCRIPT made absolute
+    where it is a path relative to this directory, and the directory a module (``-m``) is
+    imported from (``None``: not a module). Refuses a --checkpoint-dir: verify gives each run
+    its own checkpoint root (with the user's both runs would share it)."""
     group: Any = typer.main.get_command(app)  # a click group (typer vendors its click)
     run = group.get_command(ctx, "run")
     if run is None:
-        return
+        return run_args, None
     parsed: dict[str, Any] = run.make_context("run", list(run_args), resilient_parsing=True,
                                               parent=ctx.parent).params
     if not parsed.get("script"):
@@ -86,3 +89,10 @@ def _refuse_own_root(app: typer.Typer, ctx: typer.Context, run_args: list[str]) 
     if parsed.get("checkpoint_dir") is not None:
         raise ConfigError("cycle verify gives each run its own checkpoint root in its scratch "
                           "directory: leave out --checkpoint-dir")
+    if parsed.get("module"):
+        return run_args, Path.cwd()
+    script, tail = parsed["script"], list(parsed.get("args") or [])
+    at = next(i for i in range(len(run_args) - len(tail) - 1, -1, -1) if run_args[i] == script)
+    if Path(script).exists():
+        return [*run_args[:at], str(Path(script).resolve()), *run_args[at + 1:]], None
+    return run_args, None

@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader
 
 from cycler.checkpoint.atomic_directory import AtomicDirectory
 from cycler.checkpoint.saving import atomic_torch_save
-from cycler.protocol.environment import default_checkpoint_root
+from cycler.protocol.environment import default_checkpoint_root, under_verify
 from cycler.training.auto_interval import EverySteps
 from cycler.training.rng import capture_rng_state, restore_rng_state
 from cycler.training.step_control import StepControl, StepDecision
@@ -131,6 +131,10 @@ class CyclerCallback(pl.Callback):
             self._act(trainer, decision)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if under_verify() and not self.stopped:
+            # cycle verify compares the state training ends with: at every end, even where the
+            # last epoch's end committed this step (Lightning's epoch counter moved since).
+            self.save(trainer)
         self._close()
 
     def _act(self, trainer: pl.Trainer, decision: StepDecision) -> None:

@@ -40,7 +40,7 @@ import torch.distributed as dist
 from cycler.checkpoint.atomic_directory import AtomicDirectory
 from cycler.checkpoint.saving import atomic_torch_save
 from cycler.errors import ConfigError, StateMismatch
-from cycler.protocol.environment import default_checkpoint_root
+from cycler.protocol.environment import default_checkpoint_root, under_verify
 from cycler.training.auto_interval import EverySteps
 from cycler.training.rng import capture_rng_state, restore_rng_state
 from cycler.training.step_control import StepControl
@@ -82,6 +82,8 @@ class LoopState:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.stopped = False
         """Whether :meth:`step` decided a stop (its checkpoint committed)."""
+        self._last_values: dict[str, Any] | None = None
+        self._saved_at = -1
 
     def resume(self, **defaults: Any) -> tuple[Any, ...]:
         """Load the newest committed checkpoint, if any, into the objects and this rank's RNG.
@@ -109,6 +111,7 @@ class LoopState:
         or ``fingerprint`` is the step's record, compared when a restart replays the step
         (:meth:`StepControl.step <cycler.StepControl.step>`); it is not saved."""
         decision = self.control.step(loss=loss, fingerprint=fingerprint)
+        self._last_values = values
         if decision.checkpoint:
             self.save(**values)
         self.stopped = decision.stop
@@ -126,9 +129,15 @@ class LoopState:
         atomic_torch_save({"values": values, "rng": capture_rng_state()},
                           directory / rank_file(self.rank))
         self.saver.symlink_latest(directory, metadata={"step": self.control.global_step})
+        self._saved_at = self.control.global_step
 
     def close(self) -> None:
-        """After the loop, on every rank: waits for the exchange and the saves in flight."""
+        """After the loop, on every rank: waits for the exchange and the saves in flight.
+        Under ``cycle verify`` it first commits the state the loop ended with (the values of
+        the last :meth:`step`), so that verify compares the end of training too."""
+        if under_verify() and not self.stopped and self._last_values is not None \
+                and self._saved_at != self.control.global_step:
+            self.save(**self._last_values)
         self.control.close()
 
 

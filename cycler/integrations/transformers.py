@@ -42,7 +42,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 
 from cycler.checkpoint.atomic_directory import AtomicDirectory
 from cycler.errors import ConfigError
-from cycler.protocol.environment import default_checkpoint_root
+from cycler.protocol.environment import default_checkpoint_root, under_verify
 from cycler.training.auto_interval import EverySteps
 from cycler.training.step_control import StepControl
 
@@ -89,6 +89,7 @@ class CyclerCallback(TrainerCallback):
         self._loss: Any = None
         """The step's loss so far: its micro-batches' (detached) losses summed on their
         device, read by the step's fingerprint without a sync."""
+        self._saved_at = -1
 
     def attach(self, trainer: Trainer) -> None:
         """Take over ``trainer``'s ``train`` and its checkpoint saves (done when the Trainer
@@ -177,6 +178,10 @@ class CyclerCallback(TrainerCallback):
             assert self.trainer is not None
             return TrainOutput(self.trainer.state.global_step, float("nan"), {"stopped": True})
         self._close()
+        assert self.trainer is not None
+        if under_verify() and self._saved_at != self.trainer.state.global_step:
+            # cycle verify compares the state training ends with: commit it.
+            self.trainer._save_checkpoint(self.trainer.model_wrapped, None)
         return output
 
     def _save(self, hf_save: Any, model: Any, trial: Any) -> None:
@@ -195,6 +200,7 @@ class CyclerCallback(TrainerCallback):
             del trainer._get_output_dir
         saver.symlink_latest(directory, metadata={"step": state.global_step,
                                                   "epoch": int(state.epoch or 0)})
+        self._saved_at = state.global_step
         if self.stopped:
             raise _Stopped
 

@@ -44,6 +44,13 @@ ENV_ISC_ARTIFACT_PATH = "CHECKPOINT_ARTIFACT_PATH"
 ENV_ISC_LOSSY_PATH = "LOSSY_ARTIFACT_PATH"
 """ISC's directory for logs and tensorboard files; ``cycle run`` sets it beside the root."""
 
+ENV_VERIFY = "CYCLER_VERIFY"
+"""Set (``1``) by ``cycle verify`` in the runs it compares: a :class:`~cycler.StepControl`
+with no schedule of its own asks for a checkpoint at steps 2, 4, 8, 16... (the same steps in
+both runs, so that there is something to compare before and after each resume), and the
+integrations and ``LoopState.close()`` commit one at the end of training (so that the state a
+run ends with is compared). Unset: nothing changes."""
+
 DEFAULT_CHECKPOINT_DIR = "checkpoints"
 DEFAULT_CHECKPOINT_NAME = "AtomicDirectory"
 
@@ -70,3 +77,15 @@ def restart_count(environ: Mapping[str, str] | None = None) -> int:
         return max(0, int(env.get(ENV_RESTART_COUNT, "0")))
     except ValueError:
         return 0
+
+
+def under_verify(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process is a run of ``cycle verify`` (``$CYCLER_VERIFY``)."""
+    env = os.environ if environ is None else environ
+    return env.get(ENV_VERIFY) == "1"
+
+
+def verify_wants_checkpoint(step: int) -> bool:
+    """Whether ``cycle verify``'s own schedule asks for a checkpoint at global step ``step``
+    (a power of two from 2): about log2(steps) checkpoints, at the same steps in every run."""
+    return step >= 2 and step & (step - 1) == 0

@@ -56,7 +56,7 @@ from cycler._distributed import in_process_group, settle_gloo_threads_at_exit
 from cycler.checkpoint.in_flight import stop_decided, wait_for_saves
 from cycler.errors import ConfigError, CyclerError, StateMismatch
 from cycler.protocol.control import Action, ControlFileWatcher, ControlRequest
-from cycler.protocol.environment import ENV_CONTROL_FILE
+from cycler.protocol.environment import ENV_CONTROL_FILE, under_verify, verify_wants_checkpoint
 from cycler.protocol.progress import AFTER_THE_LOOP, PAUSED, beacon
 from cycler.protocol.stop_signals import shield_from_stray_signals
 from cycler.training.auto_interval import (
@@ -222,6 +222,10 @@ class StepControl:
         )
         self._group = _distributed_group(process_group)
         self._auto = as_auto_interval(every_steps)
+        self._for_verify = every_steps is None and every_seconds is None and \
+            under_verify(environ)
+        """``cycle verify`` runs this script and it has no schedule of its own: checkpoint at
+        verify's steps (:func:`~cycler.protocol.environment.verify_wants_checkpoint`)."""
         self._interval: int | None = None
         """The auto interval every rank uses now (steps), once rank 0 chose one."""
         self._chooser = None if self._auto is None or (
@@ -437,6 +441,8 @@ class StepControl:
         if self._auto is not None:
             return (self._interval is not None
                     and self._step - self._last_checkpoint_step >= self._interval)
+        if self._for_verify:
+            return verify_wants_checkpoint(self._step)
         return isinstance(self.every_steps, int) and self._step % self.every_steps == 0
 
     def _decide(self, signals: _Signals) -> StepDecision:
@@ -455,7 +461,9 @@ class StepControl:
             reasons.append("stop requested")
         if signals.checkpoint:
             reasons.append("checkpoint requested")
-        if scheduled:
+        if scheduled and self._for_verify:
+            reasons.append("cycle verify's schedule")
+        elif scheduled:
             reasons.append(f"every {self._interval if self._auto else self.every_steps} steps"
                            + (" (auto)" if self._auto else ""))
         if signals.timer:

@@ -13,7 +13,7 @@ or one file for several ranks. Parts are recognised by the names the script give
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from cycler.verify.compare import CheckpointDiff, Difference
@@ -59,6 +59,11 @@ CAUSES: dict[str, tuple[str, str]] = {
                    f"({DOCS}#a-ranks-own-state)"),
     "counters": ("the step and epoch counters", "save StepControl's and EpochLoop's "
                  f"state_dict() and load them on resume ({DOCS}#the-counters)"),
+    "accumulation": ("the gradients accumulated since the last optimizer step",
+                     "checkpoint only after an optimizer step: with accumulate_grad_batches=N at "
+                     "batches that are multiples of N (.grad is not in any checkpoint, so a "
+                     "resume in the middle of an accumulation loses what was summed) "
+                     f"({DOCS}#gradient-accumulation)"),
     "model": ("the model alone", "save model.state_dict() and load it on resume; a buffer "
               "registered with persistent=False or a plain attribute is not in it "
               f"({DOCS}#the-model-alone)"),
@@ -72,7 +77,9 @@ _PARTS: list[tuple[str, re.Pattern[str]]] = [
     ("metrics", re.compile(r"metric|loss|logs?$|history")),
     ("counters", re.compile(r"^(control|epochs?|steps?|global_step|progress|trainer_state)$")),
 ]
-_RANK_FILE = re.compile(r"rank[-_]?(\d+)")
+_RANK_FILE = re.compile(r"(?:rank|rng_state|rng|random_states)[-_]?(\d+)")
+"""A rank's own file: cycler's ``rank-N.pt``/``rng-N.pt``, HF's ``rng_state_N.pth``,
+Accelerate's ``random_states_N.pkl``."""
 
 
 def part_of(file: str, key: tuple[str, ...]) -> str:
@@ -84,13 +91,21 @@ def part_of(file: str, key: tuple[str, ...]) -> str:
     return "model"
 
 
-def name_cause(diff: CheckpointDiff, *, world_size: int, files: Iterable[str]) -> Cause:
-    """The likely cause of ``diff``, the first differences after a resume."""
+def name_cause(diff: CheckpointDiff, *, world_size: int, files: Iterable[str],
+               checkpoint: CheckpointDiff | None = None) -> Cause:
+    """The likely cause of ``diff``, the first differences after a resume. ``checkpoint``: the
+    last committed checkpoint, compared identical, when ``diff`` is the end of training (files
+    the script wrote after its last checkpoint, which may hold the model alone)."""
     differing = {part_of(d.file, d.key) for d in diff.differences}
-    saved = {part_of(file, key) for file, key in diff.keys}
+    saved = {part_of(file, key) for file, key in (checkpoint or diff).keys}
     upstream = _upstream(diff.differences, differing)
     if upstream is not None:
         name, why, evidence = upstream
+    elif checkpoint is not None and "scheduler" not in saved:
+        name, evidence = "scheduler", None
+        why = ("the last checkpoint is identical and the end of training differs: state the "
+               "checkpoint does not hold acted after it, and it holds no scheduler (whose "
+               "learning rate changes with the step)")
     else:
         (name, why), evidence = _unsaved(differing, saved, world_size, list(files)), None
     part, fix = CAUSES[name]
@@ -150,3 +165,26 @@ def _unsaved(differing: set[str], saved: set[str], world_size: int,
 def _is_learning_rate(d: Difference) -> bool:
     return part_of(d.file, d.key) == "optimizer" and bool(d.key) and d.key[-1] in (
         "lr", "initial_lr")
+
+
+_BATCHES = ("epoch_loop", "batch_progress", "total", "processed")
+_OPTIMIZER_STEPS = ("optimizer", "step", "total", "completed")
+
+
+def mid_accumulation(counters: Mapping[tuple[str, ...], object]) -> str | None:
+    """Why a checkpoint was taken in the middle of a gradient accumulation, from the loop
+    counters it holds (Lightning's batches processed and optimizer steps: more batches than
+    steps means gradients are accumulated, and a batch count that is not a multiple of the
+    ratio means some were summed into ``.grad`` and not stepped); ``None`` when it was not or
+    the counters are not there."""
+    batches = next((v for k, v in counters.items() if k[-4:] == _BATCHES), None)
+    steps = next((v for k, v in counters.items() if k[-4:] == _OPTIMIZER_STEPS), None)
+    if not isinstance(batches, int) or not isinstance(steps, int) or steps <= 0 \
+            or batches <= steps:
+        return None
+    every = round(batches / steps)
+    if every < 2 or batches % every == 0:
+        return None
+    return (f"the checkpoint it resumed from was taken after {batches} batches but {steps} "
+            f"optimizer steps (one every {every} batches): in the middle of an accumulation, "
+            "whose summed gradients no checkpoint holds")

@@ -5,7 +5,9 @@ A file is loaded the way its writer saved it: ``torch.save`` files with
 ``torch.load(weights_only=True)`` (and, only for checkpoints inside verify's own private scratch
 directory, the full unpickler where a file holds more than tensors and plain containers); a
 torch.distributed.checkpoint save (its ``.metadata`` and ``*.distcp`` shards) as one state dict
-per directory; JSON by value; anything else byte for byte.
+per directory; JSON by value; ``safetensors`` by tensor; plain pickles (Accelerate's
+``random_states_N.pkl``) by value inside the scratch; anything else byte for byte. What
+:mod:`.records` calls a record of the run (logs, wall-clock times, paths) is left out and listed.
 """
 
 from __future__ import annotations
@@ -13,15 +15,19 @@ from __future__ import annotations
 import json
 import math
 import pickle
+import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from cycler.verify.records import Skipped, record_file, record_value
+
 DCP_METADATA = ".metadata"
 _DCP_SHARD_SUFFIX = ".distcp"
+_LOG = re.compile(r"the run's log")
 _TORCH_RNG_STATE_SIZE = 5056
 """Bytes of a CPU torch.Generator's state."""
 
@@ -43,6 +49,8 @@ class Difference:
     """How many elements of a tensor differ."""
     one_draw_ahead: bool = False
     """A CPU generator state that is the reference's advanced by exactly one int64 draw."""
+    record: str | None = None
+    """Why the value is a record of the run rather than its state (:mod:`.records`)."""
 
     @property
     def is_tensor(self) -> bool:
@@ -63,6 +71,8 @@ class CheckpointDiff:
     checkpoint saves at all."""
     tensors: int = 0
     """How many tensors the reference holds."""
+    skipped: list[Skipped] = field(default_factory=list)
+    """Files and values left out as records of the run (logs, times, paths)."""
 
     @property
     def identical(self) -> bool:
@@ -75,7 +85,7 @@ class CheckpointDiff:
     def without(self, ignored: set[tuple[str, tuple[str, ...]]]) -> CheckpointDiff:
         """The same comparison with the differences at ``ignored`` (file, key) leaves left out."""
         kept = [d for d in self.differences if (d.file, d.key) not in ignored]
-        return CheckpointDiff(kept, self.keys, self.tensors)
+        return CheckpointDiff(kept, self.keys, self.tensors, self.skipped)
 
     @property
     def largest(self) -> float | None:
@@ -85,21 +95,31 @@ class CheckpointDiff:
 
 
 def compare_checkpoints(reference: Path, resumed: Path, files: list[str], *,
-                        trusted: bool = False) -> CheckpointDiff:
+                        trusted: bool = False, workdirs: bool = False) -> CheckpointDiff:
     """The differences between two checkpoint directories over ``files`` (the manifest's names,
     relative). ``trusted``: both lie in verify's own private scratch, so a file that
-    ``weights_only`` refuses may be unpickled."""
+    ``weights_only`` refuses may be unpickled. ``workdirs``: they are the runs' working
+    directories, where text and CSV files are logs."""
     differences: list[Difference] = []
     keys: list[tuple[str, tuple[str, ...]]] = []
+    skipped: list[Skipped] = []
     tensors = 0
     for name in units(files):
+        why = record_file(name, in_workdir=workdirs)
+        if why is not None:
+            skipped.append(Skipped(name, why))
+            continue
         left, right = load_unit(reference, name, trusted), load_unit(resumed, name, trusted)
         for key, value in leaves(left):
             if value is not None:  # a None holds no state: "rng": None saves no RNG
                 keys.append((name, key))
             tensors += isinstance(value, torch.Tensor)
-        differences.extend(diff_objects(name, left, right))
-    return CheckpointDiff(differences, keys, tensors)
+        for difference in diff_objects(name, left, right):
+            if difference.record is None:
+                differences.append(difference)
+            else:
+                skipped.append(Skipped(difference.where(), difference.record))
+    return CheckpointDiff(differences, keys, tensors, skipped)
 
 
 def units(files: list[str]) -> list[str]:
@@ -130,6 +150,8 @@ def load_unit(directory: Path, name: str, trusted: bool) -> Any:
             return json.loads(data)
         except ValueError:
             return data
+    if name.endswith(".safetensors"):
+        return _load_safetensors(data)
     return _load_torch(path, trusted, data)
 
 
@@ -150,8 +172,27 @@ def _load_torch(path: Path, trusted: bool, data: bytes) -> Any:
         try:
             return torch.load(path, map_location="cpu", weights_only=False)
         except Exception:  # noqa: BLE001 (not a torch file after all: compared byte for byte)
-            return data
-    except Exception:  # noqa: BLE001 (not a torch file: compared byte for byte)
+            return _load_pickle(data)
+    except Exception:  # noqa: BLE001 (not a torch file: a plain pickle, or bytes)
+        return _load_pickle(data) if trusted else data
+
+
+def _load_pickle(data: bytes) -> Any:
+    """A plain pickle (Accelerate's ``random_states_N.pkl``), only inside verify's scratch."""
+    try:
+        return pickle.loads(data)  # noqa: S301 (verify's own private scratch: see the docstring)
+    except Exception:  # noqa: BLE001 (not a pickle: compared byte for byte)
+        return data
+
+
+def _load_safetensors(data: bytes) -> Any:
+    try:
+        from safetensors.torch import load
+    except ImportError:  # not installed: compared byte for byte
+        return data
+    try:
+        return load(data)
+    except Exception:  # noqa: BLE001 (not a safetensors file after all)
         return data
 
 
@@ -194,24 +235,32 @@ def _children(value: Any) -> dict[str, Any] | None:
 def diff_objects(file: str, left: Any, right: Any,
                  key: tuple[str, ...] = ()) -> Iterator[Difference]:
     """The differences between two loaded objects, in key order."""
+    record = record_value(key, left, right)
     if left is MISSING or right is MISSING:
         if left is not right:
             yield Difference(file, key, "only in the resumed run" if left is MISSING
-                             else "only in the reference")
+                             else "only in the reference", record=record)
         return
     if isinstance(left, torch.Tensor) or isinstance(right, torch.Tensor):
-        yield from _diff_tensors(file, key, left, right)
+        for difference in _diff_tensors(file, key, left, right):
+            yield difference if record is None else replace(difference, record=record)
         return
     mine, theirs = _children(left), _children(right)
     if mine is None or theirs is None:
         if type(left) is not type(right) and (mine is not None or theirs is not None):
-            yield Difference(file, key, "type")
+            yield Difference(file, key, "type", record=record)
         elif not _same_value(left, right):
-            yield Difference(file, key, "values", largest=_number_gap(left, right))
+            yield Difference(file, key, "values", largest=_number_gap(left, right),
+                             record=record)
         return
-    for name in [*mine, *(k for k in theirs if k not in mine)]:
-        yield from diff_objects(file, mine.get(name, MISSING), theirs.get(name, MISSING),
-                                (*key, name))
+    inner = (difference for name in [*mine, *(k for k in theirs if k not in mine)]
+             for difference in diff_objects(file, mine.get(name, MISSING),
+                                            theirs.get(name, MISSING), (*key, name)))
+    if record is not None and _LOG.match(record):
+        if next(inner, None) is not None:
+            yield Difference(file, key, "values", record=record)  # a whole log: one line
+        return
+    yield from inner
 
 
 def _same_value(left: Any, right: Any) -> bool:

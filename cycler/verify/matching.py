@@ -31,9 +31,12 @@ class Pair:
 def pair_checkpoints(reference: list[Captured], interrupted: list[Captured]) -> list[Pair]:
     """The pairs, in the reference's commit order (see the module's docstring)."""
     if all(c.step is not None for c in [*reference, *interrupted]):
-        by_step = {c.step: c for c in interrupted}  # a step committed twice: the later one
-        return [Pair(c, by_step[c.step], f"step {c.step}") for c in reference
-                if c.step in by_step]
+        # By step and epoch: a step committed at an epoch's end and again after the last epoch
+        # (Lightning's epoch counter moves between them) is two moments. A moment committed
+        # twice (a stop's checkpoint after a periodic one): the later one.
+        by_moment = {(c.step, c.manifest.epoch): c for c in interrupted}
+        return [Pair(c, by_moment[(c.step, c.manifest.epoch)], f"step {c.step}")
+                for c in reference if (c.step, c.manifest.epoch) in by_moment]
     positions = [data_position(c) for c in reference]
     if all(positions):
         by_position = {data_position(c): c for c in interrupted}

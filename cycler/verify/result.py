@@ -20,6 +20,7 @@ from typing import Any
 
 from cycler.verify.causes import Cause, part_of
 from cycler.verify.compare import CheckpointDiff, Difference
+from cycler.verify.records import Skipped
 from cycler.verify.runner import Resume, RunRecord
 
 IDENTICAL, DIFFERENT, NONDETERMINISTIC = "identical", "different", "nondeterministic"
@@ -93,10 +94,35 @@ class VerifyResult:
     """Checkpoints compared before the first interruption (the determinism check)."""
     determinism_check: bool = True
     """Whether a difference before the first interruption is judged nondeterminism."""
+    skipped: dict[str, list[str]] = field(default_factory=dict)
+    """Why -> where: the files and values left out as records of the runs (logs, times, paths),
+    a few places each."""
+    last_step_compared: int | None = None
+    """The latest step at which the runs' states were compared (a checkpoint, or the end of
+    training where the runs left files in their working directories)."""
 
     @property
     def exit_code(self) -> int:
         return EXIT_CODES[self.verdict]
+
+    def note_skipped(self, skipped: list[Skipped]) -> None:
+        for item in skipped:
+            places = self.skipped.setdefault(item.why, [])
+            if item.where not in places and len(places) < _SHOWN:
+                places.append(item.where)
+
+    @property
+    def steps_after_last_resume(self) -> int | None:
+        """How many steps after the last resume were compared (``None``: unknown)."""
+        interrupted = self.runs[1] if len(self.runs) > 1 else None
+        if interrupted is None or not interrupted.resumes or self.last_step_compared is None:
+            return None
+        start = interrupted.resumes[-1].from_step
+        return None if start is None else self.last_step_compared - start
+
+    def workdirs(self) -> dict[str, str]:
+        """Where each run's working directory (its relative outputs) is."""
+        return {run.name: str(run.workdir) for run in self.runs}
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -108,11 +134,16 @@ class VerifyResult:
                          for moment, g, same in self.compared],
             "first_difference": self.first.as_dict() if self.first else None,
             "runs": [_run_dict(run) for run in self.runs], "notes": self.notes,
+            "skipped": self.skipped, "last_step_compared": self.last_step_compared,
+            "steps_after_last_resume": self.steps_after_last_resume,
         }
 
 
 def _run_dict(run: RunRecord) -> dict[str, Any]:
     return {"name": run.name, "seconds": round(run.seconds, 2), "starts": run.starts,
+            "startup_seconds": round(run.startup_seconds, 2),
+            "stopping_seconds": round(run.stopping_seconds, 2),
             "checkpoints": len(run.capture.kept), "missed": run.capture.missed,
             "last_step": run.last_step, "finished": run.finished,
+            "workdir": str(run.workdir),
             "interruptions": [r.as_dict() for r in run.resumes]}

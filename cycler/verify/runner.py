@@ -1,8 +1,12 @@
 """Drive real ``cycle run`` processes: one run uninterrupted, one stopped and killed at chosen
 steps and started again after each stop, as a scheduler would requeue it.
 
-Each run has its own checkpoint root and log under the scratch directory; the user's
-``cycle run`` options and script arguments go through unchanged after ``--checkpoint-dir``. A
+Each run has its own checkpoint root, log and working directory under the scratch directory
+(``<run>/work``: empty at the start, every start of the run works in it, so the script's
+relative outputs land at the same relative paths there and never in the caller's directory);
+the user's ``cycle run`` options and script arguments go through unchanged after
+``--checkpoint-dir``. The runs' environment has ``CYCLER_VERIFY=1``: the script's
+``StepControl`` adds verify's checkpoints and the integrations commit the end of training. A
 stop is the stop signal sent to ``cycle run`` (it exits 75 after the stop checkpoint, and is
 started again); a kill is ``kill -9`` of one worker (``cycle run`` restarts the workers itself).
 """
@@ -23,6 +27,7 @@ from typing import IO
 from cycler._fs import pid_alive
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.errors import ConfigError, CyclerError
+from cycler.protocol.environment import ENV_VERIFY
 from cycler.protocol.exit_codes import EXIT_REQUEUE, EXIT_SUCCESS, EXIT_USAGE
 from cycler.protocol.progress import Reading, read_beacons
 from cycler.verify.capture import Capture
@@ -72,12 +77,20 @@ class RunRecord:
     name: str
     capture: Capture
     log: Path
+    workdir: Path
+    """The run's working directory (what the script wrote with relative paths)."""
     seconds: float = 0.0
     starts: int = 0
     last_step: int = -1
     resumes: list[Resume] = field(default_factory=list)
     finished: bool = False
     """Whether the script ran to its end (``cycle run`` exited 0)."""
+    startup_seconds: float = 0.0
+    """Of :attr:`seconds`, the starts' time to their first step (the interpreter, cycle run,
+    torchrun, the stack's imports, the process group, building the model, loading the
+    checkpoint): where a short run's time goes."""
+    stopping_seconds: float = 0.0
+    """Of :attr:`seconds`, the time from each stop signal to ``cycle run``'s exit."""
 
 
 Progress = Callable[[str, int, int], None]
@@ -89,13 +102,18 @@ class Runner:
 
     def __init__(self, cycle_run: Sequence[str], run_args: list[str], scratch: Path, *,
                  environ: Mapping[str, str] | None = None,
-                 progress: Progress = lambda name, step, kept: None) -> None:
+                 progress: Progress = lambda name, step, kept: None,
+                 imports: Path | None = None) -> None:
         self.cycle_run = list(cycle_run)
         """The command that starts ``cycle run`` (the CLI's own: the library never names it)."""
         self.run_args = run_args
         self.scratch = scratch
         source = os.environ if environ is None else environ
         self.environ = {k: v for k, v in source.items() if not k.startswith(_NOT_PASSED)}
+        self.environ[ENV_VERIFY] = "1"
+        if imports is not None:
+            self.environ["PYTHONPATH"] = os.pathsep.join(
+                [str(imports), *filter(None, [self.environ.get("PYTHONPATH")])])
         self.progress = progress
 
     def run(self, name: str, interruptions: Sequence[Interruption] = (), *,
@@ -108,7 +126,8 @@ class Runner:
         directory = self.scratch / name
         directory.mkdir(mode=0o700)
         record = RunRecord(name, Capture(directory / "checkpoints", directory / "kept"),
-                           directory / "cycle-run.log")
+                           directory / "cycle-run.log", directory / "work")
+        record.workdir.mkdir(mode=0o700)
         pending = list(interruptions)
         started = time.monotonic()
         with open(record.log, "ab") as log:
@@ -122,7 +141,9 @@ class Runner:
                     raise ConfigError(f"cycle run refused the command: {_last_line(record.log)}")
                 if code != EXIT_REQUEUE or not record.resumes:
                     raise RunFailed(f"the {name} run's cycle run exited {code} (its output: "
-                                    f"{record.log})")
+                                    f"{record.log}; it ran in the empty directory "
+                                    f"{record.workdir}: give the script's inputs as absolute "
+                                    "paths)")
                 record.capture.segment += 1
                 if not go_on(record):
                     break
@@ -138,7 +159,9 @@ class Runner:
         log.flush()
         guarded = [sys.executable, "-c", _STOPPED_WITH_VERIFY, str(os.getpid()), *command]
         process = subprocess.Popen(guarded, stdout=log, stderr=subprocess.STDOUT,
-                                   env=self.environ, start_new_session=True)
+                                   cwd=record.workdir,
+                                   env={**self.environ, "PWD": str(record.workdir)},
+                                   start_new_session=True)
         try:
             return self._watch(process, record, pending, count_delay)
         except BaseException:
@@ -148,18 +171,29 @@ class Runner:
     def _watch(self, process: subprocess.Popen[bytes], record: RunRecord,
                pending: list[Interruption], count_delay: float) -> int:
         capture, beacons = record.capture, CheckpointLayout(record.capture.root).progress_dir()
-        stopping, shown = False, 0.0
+        stopping, shown, began = False, 0.0, time.monotonic()
+        stop_sent = began
+        first_seen: dict[int, int] | None = {}  # pid -> its first step; None once one stepped
         while (code := process.poll()) is None:
             capture.poll()
             readings = [r for r in read_beacons(beacons) if pid_alive(r.pid)]
             record.last_step = max([record.last_step, *(r.step for r in readings)])
+            if first_seen is not None:
+                for reading in readings:
+                    if first_seen.setdefault(reading.pid, reading.step) != reading.step:
+                        record.startup_seconds += time.monotonic() - began
+                        first_seen = None
+                        break
             if pending and not stopping and _due(pending[0], record, readings, count_delay):
                 stopping = self._interrupt(process, record, pending.pop(0), readings)
+                stop_sent = time.monotonic()
             if time.monotonic() - shown > 0.2:
                 self.progress(record.name, record.last_step, len(capture.kept))
                 shown = time.monotonic()
             time.sleep(POLL_SECONDS)
         capture.poll()
+        if stopping:
+            record.stopping_seconds += time.monotonic() - stop_sent
         if stopping and record.resumes:
             record.resumes[-1] = _resumed_from(record.resumes[-1], capture)
         return code

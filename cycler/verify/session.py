@@ -22,10 +22,11 @@ from pathlib import Path
 from cycler.errors import ConfigError, CyclerError
 from cycler.protocol.exit_codes import EXIT_USAGE
 from cycler.verify.capture import Captured
-from cycler.verify.causes import CAUSES, Cause, name_cause, part_of
-from cycler.verify.compare import CheckpointDiff, compare_checkpoints
+from cycler.verify.causes import CAUSES, Cause, mid_accumulation, name_cause, part_of
+from cycler.verify.compare import CheckpointDiff, compare_checkpoints, leaves, load_unit, units
 from cycler.verify.matching import Pair, pair_checkpoints
 from cycler.verify.plan import Interruption, ReferenceShape, plan_interruptions
+from cycler.verify.records import ONLY_ONE_RUN, Skipped, record_file
 from cycler.verify.result import (
     DIFFERENT,
     IDENTICAL,
@@ -33,7 +34,7 @@ from cycler.verify.result import (
     FirstDifference,
     VerifyResult,
 )
-from cycler.verify.runner import Progress, Runner, RunRecord
+from cycler.verify.runner import Progress, Resume, Runner, RunRecord
 from cycler.verify.scratch import make_scratch
 
 NEEDS = ("verify compares the checkpoints a run commits with cycler's savers: save with "
@@ -73,6 +74,9 @@ class VerifyOptions:
     """A private directory (0700) to keep the runs in (default: one under the system's tmp)."""
     keep: bool = False
     """Keep the runs' checkpoints even when identical."""
+    caller_imports: Path | None = None
+    """A directory the runs import from although they work elsewhere (the caller's, for a
+    module run with ``-m``)."""
 
     def __post_init__(self) -> None:
         if not self.cycle_run:
@@ -94,7 +98,8 @@ def verify(options: VerifyOptions, progress: Progress = lambda name, step, kept:
     when the runs are identical (unless ``options.keep``) and kept, and named, otherwise."""
     seed = options.seed if options.seed is not None else random.randrange(1 << 31)
     scratch = make_scratch(options.scratch_dir)
-    runner = Runner(options.cycle_run, options.run_args, scratch, progress=progress)
+    runner = Runner(options.cycle_run, options.run_args, scratch, progress=progress,
+                    imports=options.caller_imports)
     try:
         result = _verify(options, runner, seed, compared)
     except ConfigError:
@@ -132,7 +137,9 @@ def _verify(options: VerifyOptions, runner: Runner, seed: int,
                              go_on=deterministic_so_far)
     result.runs.append(interrupted)
     if result.verdict == IDENTICAL:
-        _compare(reference, interrupted, result, compared, idle)
+        last = _compare(reference, interrupted, result, compared, idle)
+        if result.verdict == IDENTICAL and interrupted.finished:
+            _compare_ends(reference, interrupted, result, last)
     if result.verdict == IDENTICAL and not any(segment > 0 for _, segment, _ in result.compared):
         raise NothingToVerify("no checkpoint after a resume could be compared with the "
                               "reference's: commit more often or run longer (the runs are in "
@@ -167,9 +174,10 @@ def idle_streams(first: Captured, last: Captured) -> set[tuple[str, tuple[str, .
 
 def _compare(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
              compared: Compared, idle: set[tuple[str, tuple[str, ...]]],
-             segments: int | None = None) -> None:
+             segments: int | None = None) -> CheckpointDiff | None:
     """Compare the pairs not compared yet (of the first ``segments`` only), oldest first,
-    until the first difference."""
+    until the first difference; returns the last comparison."""
+    diff = None
     done = len(result.compared)
     pairs = pair_checkpoints(reference.capture.kept, interrupted.capture.kept)[done:]
     if segments is not None:
@@ -180,11 +188,50 @@ def _compare(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
         files = sorted({*mine.manifest.files, *theirs.manifest.files})
         diff = compare_checkpoints(mine.path, theirs.path, files, trusted=True).without(idle)
         result.compared.append((pair.moment, theirs.segment, diff.identical))
+        result.note_skipped(diff.skipped)
+        if theirs.step is not None:
+            result.last_step_compared = theirs.step
         if theirs.segment == 0:
             result.determinism_checked += 1
         if not diff.identical:
             _differs(result, interrupted, pair, diff)
-            return
+            return diff
+    return diff
+
+
+def _compare_ends(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
+                  last: CheckpointDiff | None) -> None:
+    """Compare what the two runs left in their working directories at the end of training
+    (the files a script writes after its loop, ``final.pt``), when they left anything."""
+    mine, theirs = set(_files_in(reference.workdir)), set(_files_in(interrupted.workdir))
+    # Only in one run, with a number in its name (a time, a pid, a start count): a record.
+    # Without one (final.pt), its absence from the other run is a difference.
+    generated = {name for name in mine ^ theirs if any(c.isdigit() for c in name)}
+    result.note_skipped([Skipped(name, ONLY_ONE_RUN) for name in sorted(generated)
+                         if record_file(name, in_workdir=True) is None])
+    files = sorted((mine | theirs) - generated)
+    if not files:
+        return
+    diff = compare_checkpoints(reference.workdir, interrupted.workdir, files, trusted=True,
+                               workdirs=True)
+    result.note_skipped(diff.skipped)
+    end = interrupted.last_step if interrupted.last_step >= 0 else None
+    result.compared.append(("the end of training", interrupted.capture.segment, diff.identical))
+    if diff.identical:
+        if end is not None and diff.keys:
+            result.last_step_compared = max(result.last_step_compared or 0, end)
+        return
+    result.verdict = DIFFERENT
+    cause = name_cause(diff, world_size=1, files=files, checkpoint=last)
+    resume = interrupted.resumes[-1] if interrupted.resumes else None
+    result.first = FirstDifference(end, "the end of training (the files the runs left in their "
+                                   "working directories)", "work/", diff, cause, resume,
+                                   len(interrupted.resumes))
+
+
+def _files_in(directory: Path) -> list[str]:
+    return [str(path.relative_to(directory)) for path in sorted(directory.rglob("*"))
+            if path.is_file() and not path.is_symlink()]
 
 
 def _differs(result: VerifyResult, interrupted: RunRecord, pair: Pair,
@@ -198,8 +245,26 @@ def _differs(result: VerifyResult, interrupted: RunRecord, pair: Pair,
         cause = name_cause(diff, world_size=theirs.manifest.world_size,
                            files=theirs.manifest.files)
     resume = None if before_any else interrupted.resumes[theirs.segment - 1]
+    if resume is not None and result.verdict == DIFFERENT:
+        cause = _accumulation(interrupted, resume) or cause
     result.first = FirstDifference(theirs.step, pair.moment, theirs.name, diff, cause, resume,
                                    theirs.segment)
+
+
+def _accumulation(interrupted: RunRecord, resume: Resume) -> Cause | None:
+    """The accumulated gradients, where the checkpoint the run resumed from was taken in the
+    middle of a gradient accumulation (what differs then is downstream of it: the weights)."""
+    taken = [c for c in interrupted.capture.kept if c.name == resume.from_name]
+    if not taken:
+        return None
+    counters = {(unit, *key): value for unit in units(list(taken[-1].manifest.files))
+                for key, value in leaves(load_unit(taken[-1].path, unit, trusted=True))
+                if isinstance(value, int)}
+    why = mid_accumulation(counters)
+    if why is None:
+        return None
+    part, fix = CAUSES["accumulation"]
+    return Cause("accumulation", part, why, fix)
 
 
 def nondeterminism(diff: CheckpointDiff) -> Cause:
@@ -231,6 +296,14 @@ def _note(result: VerifyResult, reference: RunRecord, interrupted: RunRecord,
         result.notes.append("the manifests carry no step: checkpoints were matched by the "
                             "data position they hold, else by commit order (pass "
                             'metadata={"step": ...} to the commit)')
+    compared_to, ran_to = result.last_step_compared, interrupted.last_step
+    if result.verdict == IDENTICAL and compared_to is not None and ran_to > compared_to:
+        result.notes.append(f"the last state compared is the checkpoint of step {compared_to}; "
+                            f"the workers counted {ran_to} StepControl steps: training after "
+                            "the last checkpoint is compared only where the script commits or "
+                            "writes its final state (integrations and LoopState commit it "
+                            "under verify; else save it, or write final.pt in the working "
+                            "directory)")
     ended, stopped = reference.capture.kept[-1].step, interrupted.capture.kept[-1].step
     # A later last checkpoint may be a stop's; an earlier one means steps were skipped.
     if result.verdict == IDENTICAL and interrupted.finished and ended is not None \

@@ -20,7 +20,7 @@ ALLOWED = {
     "integrations": {"training", "checkpoint", "data", "protocol"},
     "verify": {"checkpoint", "protocol"},
 }
-"""Which other parts each part may import (DESIGN.md, "Layout of the package"). The helpers
+"""Which other parts each part may import (docs/design.md, "Layout of the package"). The helpers
 (``_fs``, ``errors``) are below every part; ``errors`` reads the exit codes, a leaf module."""
 
 HELPERS = {"_fs", "_distributed", "_version", "errors"}

@@ -73,7 +73,7 @@ def test_verify_of_a_script_that_forgets_one_thing_exits_1_and_names_it(
     assert done.returncode == 1, done.stdout + done.stderr
     assert "cycle verify: DIFFERENT at step" in done.stdout
     assert f"likely cause: {named}:" in done.stdout, done.stdout
-    kept = done.stdout.split("runs kept in ")[1].strip()
+    kept = done.stdout.split("runs kept in ")[1].split(" (")[0].strip()
     assert (Path(kept) / "interrupted" / "cycle-run.log").exists()
     assert Path(kept).stat().st_mode & 0o077 == 0
 

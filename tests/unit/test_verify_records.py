@@ -1,0 +1,98 @@
+"""verify knows which files and values of a stack are records of a run (logs, wall-clock
+times, paths, a stop's flags) rather than its training state: it leaves them out of the
+comparison and lists them; everything else still differs where it differs."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import torch
+
+from cycler.verify.causes import mid_accumulation, name_cause
+from cycler.verify.compare import compare_checkpoints
+from cycler.verify.records import record_file, record_value
+
+
+def hf_checkpoint(directory: Path, *, runtime: float, loss: float, stop: bool,
+                  output: str, weight: float = 1.0) -> list[str]:
+    folder = directory / "checkpoint-8"
+    folder.mkdir(parents=True)
+    (folder / "trainer_state.json").write_text(json.dumps({
+        "global_step": 8, "epoch": 0.5, "best_model_checkpoint": output + "/checkpoint-8",
+        "log_history": [{"loss": loss, "step": 5}, {"train_runtime": runtime}],
+        "stateful_callbacks": {"TrainerControl": {"args": {"should_training_stop": stop,
+                                                           "should_save": True}}}}))
+    torch.save({"state": {0: {"exp_avg": torch.full((2,), weight)}},
+                "param_groups": [{"lr": 0.001, "params": [0]}]}, folder / "optimizer.pt")
+    torch.save({"python": 1, "cpu": torch.Generator().manual_seed(0).get_state()},
+               folder / "rng_state_0.pth")
+    (folder / "training_args.bin").write_bytes(pickle.dumps({"logging_dir": output + "/runs/x"}))
+    return [str(p.relative_to(directory)) for p in folder.iterdir()]
+
+
+def test_hf_log_history_times_paths_flags_and_training_args_are_skipped_and_listed(
+        tmp_path: Path) -> None:
+    files = hf_checkpoint(tmp_path / "a", runtime=3.2, loss=2.5, stop=False, output="/s/ref")
+    hf_checkpoint(tmp_path / "b", runtime=9.9, loss=2.4, stop=True, output="/s/int")
+    diff = compare_checkpoints(tmp_path / "a", tmp_path / "b", files, trusted=True)
+    assert diff.identical, diff.differences
+    skipped = {item.where: item.why for item in diff.skipped}
+    assert "checkpoint-8/trainer_state.json: log_history" in skipped
+    assert "checkpoint-8/trainer_state.json: best_model_checkpoint" in skipped
+    assert any("should_training_stop" in where for where in skipped)
+    assert skipped["checkpoint-8/training_args.bin"].startswith("HF's TrainingArguments")
+
+
+def test_a_state_difference_beside_the_records_is_still_found(tmp_path: Path) -> None:
+    files = hf_checkpoint(tmp_path / "a", runtime=3.2, loss=2.5, stop=False, output="/s/ref")
+    hf_checkpoint(tmp_path / "b", runtime=3.2, loss=2.5, stop=False, output="/s/ref",
+                  weight=2.0)
+    diff = compare_checkpoints(tmp_path / "a", tmp_path / "b", files, trusted=True)
+    assert [d.where() for d in diff.differences] == \
+        ["checkpoint-8/optimizer.pt: state.0.exp_avg"]
+
+
+def test_hf_and_accelerate_rank_files_count_as_every_ranks_own_state(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        torch.save({"w": torch.ones(2) * (name == "a")}, tmp_path / name / "model.pt")
+    files = ["model.pt", "rng_state_0.pth", "rng_state_1.pth", "random_states_0.pkl"]
+    diff = compare_checkpoints(tmp_path / "a", tmp_path / "b", ["model.pt"], trusted=True)
+    cause = name_cause(diff, world_size=2, files=files)
+    assert cause.name != "rank_state"
+
+
+def test_logs_and_lightning_version_folders_are_records_and_state_files_are_not() -> None:
+    assert record_file("lightning_logs/version_3/metrics.csv")
+    assert record_file("out/runs/Nov27_host/events.out.tfevents.1.host")
+    assert record_file("wandb/run-1/files/config.yaml")
+    for state in ("checkpoint-8/rng_state_1.pth", "optimizer.bin", "scheduler.bin",
+                  "random_states_0.pkl", "model.safetensors", "lightning.ckpt", "final.pt",
+                  "sampler.bin", "dl_state_dict.bin"):
+        assert record_file(state) is None, state
+
+
+def test_values_are_records_only_when_named_or_shaped_as_times_logs_or_paths() -> None:
+    assert record_value(("train_runtime",), 1.0, 2.0)
+    assert record_value(("callbacks", "ModelCheckpoint", "dirpath"), "/a", "/b")
+    assert record_value(("best_k_models", "/s/ref/epoch=1.ckpt"), 0.5, None)
+    for state in (("optimizer", "param_groups", "0", "lr"), ("epoch",), ("global_step",),
+                  ("loops", "fit_loop", "state_dict", "combined_loader", "0", "batches_done"),
+                  ("format",), ("name",)):
+        assert record_value(state, 1, 2) is None, state
+    assert record_value(("name",), "train/loss", "val/loss") is None
+
+
+def test_a_resume_from_the_middle_of_a_gradient_accumulation_is_named() -> None:
+    def counters(batches: int, steps: int) -> dict[tuple[str, ...], object]:
+        loop = ("lightning.ckpt", "loops", "fit_loop", "epoch_loop")
+        return {(*loop, "batch_progress", "total", "processed"): batches,
+                (*loop, "automatic_optimization", "optim_progress", "optimizer", "step",
+                 "total", "completed"): steps}
+
+    assert mid_accumulation(counters(13, 6)) is not None
+    assert mid_accumulation(counters(12, 6)) is None  # after an optimizer step
+    assert mid_accumulation(counters(13, 13)) is None  # no accumulation
+    assert mid_accumulation({}) is None
