@@ -42,6 +42,7 @@ SMOKE: dict[str, list[str]] = {
     "bench_saving": ["--sizes", "10MB", "--repeats", "2"],
     "bench_scalable_order": ["--smoke"],
     "bench_sharded": ["--sizes-mb", "10", "--repeats", "1", "--rank-mb", "8"],
+    "bench_step_fingerprints": ["--steps", "500", "--repeats", "1"],
     "bench_stop_paths": ["--repeats", "1", "--size-mb", "1"],
     "bench_streaming_resume": ["--smoke"],
     "bench_verify": ["--stops", "1"],
