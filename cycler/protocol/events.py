@@ -49,6 +49,8 @@ MESSAGES = {
                     "(imports, init_process_group, loading), not the training ({count} so far)",
     "awaiting_peers": "torchrun failed: waiting up to {seconds:g} s for the other nodes' "
                       "verdict (a node that is gone makes this a stop, not a failure)",
+    "resource_failed": "the workers failed on a resource: {resource}; restarting with backoff, "
+                       "it may come back",
     "restart_scheduled": "restarting in {delay:g} s (restart {restart} of {of} since the last "
                          "checkpoint)",
     "restart_together": "workers failed (code {code}): torchrun restarts them with every "
@@ -108,7 +110,8 @@ HISTORY = frozenset({
     "restart_scheduled", "restart_together", "no_restart_during_stop", "peer_lost",
     "failed_after_training", "requeue",
     "requeue_skipped", "exit",
-    "hang", "start_failed", "waiting_for_node", "persisted", "stop_copy", "stop_copy_landed",
+    "hang", "start_failed", "resource_failed", "waiting_for_node",
+    "persisted", "stop_copy", "stop_copy_landed",
     "memory_tier_removed",
     "persist_failed", "requeue_withheld", "control_unwritable",
     "checkpoint_committed", "checkpoint_interval", "compile_cache_not_carried",
