@@ -434,7 +434,10 @@ class SupervisorCore:
     def _start_failures_said(self) -> str:
         if not self._start_failures:
             return ""
-        return (f"; {self._start_failures} of the {self._failures} failures came before the "
+        which = ("the failure" if self._failures == 1 else f"all {self._failures} failures"
+                 if self._start_failures == self._failures
+                 else f"{self._start_failures} of the {self._failures} failures")
+        return (f"; {which} came before the "
                 "first step (the start failed: imports, init_process_group, loading), not in "
                 "training")
 
