@@ -68,9 +68,12 @@ def not_python(head: bytes, script: Path) -> str | None:
                 "or give your Python training script")
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(head).readline)
+    except SyntaxError as error:  # an unknown coding, or a first line that is not UTF-8
+        if "unknown encoding" in str(error):
+            return f"declares an encoding python does not know ({error}); fix its coding line"
+        encoding = "utf-8"
+    try:
         head.decode(encoding)
-    except (SyntaxError, LookupError):
-        return "declares an encoding python does not know; fix its coding line"
     except UnicodeDecodeError as error:
         if error.start < len(head) - 4:  # not merely a character cut at the end of the read
             return (f"is not text in {error.encoding} at byte {error.start}, so not Python "
