@@ -4,10 +4,13 @@ same signal. Real `cycle run`, real torchrun, real workers that fail before thei
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from cycle_jobs import Job
+from cycle_jobs import Job, wait_for
+from gloo_ranks import free_port
 
 from cycler.protocol.exit_codes import EXIT_FAILURE
 
@@ -108,3 +111,51 @@ def test_a_file_that_stays_missing_is_retried_with_backoff_then_named_in_one_lin
     output = job.output()
     line = output[output.rindex("cycle: error:"):].splitlines()[0]
     assert f"the file {tmp_path / 'never-written.bin'} is missing (FileNotFoundError)" in line
+
+
+FAILS_AT_ITS_FIRST_START = r'''
+import os, sys
+from pathlib import Path
+if os.environ["CYCLER_RESTART_COUNT"] == "0":
+    (Path(sys.argv[sys.argv.index("--dir") + 1]) / "failing").touch()
+    sys.exit(1)
+print("trained", flush=True)
+'''
+
+TAKES_THE_PORT_ONCE_IT_IS_LET_GO = """
+import os, socket, sys, time
+port, here = int(sys.argv[1]), sys.argv[2]
+while not os.path.exists(here + "/failing"):
+    time.sleep(0.01)
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+while True:
+    try:
+        s.bind(("0.0.0.0", port)); break
+    except OSError:
+        time.sleep(0.01)
+s.listen()
+open(here + "/held", "w").close()
+while not os.path.exists(here + "/release"):
+    time.sleep(0.05)
+"""
+
+
+def test_a_port_taken_between_two_starts_is_named_and_retried_until_it_is_free(
+        tmp_path: Path) -> None:
+    """Another program takes the store's port as soon as the first torchrun lets it go, and
+    keeps it until cycle run has named it."""
+    port = free_port()
+    holder = subprocess.Popen([sys.executable, "-c", TAKES_THE_PORT_ONCE_IT_IS_LET_GO,
+                               str(port), str(tmp_path)])
+    job = Job(tmp_path, "--restart-delay", "0.2", "--max-restarts", "5", "--master-addr",
+              "127.0.0.1", "--master-port", str(port), worker=FAILS_AT_ITS_FIRST_START)
+    try:
+        wait_for(lambda: "resource_failed" in job.event_names(), "the port named", job,
+                 timeout=240)
+    finally:
+        (tmp_path / "release").touch()
+        holder.wait(30)
+    assert job.wait(240) == 0, job.output()[-3000:]
+    named = [e for e in job.events() if e["event"] == "resource_failed"]
+    assert named[0]["resource"] == (f"port {port} is in use by another process (EADDRINUSE)")
+    assert "trained" in (tmp_path / "stdout.txt").read_text()
