@@ -31,6 +31,7 @@ def failure_report(stderr: str, code: int) -> str:
     return "\n".join([headline + ":", *("  " + line for line in body)])
 
 
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:")
 _VARYING = re.compile(r"^\[(?:rank|default)\d+\]:|0x[0-9a-fA-F]+|\b(?:pid|port) \d+")
 _FRAME = re.compile(r"^\s*File \"")
 _TEMPORARY = re.compile(r"(?:/tmp|/var/tmp|/dev/shm|/run/user/\d+)/[^\s'\"):,]*")
@@ -112,6 +113,7 @@ def worker_traceback(lines: list[str]) -> list[str]:
     """The last traceback in ``lines`` that is not torchrun's own, its exception line last:
     a ``Traceback (most recent call last):`` block, or the frame, code and caret that Python
     prints alone for a script that does not compile (``[]``: neither)."""
+    lines = [_RANK_PREFIX.sub("", line) for line in lines]  # torchrun's --tee, filters
     blocks = [(start, block) for start, block in _traceback_blocks(lines)
               if not _is_torchrun_traceback(block)]
     # The one that ends last; of a compile error inside a Traceback block, the whole block.
@@ -120,8 +122,7 @@ def worker_traceback(lines: list[str]) -> list[str]:
     return [] if found is None else found[1]
 
 
-_COMPILE_ERROR = re.compile(r"^(?:\[(?:rank|default)\d+\]:)?(?:SyntaxError|IndentationError|"
-                            r"TabError)(?::|$)")
+_COMPILE_ERROR = re.compile(r"^(?:SyntaxError|IndentationError|TabError)(?::|$)")
 
 
 def _compile_errors(lines: list[str]) -> list[tuple[int, list[str]]]:

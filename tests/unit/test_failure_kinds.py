@@ -178,3 +178,12 @@ def test_a_checkpoint_forgets_the_last_error() -> None:
     budget.failure(SCRIPT, None)
     budget.progress()
     assert budget.failure(SCRIPT, None) is None
+
+
+def test_a_traceback_with_torchruns_rank_prefixes_is_read_as_without() -> None:
+    prefixed = "".join(f"[rank1]:{line}\n" for line in (
+        "Traceback (most recent call last):", '  File "/tmp/job/train.py", line 2, in <module>',
+        "    import data", "ModuleNotFoundError: No module named 'data'"))
+    failed = classify(worker_failed(prefixed))
+    assert failed is not None and failed.kind is FailureKind.SCRIPT
+    assert failed.error == "ModuleNotFoundError: No module named 'data'"
