@@ -104,6 +104,14 @@ def _traceback_blocks(lines: list[str]) -> list[tuple[int, list[str]]]:
     return blocks
 
 
+def _is_whole(block: list[str]) -> bool:
+    """Whether a traceback got to its exception: a worker that torchrun ended while it was
+    printing one (the other ranks of a failed group) leaves a head without it."""
+    last = block[-1]
+    return (len(block) > 2 and bool(_FRAME.match(block[1])) and not last.startswith(" ")
+            and not _TORCH_LOG_LINE.match(last) and last.strip() != _TRACEBACK_START)
+
+
 def _is_torchrun_traceback(block: list[str]) -> bool:
     return any("torch/distributed/run.py" in line or "ChildFailedError" in line
                for line in block)
@@ -115,7 +123,7 @@ def worker_traceback(lines: list[str]) -> list[str]:
     prints alone for a script that does not compile (``[]``: neither)."""
     lines = [_RANK_PREFIX.sub("", line) for line in lines]  # torchrun's --tee, filters
     blocks = [(start, block) for start, block in _traceback_blocks(lines)
-              if not _is_torchrun_traceback(block)]
+              if _is_whole(block) and not _is_torchrun_traceback(block)]
     # The one that ends last; of a compile error inside a Traceback block, the whole block.
     found = max([*blocks, *_compile_errors(lines)], default=None,
                 key=lambda pair: (pair[0] + len(pair[1]), -pair[0]))

@@ -187,3 +187,16 @@ def test_a_traceback_with_torchruns_rank_prefixes_is_read_as_without() -> None:
     failed = classify(worker_failed(prefixed))
     assert failed is not None and failed.kind is FailureKind.SCRIPT
     assert failed.error == "ModuleNotFoundError: No module named 'data'"
+
+
+def test_a_traceback_cut_short_by_torchruns_sigterm_is_not_the_failure() -> None:
+    """The other rank of a failed group is ended while it prints its own traceback: what it
+    left must not replace the failing rank's (two starts would then differ)."""
+    whole = ("Traceback (most recent call last):\n"
+             '  File "/tmp/job/a.py", line 2, in <module>\n    import nonexistent_pkg_xyz\n'
+             "ModuleNotFoundError: No module named 'nonexistent_pkg_xyz'\n")
+    cut = ("W1127 16:48:28.101000 9195 site-packages/torch/multiprocessing/spawn.py:165] "
+           "Terminating process 9641 via signal SIGTERM\nTraceback (most recent call last):\n")
+    alone, with_cut = classify(worker_failed(whole)), classify(worker_failed(whole + cut))
+    assert alone is not None and with_cut is not None
+    assert with_cut == alone and alone.kind is FailureKind.SCRIPT
