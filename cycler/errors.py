@@ -47,6 +47,13 @@ class UnsafePath(CyclerError, PermissionError):
     exit_code = EXIT_USAGE
 
 
+class PortInUse(CyclerError, OSError):
+    """The port the workers' store must listen on is held by another process: nothing was
+    started."""
+
+    exit_code = EXIT_USAGE
+
+
 class CheckpointDirectoryError(CyclerError, OSError):
     """The checkpoint root cannot be used: not a directory, not writable, or on a broken path."""
 

@@ -11,6 +11,7 @@ from cycler.protocol.environment import default_checkpoint_root
 from cycler.protocol.exit_codes import EXIT_FAILURE
 from cycler_cli import render
 from cycler_cli.errors import exit_on_cycler_error
+from cycler_cli.help_format import Command
 
 _DIR_HELP = ("Checkpoint root (default: $CYCLER_CHECKPOINT_DIR, then $CHECKPOINT_ARTIFACT_PATH, "
              "then ./checkpoints).")
@@ -23,11 +24,12 @@ def status(
     verify: bool = typer.Option(False, "--verify", help="Check every file's checksum (reads "
                                 "all data)."),
     as_json: bool = typer.Option(False, "--json", help="Print the same facts as JSON."),
-    events: int = typer.Option(10, "--events", min=0, help="How many recent events to show."),
+    events: int = typer.Option(10, "--events", min=0, help="How many recent events to show "
+                               "(default: 10)."),
     watch: bool = typer.Option(False, "--watch", help="Show it again every --interval "
                                "seconds until Ctrl-C (while a job runs)."),
     interval: float = typer.Option(2.0, "--interval", min=0.1, help="Seconds between "
-                                   "refreshes with --watch."),
+                                   "refreshes with --watch (default: 2)."),
 ) -> None:
     """Show the checkpoints, their state, and what the job has been through."""
     root = directory or default_checkpoint_root()
@@ -77,7 +79,8 @@ def _collect(root: Path, verify: bool, events: int, show_progress: bool) -> Root
 def prune_command(
     directory: Path | None = typer.Argument(None, help=_DIR_HELP, show_default=False),
     keep_last: int = typer.Option(-1, "--keep-last", help="Valid checkpoints to keep per saver, "
-                                  "counting the latest (-1: all; torn ones are removed anyway)."),
+                                  "counting the latest (-1: all; torn ones are removed anyway) "
+                                  "(default: -1)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the decisions, delete nothing."),
     force: bool = typer.Option(False, "--force", help="Prune even while a cycle run is live."),
     as_json: bool = typer.Option(False, "--json", help="Print the decisions as JSON."),
@@ -94,7 +97,9 @@ def prune_command(
 
 def register(app: typer.Typer) -> None:
     """Add ``status`` and ``prune`` to ``app``."""
-    app.command("status", epilog="Exit codes: 0 shown; 1 no checkpoint directory there; 2 it "
+    app.command("status", cls=Command, short_help="Show the checkpoints and the job's history.",
+                epilog="Exit codes: 0 shown; 1 no checkpoint directory there; 2 it "
                 "cannot be read or is not a directory.")(status)
-    app.command("prune", epilog="Exit codes: 0 pruned (or nothing to do); 2 refused: a live "
+    app.command("prune", cls=Command, short_help="Remove torn and surplus checkpoints, safely.",
+                epilog="Exit codes: 0 pruned (or nothing to do); 2 refused: a live "
                 "cycle run holds the root, or it cannot be written.")(prune_command)

@@ -13,6 +13,7 @@ ensure_torch_cycler()
 import typer  # noqa: E402
 
 from cycler_cli import inspect_commands, run_command, verify_command  # noqa: E402
+from cycler_cli.help_format import Group  # noqa: E402
 
 app = typer.Typer(
     name="cycle",
@@ -20,6 +21,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # laid out by cycler_cli.help_format, never cut
+    cls=Group,
 )
 
 

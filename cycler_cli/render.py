@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from cycler.checkpoint.inspection import CheckpointFacts, MemoryTierStatus, PruneResult, RootStatus
-from cycler.protocol.events import describe
+from cycler.protocol.events import counted, describe
 from cycler.protocol.goodput import Goodput
 from cycler.protocol.timeline import LEGEND
 
@@ -145,8 +145,8 @@ def _render_goodput(figures: Goodput | None) -> None:
                                                          "hangs", "kills", "queue", "redone")]
     causes = ", ".join(f"{name} {_duration(value)}" for name, value in lost if value >= 0.5)
     ongoing = " so far" if figures.running else ""
-    console.print(f"Time{ongoing}: {_duration(figures.wall)} in {figures.runs} run"
-                  f"{'s' if figures.runs != 1 else ''}, {_duration(figures.useful)} of useful "
+    console.print(f"Time{ongoing}: {_duration(figures.wall)} in {counted(figures.runs, 'run')}, "
+                  f"{_duration(figures.useful)} of useful "
                   f"training; lost: {causes or 'nothing'}. Goodput {figures.goodput:.1%}.",
                   soft_wrap=True)
     _render_interruptions(figures)
@@ -156,9 +156,10 @@ def _render_interruptions(figures: Goodput, shown: int = 5) -> None:
     """The interruptions' count by kind, each one's cost and biggest part, the parts' totals."""
     if not figures.interruptions:
         return
-    kinds = ", ".join(f"{figures.count(kind)} {label}" for kind, label in (
-        ("stop", "preemptions (stops asked for)"), ("failure", "failures"),
-        ("hang", "hangs"), ("kill", "kills of the job")) if figures.count(kind))
+    kinds = ", ".join(counted(figures.count(kind), label) for kind, label in (
+        ("stop", "preemption (a stop asked for)/preemptions (stops asked for)"),
+        ("failure", "failure"), ("hang", "hang"), ("kill", "kill of the job/kills of the job"))
+        if figures.count(kind))
     console.print(f"Interruptions: {kinds}; latest last:")
     for interruption in figures.interruptions[-shown:]:
         when = datetime.datetime.fromtimestamp(interruption.at).strftime("%m-%d %H:%M:%S")
@@ -252,7 +253,7 @@ def verify_progress(enabled: bool) -> Iterator[tuple[Callable[[str, int, int], N
             progress.update(tasks[name], description=text)
 
         yield ((lambda name, step, kept: task(name, f"{name} run: step {max(step, 0)}, "
-                                                    f"{kept} checkpoints kept")),
+                                                    f"{counted(kept, 'checkpoint')} kept")),
                (lambda done, total: task("compare", f"comparing checkpoints: {done}/{total}")))
 
 
@@ -269,7 +270,8 @@ def render_verify(result: VerifyResult) -> None:
                       f"{run.seconds:.1f}", f"{run.startup_seconds:.1f}")
     console.print(table)
     after = sum(1 for _, segment, _ in result.compared if segment > 0)
-    console.print(f"compared {len(result.compared)} checkpoints: {result.determinism_checked} "
+    compared = counted(len(result.compared), "checkpoint")
+    console.print(f"compared {compared}: {result.determinism_checked} "
                   f"before the first interruption, {after} after a resume (seed {result.seed})",
                   soft_wrap=True)
     for line in coverage_lines(result):

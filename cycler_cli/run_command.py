@@ -19,6 +19,7 @@ from cycler.protocol.exit_codes import EXIT_FAILURE, MEANINGS
 from cycler.supervisor.flags import declared, help_line
 from cycler.supervisor.options import RunOptions, resolve_run_options
 from cycler_cli.errors import exit_on_cycler_error
+from cycler_cli.help_format import Command
 
 if TYPE_CHECKING:
     from cycler.supervisor import LaunchPlan, RunOutcome
@@ -37,7 +38,9 @@ def register(app: typer.Typer) -> None:
     """Add the ``run`` command to ``app``."""
     app.command(
         "run",
+        cls=Command,
         help=HELP,
+        short_help="Run a training script under torchrun, supervised.",
         epilog=EXIT_CODES + ".",
         # torchrun takes every option with underscores too (--nproc_per_node): click matches
         # option names after this normalisation, so both spellings work and --help lists one.

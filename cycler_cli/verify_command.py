@@ -11,6 +11,7 @@ import typer
 from cycler.errors import ConfigError
 from cycler_cli import render
 from cycler_cli.errors import exit_on_cycler_error
+from cycler_cli.help_format import Command
 
 CYCLE_RUN = (sys.executable, "-m", "cycler_cli", "run")
 """How verify starts each ``cycle run``: this interpreter, this CLI."""
@@ -36,15 +37,16 @@ def register(app: typer.Typer) -> None:
         command: list[str] = typer.Argument(None, metavar="[CYCLE RUN OPTIONS] SCRIPT [ARGS]...",
                                             show_default=False),
         stops: int = typer.Option(3, "--stops", min=0, help="Stops (stop signal, then a "
-                                  "fresh cycle run) of the interrupted run."),
+                                  "fresh cycle run) of the interrupted run (default: 3)."),
         kills: int = typer.Option(0, "--kills", min=0, help="kill -9s of a worker (cycle run "
-                                  "restarts it) of the interrupted run."),
+                                  "restarts it) of the interrupted run (default: 0)."),
         seed: int = typer.Option(None, "--seed", help="Seed of the interruption steps "
                                  "(default: random, reported)."),
         determinism_check: bool = typer.Option(True, "--determinism-check/"
                                                "--no-determinism-check", help="Report a "
                                                "difference before the first interruption as "
-                                               "nondeterminism (exit 3), not as a resume's."),
+                                               "nondeterminism (exit 3), not as a resume's "
+                                               "(default: on)."),
         scratch_dir: Path = typer.Option(None, "--scratch-dir", help="A private directory "
                                          "(0700) for the runs (default: one under $TMPDIR)."),
         keep: bool = typer.Option(False, "--keep", help="Keep the runs even when identical."),
@@ -67,7 +69,9 @@ def register(app: typer.Typer) -> None:
             render.render_verify(result)
         raise typer.Exit(result.exit_code)
 
-    app.command("verify", help=HELP, epilog=EPILOG, context_settings={
+    app.command("verify", cls=Command, help=HELP, epilog=EPILOG,
+                short_help="Prove that a stopped and resumed run ends identical.",
+                context_settings={
         "allow_interspersed_args": False, "ignore_unknown_options": True})(verify_command)
 
 

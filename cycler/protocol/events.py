@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import string
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 from cycler.protocol.clocks import process_age
 
 MESSAGES = {
-    "start": "supervising {script}: {nproc_per_node} workers on node {node_rank} of {nnodes}",
+    "start": "supervising {script}: {nproc_per_node:#worker} on node {node_rank} of {nnodes}",
     "workers_started": "started torchrun (pid {torchrun_pid}, start {start})",
     "signal": "{signal}: {effect}",
     "stop_requested.agreed_step": "asked the workers to checkpoint at a step they agree on and "
@@ -49,6 +50,8 @@ MESSAGES = {
                     "(imports, init_process_group, loading), not the training ({count} so far)",
     "awaiting_peers": "torchrun failed: waiting up to {seconds:g} s for the other nodes' "
                       "verdict (a node that is gone makes this a stop, not a failure)",
+    "resource_failed": "the workers failed on a resource: {resource}; restarting with backoff, "
+                       "it may come back",
     "restart_scheduled": "restarting in {delay:g} s (restart {restart} of {of} since the last "
                          "checkpoint)",
     "restart_together": "workers failed (code {code}): torchrun restarts them with every "
@@ -67,7 +70,7 @@ MESSAGES = {
                                    "from checkpoint {resume_from}",
     "stopped_by_another_node": "another node asked for this stop",
     "requeue": "scontrol requeue {job_id}: {detail}",
-    "requeue_skipped": "not requeued: {requeues} requeues reached --max-requeues {max_requeues}",
+    "requeue_skipped": "not requeued: {requeues:#requeue} reached --max-requeues {max_requeues}",
     "exit": "exit {code}: {reason}",
     "ended": "cycle run ends (exit {code})",
     "last_progress": "the previous workers' newest progress: step {step}",
@@ -89,10 +92,10 @@ MESSAGES = {
                         "node's memory ({newest})",
     "control_unwritable": "cannot write the control file ({error}): the workers are told by "
                           "SIGTERM instead, and the stop may end without a checkpoint",
-    "checkpoint_interval": "checkpoint interval: every {steps} steps (about {seconds:g} s) "
+    "checkpoint_interval": "checkpoint interval: every {steps:#step} (about {seconds:g} s) "
                            "from a save stall of {stall:g} s and a mean time between failures "
-                           "of {mtbf_hours:g} h ({failures} failures in {wall_hours:g} h)",
-    "checkpoint_interval.first": "checkpoint interval: every {steps} steps (about {seconds:g} "
+                           "of {mtbf_hours:g} h ({failures:#failure} in {wall_hours:g} h)",
+    "checkpoint_interval.first": "checkpoint interval: every {steps:#step} (about {seconds:g} "
                                  "s) until a save's stall is measured",
     "compile_cache_carried": "{said}",
     "compile_cache_not_carried": "{said}",
@@ -111,7 +114,8 @@ HISTORY = frozenset({
     "restart_scheduled", "restart_together", "no_restart_during_stop", "peer_lost",
     "failed_after_training", "requeue",
     "requeue_skipped", "exit",
-    "hang", "start_failed", "waiting_for_node", "persisted", "stop_copy", "stop_copy_landed",
+    "hang", "start_failed", "resource_failed", "waiting_for_node",
+    "persisted", "stop_copy", "stop_copy_landed",
     "memory_tier_removed",
     "persist_failed", "requeue_withheld", "control_unwritable",
     "checkpoint_committed", "checkpoint_interval", "compile_cache_not_carried",
@@ -127,14 +131,32 @@ def process_start() -> dict[str, Any]:
     return {} if age is None else {"process_started": round(time.time() - age, 3)}
 
 
+def counted(number: object, word: str) -> str:
+    """``1 worker``, ``2 workers``; ``word`` may give both forms: ``kill/kills``."""
+    one, _, many = word.partition("/")
+    return f"{number} {one if number == 1 else many or one + 's'}"
+
+
+class _Sentence(string.Formatter):
+    """``str.format_map`` that also counts: ``{n:#worker}`` is ``1 worker`` or ``2 workers``."""
+
+    def format_field(self, value: Any, format_spec: str) -> str:
+        if format_spec.startswith("#"):
+            return counted(value, format_spec[1:])
+        return super().format_field(value, format_spec)
+
+
+_SENTENCE = _Sentence()
+
+
 def describe(event: str, fields: dict[str, Any]) -> str:
     """``event`` with ``fields`` as one sentence (``name key=value ...`` if it has none)."""
     try:
         path = f"{event}.{fields.get('path')}"
         template = (fields.get("own_handler") and MESSAGES.get(f"{path}.own_handler")
                     or MESSAGES.get(path) or MESSAGES[event])
-        return template.format_map(fields)
-    except (KeyError, ValueError):
+        return _SENTENCE.vformat(template, (), fields)
+    except (KeyError, ValueError, IndexError):
         return " ".join([event, *(f"{key}={value}" for key, value in fields.items()
                                   if key not in ("time", "host", "pid"))])
 

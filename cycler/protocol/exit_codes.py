@@ -29,7 +29,8 @@ MEANINGS = {
     EXIT_SUCCESS: "the script finished",
     EXIT_FAILURE: "the workers failed and restarts are used up (or a crash loop, or a stop "
                   "with nothing to resume)",
-    EXIT_USAGE: "bad usage or configuration, nothing started",
+    EXIT_USAGE: "bad usage or configuration (a script python cannot run, a --master-port "
+                "in use), nothing started",
     EXIT_DIVERGED: "--on-divergence stop: a restart's replayed steps differed from the "
                    "earlier run's, the job was ended",
     EXIT_NOT_PERSISTED: "finished or stopped, but the newest checkpoint is only in this node's "

@@ -1,8 +1,9 @@
 """What ``cycle run`` checks and settles before it starts anything (errors exit 2).
 
-The script must be startable in the way torchrun will start it, the checkpoint root and the
-lossy directory writable, and ``--resume-from`` either carried out already by this job (then it
-is dropped) or naming a checkpoint that exists.
+The script must be startable in the way torchrun will start it and node 0's port free
+(:mod:`.startable`), the checkpoint root and the lossy directory writable, and
+``--resume-from`` either carried out already by this job (then it is dropped) or naming a
+checkpoint that exists.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from cycler.protocol.environment import ENV_ISC_ARTIFACT_PATH, ENV_ISC_LOSSY_PAT
 from cycler.protocol.names import MEMORY_OVERFLOW_FILENAME
 from cycler.supervisor.compile_cache import prepare_compile_cache
 from cycler.supervisor.options import RunOptions
-from cycler.supervisor.torchrun import isc_environment
+from cycler.supervisor.startable import check_port_free, check_python_script
+from cycler.supervisor.torchrun import isc_environment, store_port
 
 log = logging.getLogger("cycler.supervisor")
 
@@ -48,6 +50,9 @@ def checked_options(options: RunOptions, *, prepare_root: bool) -> RunOptions:
     check_script(options)
     check_artifact_path(options)
     if prepare_root:
+        port = store_port(options)
+        if port is not None:
+            check_port_free(port)
         prepare_checkpoint_root(options)
         prepare_memory_tier(options)
         prepare_compile_cache(options)
@@ -71,11 +76,10 @@ def check_script(options: RunOptions) -> None:
                 options.script):
             raise ConfigError(f"{script} is not an executable file (--no-python runs it "
                               "directly); give an executable or drop --no-python")
-    elif not script.is_file():
-        raise ConfigError(f"script {script} does not exist; give the path of your "
-                          "training script")
-    elif mode == "run_path" and not script.is_absolute():
-        raise ConfigError(f"--run-path needs an absolute script path, not {script}")
+    else:
+        check_python_script(script)
+        if mode == "run_path" and not script.is_absolute():
+            raise ConfigError(f"--run-path needs an absolute script path, not {script}")
 
 
 def _missing_module_part(name: str) -> str | None:

@@ -405,7 +405,8 @@ class SupervisorCore:
             return [log, *self._finish_stop(handled)]
         if self.phase is Phase.TERMINATING:  # killed for a hang
             self.phase = Phase.RUNNING
-            return [log, *self._on_failure(dataclasses.replace(event, code=event.code or -9))]
+            killed = dataclasses.replace(event, code=event.code or -9, failure=None)
+            return [log, *self._on_failure(killed)]
         if event.code == 0:
             return [log, *self._exit(EXIT_SUCCESS, "the training script finished")]
         return [log, *self._on_failure(event)]
@@ -427,7 +428,7 @@ class SupervisorCore:
             self.phase, self.wake_at = Phase.AWAITING_PEERS, (
                 event.now + self.config.peer_verdict_wait)
             return [Log("awaiting_peers", {"seconds": self.config.peer_verdict_wait})]
-        given_up = self._budget.failure(event.error if event.before_first_step else None)
+        given_up = self._budget.failure(event.failure, event.before_first_step)
         if given_up is not None:
             return said + self._exit(EXIT_FAILURE, given_up + self._start_failures_said()
                                      + self._hangs_said(), workers_failed=True)
@@ -436,6 +437,9 @@ class SupervisorCore:
         fields = {"restart": self._budget.failures_without_progress,
                   "of": self.config.max_restarts, "delay": delay, "code": event.code,
                   "restarts_in_job": self._failures, "start_failures": self._start_failures}
+        if event.failure is not None and event.failure.resource is not None:
+            said.append(Log("resource_failed", {"resource": event.failure.resource},
+                            warning=True))
         return [*said, Log("restart_scheduled", fields, warning=True)]
 
     def _hangs_said(self) -> str:
@@ -447,7 +451,10 @@ class SupervisorCore:
     def _start_failures_said(self) -> str:
         if not self._start_failures:
             return ""
-        return (f"; {self._start_failures} of the {self._failures} failures came before the "
+        which = ("the failure" if self._failures == 1 else f"all {self._failures} failures"
+                 if self._start_failures == self._failures
+                 else f"{self._start_failures} of the {self._failures} failures")
+        return (f"; {which} came before the "
                 "first step (the start failed: imports, init_process_group, loading), not in "
                 "training")
 

@@ -25,12 +25,13 @@ def failure_report(stderr: str, code: int) -> str:
     lines = stderr.splitlines()
     cause = _root_cause(lines)
     headline = cause or f"workers failed (exit code {code})"
-    body = _worker_traceback(lines) or _tail_without_torchrun(lines)
+    body = worker_traceback(lines) or _tail_without_torchrun(lines)
     if not body:
         return headline
     return "\n".join([headline + ":", *("  " + line for line in body)])
 
 
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:")
 _VARYING = re.compile(r"^\[(?:rank|default)\d+\]:|0x[0-9a-fA-F]+|\b(?:pid|port) \d+")
 _FRAME = re.compile(r"^\s*File \"")
 _TEMPORARY = re.compile(r"(?:/tmp|/var/tmp|/dev/shm|/run/user/\d+)/[^\s'\"):,]*")
@@ -45,10 +46,10 @@ def failure_signature(stderr: str) -> str | None:
     paths, numbers (a time, a count of seconds). With no traceback, the signal that killed the
     failing rank (``killed by SIGSEGV``); ``None`` when there is neither."""
     lines = stderr.splitlines()
-    body = _worker_traceback(lines)
+    body = worker_traceback(lines)
     if body:
         return "\n".join(_without_varying(line) for line in body)
-    return _signal_death(lines)
+    return signal_death(lines)
 
 
 def _without_varying(line: str) -> str:
@@ -58,7 +59,7 @@ def _without_varying(line: str) -> str:
     return _NUMBER.sub("N", _TEMPORARY.sub("<temporary path>", line))
 
 
-def _signal_death(lines: list[str]) -> str | None:
+def signal_death(lines: list[str]) -> str | None:
     """``killed by SIGSEGV`` when torchrun's root cause is a rank killed by a signal."""
     code = _root_cause_fields(lines).get("exitcode", "")
     match = _SIGNAL_DEATH.match(code)
@@ -91,7 +92,7 @@ def _root_cause_fields(lines: list[str]) -> dict[str, str]:
     return found
 
 
-def _traceback_blocks(lines: list[str]) -> list[list[str]]:
+def _traceback_blocks(lines: list[str]) -> list[tuple[int, list[str]]]:
     blocks = []
     for start, line in enumerate(lines):
         if line.strip() != _TRACEBACK_START:
@@ -99,8 +100,16 @@ def _traceback_blocks(lines: list[str]) -> list[list[str]]:
         end = start + 1
         while end < len(lines) and lines[end].startswith(" "):
             end += 1
-        blocks.append(lines[start:end + 1])
+        blocks.append((start, lines[start:end + 1]))
     return blocks
+
+
+def _is_whole(block: list[str]) -> bool:
+    """Whether a traceback got to its exception: a worker that torchrun ended while it was
+    printing one (the other ranks of a failed group) leaves a head without it."""
+    last = block[-1]
+    return (len(block) > 2 and bool(_FRAME.match(block[1])) and not last.startswith(" ")
+            and not _TORCH_LOG_LINE.match(last) and last.strip() != _TRACEBACK_START)
 
 
 def _is_torchrun_traceback(block: list[str]) -> bool:
@@ -108,9 +117,35 @@ def _is_torchrun_traceback(block: list[str]) -> bool:
                for line in block)
 
 
-def _worker_traceback(lines: list[str]) -> list[str]:
-    blocks = [block for block in _traceback_blocks(lines) if not _is_torchrun_traceback(block)]
-    return blocks[-1] if blocks else []
+def worker_traceback(lines: list[str]) -> list[str]:
+    """The last traceback in ``lines`` that is not torchrun's own, its exception line last:
+    a ``Traceback (most recent call last):`` block, or the frame, code and caret that Python
+    prints alone for a script that does not compile (``[]``: neither)."""
+    lines = [_RANK_PREFIX.sub("", line) for line in lines]  # torchrun's --tee, filters
+    blocks = [(start, block) for start, block in _traceback_blocks(lines)
+              if _is_whole(block) and not _is_torchrun_traceback(block)]
+    # The one that ends last; of a compile error inside a Traceback block, the whole block.
+    found = max([*blocks, *_compile_errors(lines)], default=None,
+                key=lambda pair: (pair[0] + len(pair[1]), -pair[0]))
+    return [] if found is None else found[1]
+
+
+_COMPILE_ERROR = re.compile(r"^(?:SyntaxError|IndentationError|TabError)(?::|$)")
+
+
+def _compile_errors(lines: list[str]) -> list[tuple[int, list[str]]]:
+    """Python's report of a script that does not compile, which has no ``Traceback`` line:
+    ``File "...", line N``, the code, the caret, then ``SyntaxError: ...``."""
+    found = []
+    for end, line in enumerate(lines):
+        if not _COMPILE_ERROR.match(line):
+            continue
+        start = end
+        while start > 0 and lines[start - 1].startswith(" "):
+            start -= 1
+        if start < end and _FRAME.match(lines[start]):
+            found.append((start, lines[start:end + 1]))
+    return found
 
 
 def _tail_without_torchrun(lines: list[str]) -> list[str]:

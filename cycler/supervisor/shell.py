@@ -40,7 +40,8 @@ from cycler.protocol.stop_signals import lower_shields, raise_shields
 from cycler.supervisor import core, notices
 from cycler.supervisor.cache_carrier import CompileCacheCarrier
 from cycler.supervisor.checks import checked_options, record_resume_from
-from cycler.supervisor.failure import failure_report, failure_signature
+from cycler.supervisor.failure import failure_report
+from cycler.supervisor.failure_kinds import classify
 from cycler.supervisor.foreign import finder_for, requeue_on_foreign_checkpoint
 from cycler.supervisor.hangs import HangPolicy, WorkerProgress
 from cycler.supervisor.options import RunOptions
@@ -427,13 +428,13 @@ class Supervisor:
         """The exit event, with what the report and a multi-node stop need (waiter thread)."""
         if self._cut_short:
             code = 0  # every worker had exited after the stop checkpoint; torchrun was killed
-        error = None if code == 0 else failure_signature(tree.stderr.text())
+        failed = None if code == 0 else classify(tree.stderr.text())
         if code != 0:
             self._failure = failure_report(tree.stderr.text(), code)
         stops = stops_elsewhere(self.layout, self.options.node_rank, self._started_at) \
             if self.options.nnodes > 1 else []
         return core.WorkersExited(code, self._clock(), bool(stops),
-                                  self._progress.before_first_step(), error,
+                                  self._progress.before_first_step(), failed,
                                   earliest_deadline(stops))
 
     def _signal_tree(self, number: signal.Signals) -> None:

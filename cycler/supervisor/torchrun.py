@@ -168,6 +168,17 @@ def _rendezvous_arguments(options: RunOptions) -> list[str]:
     return arguments
 
 
+def store_port(options: RunOptions) -> int | None:
+    """The port torchrun's agent on this node listens on, when it is a fixed one: node 0's
+    ``--master-port`` (torchrun's 29500 when only ``--master-addr`` is given). ``None``:
+    ``--standalone`` picks a free port, the host of a ``--rdzv-endpoint`` is decided by torch,
+    and the other nodes listen on none."""
+    if (options.node_rank != 0 or options.rdzv_endpoint is not None or options.standalone
+            or options.master_addr is None and options.master_port is None):
+        return None
+    return options.master_port or DEFAULT_MASTER_PORT
+
+
 def _has_option(arguments: tuple[str, ...], *names: str) -> bool:
     return any(argument.split("=", 1)[0] in names for argument in arguments)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from cycler.protocol.control import ControlRequest
 from cycler.protocol.features import USES_CONTROL, USES_CYCLER, USES_OWN_HANDLER, USES_SAVER
+from cycler.supervisor.failure_kinds import WorkerFailure
 
 
 class StopPath(str, enum.Enum):
@@ -122,9 +123,9 @@ class WorkersExited:
     before_first_step: bool | None = None
     """Whether the workers failed before their first step (a start that failed: imports,
     ``init_process_group``, loading), not in training; ``None``: unknown (no beacons)."""
-    error: str | None = None
-    """The failing worker's traceback, stripped of what differs between two runs of the same
-    failure (``None``: none was printed, as when a worker was killed)."""
+    failure: WorkerFailure | None = None
+    """How the failing worker failed, as its output says (``None``: it says nothing, as when
+    a worker was killed by SIGTERM)."""
     deadline_elsewhere: float | None = None
     """With ``stopped_elsewhere``: the earliest deadline the other nodes' stop requests set
     (wall-clock), which bounds this node's copy of its share of the stop's checkpoint."""

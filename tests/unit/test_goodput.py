@@ -90,7 +90,7 @@ def test_cycle_status_says_what_preemption_cost_and_json_carries_the_figures(tmp
     assert "Goodput 64.4%" in text and "in 2 runs" in text and "redone 40s" in text, text
     figures = json.loads(runner.invoke(app, ["status", str(tmp_path), "--json"]).stdout)
     assert figures["goodput"]["redone"] == 40.0 and figures["goodput"]["wall"] == 250.0
-    assert "1 preemptions (stops asked for), 1 failures, 1 hangs" in text, text
+    assert "1 preemption (a stop asked for), 1 failure, 1 hang" in text, text
     assert "stop: 18.0 s, most stop 9.0 s" in text, text
     assert figures["goodput"]["preemptions"] == 1 and figures["goodput"]["failures"] == 1
     assert figures["goodput"]["interruptions"][2]["parts"]["cycle_start"] == 8.0

@@ -29,7 +29,10 @@ from cycler.supervisor.core import (
     WorkersExited,
     WriteControl,
 )
+from cycler.supervisor.failure_kinds import FailureKind, WorkerFailure
 
+NO_CUDA = WorkerFailure(FailureKind.OTHER, "RuntimeError: no CUDA", "E: no CUDA")
+ANOTHER = WorkerFailure(FailureKind.OTHER, "RuntimeError: another", "E: another")
 CONFIG = CoreConfig(grace=30.0, max_restarts=5, restart_delay=1.0, max_restart_delay=8.0,
                     kill_after=2.0)
 
@@ -428,34 +431,34 @@ def test_the_stop_checkpoint_counts_as_made_only_once_a_newer_one_is_committed()
 
 def test_a_start_that_fails_twice_with_the_same_error_ends_without_a_third_start():
     core = started(replace(CONFIG, max_restarts=5))
-    actions = core.handle(WorkersExited(1, 200.0, before_first_step=True, error="E: no CUDA"))
+    actions = core.handle(WorkersExited(1, 200.0, before_first_step=True, failure=NO_CUDA))
     assert logged(actions)[-1] == "restart_scheduled" and core.wake_at == 201.0
     assert core.handle(Tick(core.wake_at)) == [StartWorkers(1, None)]
-    actions = core.handle(WorkersExited(1, 300.0, before_first_step=True, error="E: no CUDA"))
+    actions = core.handle(WorkersExited(1, 300.0, before_first_step=True, failure=NO_CUDA))
     reason = exit_of(actions).reason
     assert "failed twice before their first step with the same error" in reason, reason
     assert exit_of(actions).workers_failed
 
 
 @pytest.mark.parametrize("second", [
-    WorkersExited(1, 300.0, before_first_step=True, error="E: another"),
-    WorkersExited(1, 300.0, before_first_step=False, error="E: no CUDA"),
-    WorkersExited(-9, 300.0, before_first_step=True, error=None),
+    WorkersExited(1, 300.0, before_first_step=True, failure=ANOTHER),
+    WorkersExited(1, 300.0, before_first_step=False, failure=NO_CUDA),
+    WorkersExited(-9, 300.0, before_first_step=True, failure=None),
 ])
 def test_a_start_failure_unlike_the_one_before_is_restarted(second: WorkersExited):
     core = started(replace(CONFIG, max_restarts=5))
-    core.handle(WorkersExited(1, 200.0, before_first_step=True, error="E: no CUDA"))
+    core.handle(WorkersExited(1, 200.0, before_first_step=True, failure=NO_CUDA))
     core.handle(Tick(core.wake_at))
     assert not of_type(core.handle(second), Exit)
 
 
 def test_the_same_start_failure_after_a_new_checkpoint_is_restarted():
     core = started(replace(CONFIG, max_restarts=5))
-    core.handle(WorkersExited(1, 200.0, before_first_step=True, error="E: no CUDA"))
+    core.handle(WorkersExited(1, 200.0, before_first_step=True, failure=NO_CUDA))
     core.handle(Tick(core.wake_at))
     core.handle(CheckpointCommitted(3, 250.0))
     assert not of_type(core.handle(WorkersExited(1, 300.0, before_first_step=True,
-                                                 error="E: no CUDA")), Exit)
+                                                 failure=NO_CUDA)), Exit)
 
 
 def test_a_crash_loop_of_the_same_hang_says_how_to_get_past_it():
