@@ -282,8 +282,9 @@ def retain_durable(durable: CheckpointLayout, keep_last: int) -> None:
 def retain_memory(memory: CheckpointLayout, busy: Collection[int], keep: int = MEMORY_KEEP,
                   ) -> None:
     """Keep the newest ``keep`` committed checkpoints of a memory root and those in ``busy``
-    (being persisted); remove the rest, pinned ones too (they were persisted), and torn ones
-    older than the newest. Failures are logged, never raised."""
+    (being persisted); remove the rest, pinned ones too (they were persisted), torn ones
+    older than the newest, and what writers on this host left when they died (a removal cut
+    by a kill: up to a whole checkpoint in RAM each). Failures are logged, never raised."""
     try:
         checkpoints = list_checkpoints(memory.root, memory.prefix, commit_state_only=True)
     except OSError as error:
@@ -297,6 +298,7 @@ def retain_memory(memory: CheckpointLayout, busy: Collection[int], keep: int = M
             continue
         if checkpoint.is_directory:
             _fs.remove_logged(_fs.discard_directory, checkpoint.path, "memory checkpoint")
+    reclaim_leftovers(memory, everyone=False)
 
 
 def remove_memory_root(root: Path) -> None:

@@ -191,7 +191,8 @@ def prepare_checkpoint_root(options: RunOptions) -> None:
     lossy = isc_environment(options, os.environ).get(ENV_ISC_LOSSY_PATH)
     if lossy is not None:
         _make_owned(Path(lossy), "LOSSY_ARTIFACT_PATH's directory", trust,
-                    f"set LOSSY_ARTIFACT_PATH to a directory of yours; {_ROOT_FIX}")
+                    "set LOSSY_ARTIFACT_PATH to a directory of yours, or choose another "
+                    "--checkpoint-dir")
 
 
 _ROOT_FIX = ("choose a --checkpoint-dir of your own, or pass --shared-root-group GROUP for a "
