@@ -334,3 +334,40 @@ def wait_for_partner_copy(memories: list[CheckpointLayout], nodes: list[Node]) -
                 return name.index
         time.sleep(0.05)
     raise AssertionError(f"no partner copy on node 0 within 120 s: {nodes[0].text()}")
+
+
+def test_a_node_that_outlives_node_0_says_so_in_a_few_lines_and_a_thawed_node_exits_75(
+        hosts: tuple[Host, Host], tmp_path: Path) -> None:
+    """Node 0 killed with SIGKILL: node 1's workers and torchrun fail on the lost peer and
+    store, and their tracebacks go to node 1's log file, not to its terminal, which shows one
+    line for them and the verdict (exit 75). Node 1's ``cycle run`` frozen (SIGSTOP) past
+    ``--node-timeout``, then thawed: node 0 gave it up with exit 75, and so does node 1."""
+    root, final = tmp_path / "ck", tmp_path / "final.pt"
+    with job(hosts, root, final) as nodes:
+        wait_for_text(nodes[0], "[train] training from step")
+        while latest_checkpoint(root) is None:
+            assert nodes[0].process.poll() is None, nodes[0].text()
+            time.sleep(0.1)
+        before = len(nodes[1].text().splitlines())
+        nodes[0].process.kill()
+        assert nodes[1].wait(timeout=60) == EXIT_REQUEUE, nodes[1].text()
+        after = [line for line in nodes[1].text().splitlines()[before:]
+                 if not line.startswith("[train]")]  # the worker's own prints, if any
+        # Its own lines only: the tracebacks in one, the loss, the kill, the exit, the verdict.
+        assert all(line.startswith("cycle: ") for line in after), "\n".join(after)
+        assert len(after) <= 8, "\n".join(after)
+        assert "node 0 is gone" in nodes[1].text()
+        log = root / ".cycler" / "stderr-node1.log"
+        assert "Traceback" in log.read_text(), "the tracebacks are kept"
+        assert sum(str(log) in line for line in after) == 1, "\n".join(after)
+
+    with job(hosts, root, final) as nodes:
+        wait_for_text(nodes[0], "[train] training from step")
+        nodes[1].process.send_signal(signal.SIGSTOP)  # its cycle run only: workers go on
+        try:
+            assert nodes[0].wait(timeout=60) == EXIT_REQUEUE, nodes[0].text()
+            assert "node 1 is gone" in nodes[0].text()
+        finally:
+            nodes[1].process.send_signal(signal.SIGCONT)
+        assert nodes[1].wait(timeout=60) == EXIT_REQUEUE, nodes[1].text()
+        assert "ended the job with exit 75" in nodes[1].text()
