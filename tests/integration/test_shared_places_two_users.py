@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_memory_tier_hostile_users import as_user, cycle, with_script
+from tests.integration.test_memory_tier_hostile_users import as_user, with_script
 from tests.integration.test_memory_tier_two_users import (
     PLANT_TRAIN_PT,
     User,
