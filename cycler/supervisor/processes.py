@@ -129,7 +129,7 @@ class StderrTail:
     """Copies a child's stderr to ours as it comes and keeps the last bytes for reports.
 
     With :meth:`hold_tracebacks` (several nodes), what follows a traceback's first line (or
-    torch's c10d error lines: :data:`ERROR_STARTS`) is
+    a C++ exception's, :func:`_error_start`) is
     held back from the terminal and appended to a log file as it comes: it may be the echo of
     a lost node (every worker's and torchrun's tracebacks), which :meth:`summarise` then says
     in one line; :meth:`release` (a restart, or the hold's time is up) shows it after all.
@@ -186,10 +186,9 @@ class StderrTail:
             if self._log is None:
                 return chunk
             if self._held is None and not self._summarised:
-                start = min((i for i in map(chunk.find, ERROR_STARTS) if i >= 0), default=-1)
+                start = _error_start(chunk)
                 if start < 0:
                     return chunk
-                start = chunk.rfind(b"\n", 0, start) + 1
                 shown, chunk = chunk[:start], chunk[start:]
                 self._held = []
                 self._timer = threading.Timer(self._hold_seconds, self.release)
@@ -227,8 +226,23 @@ class StderrTail:
             return b"".join(self._chunks).decode(errors="replace")
 
 
-ERROR_STARTS = (b"Traceback (most recent call last)", b"[c10d]", b"Exception raised from ")
-"""What starts the output held back: a Python traceback, torch's c10d store and C++ errors."""
+TRACEBACK, CPP_EXCEPTION = b"Traceback (most recent call last)", b"Exception raised from "
+"""What starts the output held back: a Python traceback; a C++ exception's frames, which torch
+prints after a line that says what failed (c10d's "Broken pipe")."""
+
+
+def _error_start(chunk: bytes) -> int:
+    """Where in ``chunk`` the held output starts (the line of a traceback's first line, or the
+    line before a C++ exception's), ``-1`` where it holds none."""
+    found = [(at, marker) for marker in (TRACEBACK, CPP_EXCEPTION)
+             if (at := chunk.find(marker)) >= 0]
+    if not found:
+        return -1
+    at, marker = min(found)
+    start = chunk.rfind(b"\n", 0, at) + 1
+    if marker == CPP_EXCEPTION and start > 0:
+        start = chunk.rfind(b"\n", 0, start - 1) + 1
+    return start
 STDERR_LOG_BYTES = 16 << 20
 """Past this size the log of held tracebacks takes no more (a crash loop's would only grow)."""
 

@@ -407,7 +407,7 @@ class Supervisor:
             self._tree.stderr.hold_tracebacks(
                 self.layout.supervisor_dir / STDERR_LOG_FILENAME.format(
                     node=self.options.node_rank),
-                self.options.node_timeout + VERDICT_MARGIN)
+                2 * self.options.node_timeout + VERDICT_MARGIN)
         self._record("workers_started", torchrun_pid=self._tree.process.pid,
                      start=action.start_number, resume_from=action.resume_from,
                      restart_count=plan.environment["CYCLER_RESTART_COUNT"])

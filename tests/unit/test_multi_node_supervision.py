@@ -358,3 +358,7 @@ def test_held_tracebacks_are_logged_and_summed_up_or_shown_after_all(tmp_path: P
                  b"[rank1]: RuntimeError: Connection reset by peer\n")
     assert tail(before + traceback, "summarise") == (before, traceback)
     assert tail(before + traceback, "release") == (before + traceback, traceback)
+    cpp = (b"[W1127 TCPStore.cpp:106] [c10d] sendBytes failed: Broken pipe\n"
+           b"Exception raised from sendBytes at Utils.hpp:758 (most recent call first):\n"
+           b"frame #0: c10::Error::Error\n")
+    assert tail(before + cpp, "summarise")[0] == before
