@@ -224,6 +224,8 @@ def check_owned_directory(path: Path, what: str, trust: Trust, fix: str) -> None
     if problem is not None:
         raise CheckpointDirectoryError(f"{what} {path} is unsafe: {problem}; {fix}")
     problem = owned_problem(status, trust)
+    if problem is not None and status.st_uid == os.geteuid() and problem.startswith("has mode"):
+        fix = f"chmod go-w {path} if no one else is to write there; else {fix}"
     if problem is not None:
         raise CheckpointDirectoryError(f"{what} {path} {problem}: refusing to use it; {fix}")
 
