@@ -236,6 +236,8 @@ def check_owned_place(path: Path, what: str, trust: Trust, fix: str) -> None:
     above = Path(os.path.abspath(path)).parent
     while not os.path.lexists(above) and above != above.parent:
         above = above.parent
+    if not os.path.isdir(above):
+        return  # said by the creation that follows: a file is in the way
     try:
         problem = unsafe_path_problem(above, trust)
     except OSError:
