@@ -30,23 +30,26 @@ def status(
                                "seconds until Ctrl-C (while a job runs)."),
     interval: float = typer.Option(2.0, "--interval", min=0.1, help="Seconds between "
                                    "refreshes with --watch (default: 2)."),
+    every: bool = typer.Option(False, "--all", help="List every checkpoint (default: the "
+                               f"{render.STATUS_ROWS} newest and a count of the rest)."),
 ) -> None:
     """Show the checkpoints, their state, and what the job has been through."""
     root = directory or default_checkpoint_root()
+    rows = None if every else render.STATUS_ROWS
     if watch:
-        _watch(root, events, interval)
+        _watch(root, events, interval, rows)
         return
     with exit_on_cycler_error():
         result = _collect(root, verify, events, show_progress=not as_json)
     if as_json:
         render.print_json(result.as_dict())
     else:
-        render.render_status(result)
+        render.render_status(result, rows)
     if not result.exists:
         raise typer.Exit(EXIT_FAILURE)  # a script can tell "no such root" from "no checkpoint"
 
 
-def _watch(root: Path, events: int, interval: float) -> None:
+def _watch(root: Path, events: int, interval: float, rows: int | None) -> None:
     """Redraw the status every ``interval`` seconds until Ctrl-C (exit 0)."""
     import time
 
@@ -55,7 +58,7 @@ def _watch(root: Path, events: int, interval: float) -> None:
             with exit_on_cycler_error():
                 result = collect_status(root, events=events)
             render.console.clear()
-            render.render_status(result)
+            render.render_status(result, rows)
             render.console.print(f"(every {interval:g} s; Ctrl-C to stop)", style="dim")
             time.sleep(interval)
     except KeyboardInterrupt:

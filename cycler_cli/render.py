@@ -50,7 +50,13 @@ def print_json(payload: dict[str, Any]) -> None:
     print(json.dumps(payload, indent=2, sort_keys=True, default=str))
 
 
-def render_status(status: RootStatus) -> None:
+STATUS_ROWS = 10
+"""Checkpoints ``cycle status`` lists per table, newest first kept (``--all``: every one)."""
+
+
+def render_status(status: RootStatus, rows: int | None = STATUS_ROWS) -> None:
+    """The status as tables and lines; ``rows``: the newest checkpoints listed per table, the
+    rest counted in one line (``None``: every one)."""
     if not status.exists:
         console.print(f"No checkpoint directory at {escape(str(status.root))}.", soft_wrap=True)
         for note in status.notes:
@@ -59,9 +65,9 @@ def render_status(status: RootStatus) -> None:
     if not status.checkpoints:
         console.print(f"No checkpoints in {escape(str(status.root))}.", soft_wrap=True)
     else:
-        _print_status_table(status.checkpoints, status.root)
+        _print_status_table(status.checkpoints, status.root, rows=rows)
     if status.memory is not None:
-        _render_memory_tier(status.memory)
+        _render_memory_tier(status.memory, rows)
     for note in status.notes:
         console.print(f"[yellow]warning:[/] {escape(note)}")
     _render_supervisors(status.supervisors)
@@ -81,9 +87,9 @@ def _render_replays(replays: list[dict[str, Any]]) -> None:
                       soft_wrap=True)
 
 
-def _render_memory_tier(memory: MemoryTierStatus) -> None:
+def _render_memory_tier(memory: MemoryTierStatus, rows: int | None) -> None:
     if memory.checkpoints:
-        _print_status_table(memory.checkpoints, memory.root, "in memory at ")
+        _print_status_table(memory.checkpoints, memory.root, "in memory at ", rows)
     else:
         console.print(f"No checkpoints in the memory tier at {escape(str(memory.root))}.")
     if memory.newest is not None:
@@ -92,10 +98,24 @@ def _render_memory_tier(memory: MemoryTierStatus) -> None:
                       f"memory on {escape(memory.host)} (lost if this node's memory is).")
 
 
-def _print_status_table(rows: list[CheckpointFacts], root: Path, where: str = "in ") -> None:
+def newest_rows(rows: list[CheckpointFacts], limit: int | None,
+                ) -> tuple[list[CheckpointFacts], list[CheckpointFacts]]:
+    """The ``limit`` newest of ``rows`` (by index: indices only grow) in their order, and the
+    others (``None``: all of them, none left out)."""
+    if limit is None or len(rows) <= limit:
+        return rows, []
+    order = sorted(range(len(rows)), key=lambda i: rows[i].index)
+    kept = set(order[-limit:])
+    return ([row for i, row in enumerate(rows) if i in kept],
+            [row for i, row in enumerate(rows) if i not in kept])
+
+
+def _print_status_table(all_rows: list[CheckpointFacts], root: Path, where: str = "in ",
+                        rows: int | None = None) -> None:
     # Fits 80 columns: one saver's rows are numbered by index under a title naming the saver;
     # only a root shared by several savers spends a column on full names.
-    savers = sorted({row.saver for row in rows})
+    shown, older = newest_rows(all_rows, rows)
+    savers = sorted({row.saver for row in all_rows})
     title = f"Checkpoints {where}{escape(str(root))}"
     if len(savers) == 1:
         title = f"{escape(savers[0])} checkpoints {where}{escape(str(root))}"
@@ -104,7 +124,7 @@ def _print_status_table(rows: list[CheckpointFacts], root: Path, where: str = "i
     for column in ("step", "epoch", "size", "age"):
         table.add_column(column, justify="right", no_wrap=True)
     table.add_column("state", overflow="fold")
-    for row in rows:
+    for row in shown:
         state = row.state + (" (pinned)" if row.pinned and row.state != "pinned" else "")
         if row.problem:
             state += f": {row.problem}"
@@ -115,6 +135,11 @@ def _print_status_table(rows: list[CheckpointFacts], root: Path, where: str = "i
                       f"[{style}]{escape(state)}[/]" if style else escape(state))
     console.print(title)
     console.print(table)
+    if older:
+        invalid = sum(row.state not in ("latest", "valid", "pinned", "legacy") for row in older)
+        console.print(f"... and {len(older)} older checkpoints"
+                      + (f" ({invalid} of them not valid)" if invalid else "")
+                      + "; cycle status --all lists every one")
 
 
 def _blank(value: int | None) -> str:

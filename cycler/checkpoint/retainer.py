@@ -91,14 +91,15 @@ class Retainer:
         manifest in any of its ``tiers`` was left by a writer that died (a crash loop on a full
         disk leaves one per run; under the memory tier, a persist cut by a kill leaves one in
         the checkpoint root), so it goes now, before this run needs the space; so do the
-        leftovers of dead writers in the tiers other than ``layout`` (whose own go at its first
-        commit). With ``measure``, returns twice the largest torn directory's size in
-        ``layout`` (the memory tier's prediction of the next checkpoint), else 0."""
+        leftovers of dead writers in every tier but a checkpoint root that ``layout`` is
+        (whose own go at its first commit's scan; a memory root has no such scan). With
+        ``measure`` (``layout`` is a memory root), returns twice the largest torn directory's
+        size in ``layout`` (the memory tier's prediction of the next checkpoint), else 0."""
         predicted = 0
         for tier in tiers:
             predicted = max(predicted, self._reclaim_torn_in(tier, measure=measure and (
                 tier is layout)))
-            if tier is not layout:
+            if tier is not layout or measure:
                 reclaim_leftovers(tier, everyone=True)
         return predicted
 

@@ -35,11 +35,16 @@ from cycler.checkpoint.commit import finalize, link_forward
 from cycler.checkpoint.layout import MANIFEST_NAME, CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import Checkpoint, inspect_checkpoint, list_checkpoints
 from cycler.checkpoint.manifest import check_files, read_manifest
-from cycler.checkpoint.memory_roots import prepare_memory_root
+from cycler.checkpoint.memory_roots import is_private, prepare_memory_root
 from cycler.checkpoint.retainer import reclaim_leftovers
 from cycler.checkpoint.retention import retention_decisions
-from cycler.errors import CorruptCheckpoint, CyclerError, DiskFull
-from cycler.protocol.environment import ENV_CHECKPOINT_DIR, ENV_MEMORY_TIER, ENV_PERSIST_EVERY
+from cycler.errors import CheckpointDirectoryError, CorruptCheckpoint, CyclerError, DiskFull
+from cycler.protocol.environment import (
+    ENV_CHECKPOINT_DIR,
+    ENV_CONTROL_FILE,
+    ENV_MEMORY_TIER,
+    ENV_PERSIST_EVERY,
+)
 from cycler.protocol.names import MEMORY_OVERFLOW_FILENAME
 
 log = logging.getLogger(__name__)
@@ -94,10 +99,25 @@ def memory_tier(durable_root: str | os.PathLike[str],
         every = max(1, int(env.get(ENV_PERSIST_EVERY) or DEFAULT_PERSIST_EVERY))
     except ValueError:
         every = DEFAULT_PERSIST_EVERY
+    if not env.get(ENV_CONTROL_FILE):
+        _refuse_a_hand_set_root(Path(root))
     removed = prepare_memory_root(Path(root), CheckpointLayout(durable_root))
     if removed is not None:
         log.warning("%s", removed)
     return MemoryTier(Path(root), every)
+
+
+def _refuse_a_hand_set_root(root: Path) -> None:
+    """Outside ``cycle run``: refuse a ``CYCLER_MEMORY_TIER`` that cannot be a memory root (its
+    base is there and is not the user's private directory: ``/dev/shm`` set by hand, as an
+    older cycler's documentation had it), saying what to do instead."""
+    base = root.parent
+    if os.path.lexists(base) and not is_private(base):
+        raise CheckpointDirectoryError(
+            f"{ENV_MEMORY_TIER} is {root}, in {base}, which is not a private directory of "
+            "yours: the variable names one job's memory root, which cycle run makes; unset "
+            f"{ENV_MEMORY_TIER} and pass --memory-tier to cycle run (--memory-dir {root} to "
+            "keep the checkpoints in that tmpfs)")
 
 
 def remember_overflow(durable: CheckpointLayout, why: str) -> None:
@@ -282,8 +302,9 @@ def retain_durable(durable: CheckpointLayout, keep_last: int) -> None:
 def retain_memory(memory: CheckpointLayout, busy: Collection[int], keep: int = MEMORY_KEEP,
                   ) -> None:
     """Keep the newest ``keep`` committed checkpoints of a memory root and those in ``busy``
-    (being persisted); remove the rest, pinned ones too (they were persisted), and torn ones
-    older than the newest. Failures are logged, never raised."""
+    (being persisted); remove the rest, pinned ones too (they were persisted), torn ones
+    older than the newest, and what writers on this host left when they died (a removal cut
+    by a kill: up to a whole checkpoint in RAM each). Failures are logged, never raised."""
     try:
         checkpoints = list_checkpoints(memory.root, memory.prefix, commit_state_only=True)
     except OSError as error:
@@ -297,6 +318,7 @@ def retain_memory(memory: CheckpointLayout, busy: Collection[int], keep: int = M
             continue
         if checkpoint.is_directory:
             _fs.remove_logged(_fs.discard_directory, checkpoint.path, "memory checkpoint")
+    reclaim_leftovers(memory, everyone=False)
 
 
 def remove_memory_root(root: Path) -> None:

@@ -26,6 +26,9 @@ MEMORY_OWNER_FILENAME = "memory-owner.json"
 """In a memory root's ``.cycler/``: the job id and checkpoint root it belongs to."""
 COMPILE_CACHE_FILENAME = "compile-cache.tar"
 """torch.compile's caches of the job, carried with the root (a root's, written by node 0)."""
+STDERR_LOG_FILENAME = "stderr-node{node}.log"
+"""On several nodes: the tracebacks of torchrun and its workers held back from the terminal
+(a lost node's echo is summed up in one line there), kept whole here."""
 
 # Per saver (``<prefix><suffix>``, or ``<prefix>`` after the prefix for verification records).
 INDEX_RECORD_SUFFIX = ".last_index"

@@ -29,8 +29,8 @@ from cycler.supervisor.carried_cache import CACHE, CARRIED, HEADERS, cache_files
 from cycler.supervisor.compile_cache import (
     cache_key,
     carried_path,
-    headers_dir,
     node_cache_dir,
+    own_headers_dir,
     uses_own_cache,
 )
 from cycler.supervisor.options import RunOptions
@@ -71,7 +71,10 @@ class CompileCacheCarrier:
         self._last_try: float | None = None
         if self._active:
             self._key = cache_key(options.script)  # the key the workers' cache was named by
-            self._sources = {CACHE: node_cache_dir(options, self._key), HEADERS: headers_dir()}
+            self._sources = {CACHE: node_cache_dir(options, self._key)}
+            headers, _ = own_headers_dir()  # not the user's: warned of at start
+            if headers is not None:
+                self._sources[HEADERS] = headers
             self._carried = carried_path(options)
 
     def checkpoint_committed(self) -> None:

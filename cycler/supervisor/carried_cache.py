@@ -218,9 +218,10 @@ def _check_owned(status: os.stat_result) -> None:
                            f"(uid {os.geteuid()})")
 
 
-def unpack(carried: Path, directory: Path, headers: Path, key: CacheKey) -> str | None:
+def unpack(carried: Path, directory: Path, headers: Path | None, key: CacheKey) -> str | None:
     """Fill the empty private ``directory`` from ``carried`` when it was made under ``key``,
-    and add the carried precompiled headers that ``headers`` lacks; what was done or why not
+    and add the carried precompiled headers that ``headers`` lacks (``None``: torch's headers
+    directory is not the user's, none are added); what was done or why not
     (a sentence), ``None`` when nothing is carried."""
     if not os.path.lexists(carried):
         return None
@@ -242,7 +243,8 @@ def unpack(carried: Path, directory: Path, headers: Path, key: CacheKey) -> str 
         if os.path.lexists(staging / CACHE):
             os.rmdir(directory)  # empty: checked by the caller, private, the user's
             os.rename(staging / CACHE, directory)
-        _add_headers(staging / HEADERS, headers)
+        if headers is not None:
+            _add_headers(staging / HEADERS, headers)
     except (OSError, ValueError, tarfile.TarError) as error:
         with contextlib.suppress(OSError):
             create_private(directory)

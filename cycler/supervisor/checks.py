@@ -20,14 +20,19 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from cycler._fs import atomic_write_bytes, read_json_object
+from cycler._fs import atomic_write_bytes, caused_by_full_disk, read_json_object
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.checkpoint.listing import find_checkpoint, no_valid_checkpoint
 from cycler.checkpoint.memory_roots import is_private, prepare_memory_root, sweep_stale_roots
 from cycler.checkpoint.private_dirs import (
     PRIVATE_FILE_MODE,
+    Trust,
+    check_owned_directory,
+    check_owned_place,
     check_safe_parent,
+    make_owned_directory,
     make_parents_private,
+    user_trust,
 )
 from cycler.checkpoint.tiers import overflowed
 from cycler.errors import CheckpointDirectoryError, ConfigError, CyclerError
@@ -164,13 +169,19 @@ def check_resume_from(options: RunOptions) -> None:
 
 
 def prepare_checkpoint_root(options: RunOptions) -> None:
-    """Create the root and its ``.cycler/``, and prove a file can be written there; create
-    the lossy directory the workers are told about."""
+    """Create the root and its ``.cycler/`` (and the lossy directory where ISC's contract asks
+    for one: :func:`isc_environment`), refuse any of them that is not the user's alone
+    (:func:`check_owned_directory`: another user's, open to others' writes, in a place others
+    can rename it out of; ``--shared-root-group`` lets a group in), and prove a file can be
+    written in the root and in ``.cycler/``."""
     layout = options.layout
+    trust = user_trust(options.shared_root_group)
     layout.check_supervisor_dir()
+    for directory, what in ((layout.root, "the checkpoint root"),
+                            (layout.supervisor_dir, "the checkpoint root's .cycler")):
+        _make_owned(directory, what, trust, _ROOT_FIX)
     probe_name = f".probe-{socket.gethostname()}-{os.getpid()}"
     try:
-        layout.supervisor_dir.mkdir(parents=True, exist_ok=True)
         # Both places get written: the savers create checkpoints in the root, the supervisor
         # and the locks write in .cycler/, and either may be the one that is read-only.
         for probe in (layout.root / probe_name, layout.supervisor_dir / probe_name):
@@ -183,13 +194,26 @@ def prepare_checkpoint_root(options: RunOptions) -> None:
         ) from None
     lossy = isc_environment(options, os.environ).get(ENV_ISC_LOSSY_PATH)
     if lossy is not None:
-        try:
-            os.makedirs(lossy, exist_ok=True)
-        except OSError as error:
-            raise CheckpointDirectoryError(
-                f"cannot create {lossy} for LOSSY_ARTIFACT_PATH ({error.strerror}); set "
-                "LOSSY_ARTIFACT_PATH to a writable directory"
-            ) from None
+        _make_owned(Path(lossy), "LOSSY_ARTIFACT_PATH's directory", trust,
+                    "set LOSSY_ARTIFACT_PATH to a directory of yours, or choose another "
+                    "--checkpoint-dir")
+
+
+_ROOT_FIX = ("choose a --checkpoint-dir of your own, or pass --shared-root-group GROUP for a "
+             "root you share with GROUP on purpose")
+
+
+def _make_owned(directory: Path, what: str, trust: Trust, fix: str) -> None:
+    """Create ``directory`` if missing, then refuse it unless it is the user's alone (nothing
+    is created in a place others could swap)."""
+    check_owned_place(directory, what, trust, fix)
+    try:
+        make_owned_directory(directory, trust)
+    except OSError as error:
+        why = "no room left" if caused_by_full_disk(error) else error.strerror
+        raise CheckpointDirectoryError(f"cannot create {what} {directory} ({why}); "
+                                       "choose a writable --checkpoint-dir") from None
+    check_owned_directory(directory, what, trust, fix)
 
 
 def prepare_memory_tier(options: RunOptions) -> None:

@@ -9,7 +9,9 @@ points both at a directory of this job on this node (:func:`node_cache_dir`, pri
 user like the memory tier), keyed by :class:`CacheKey`: another torch, Python, CPU or GPU
 model, or an edited script gets a directory of its own, never a stale cache. torch's own
 default directory, where it keeps precompiled headers whatever these variables say, is made
-(or checked to be) the user's, not writable by others.
+the user's when missing; one that is not the user's (another user made it first, or ``$USER``
+names another account) is warned of once and its headers are not carried: no other user can
+make a job refuse to start.
 
 The directory travels with the checkpoint root (:mod:`cycler.supervisor.carried_cache`):
 after a checkpoint is committed and when a run ends, node 0 packs it into
@@ -22,6 +24,7 @@ compiled every kernel (docs/compile-cache.md). No torch is imported here.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import getpass
 import hashlib
@@ -29,7 +32,9 @@ import json
 import logging
 import os
 import platform
+import pwd
 import re
+import shutil
 import stat
 import sys
 import tempfile
@@ -38,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cycler.checkpoint.memory_roots import memory_root
-from cycler.checkpoint.private_dirs import check_safe_parent, make_private
+from cycler.checkpoint.private_dirs import check_safe_parent, make_private, owner_name
 from cycler.errors import CheckpointDirectoryError
 from cycler.protocol.names import COMPILE_CACHE_FILENAME
 from cycler.supervisor.options import RunOptions
@@ -140,9 +145,27 @@ def uses_own_cache(environ: Mapping[str, str]) -> bool:
     return bool(environ.get(ENV_INDUCTOR_CACHE))
 
 
+_RUN_BASE: list[Path] = []
+"""The private base of this ``cycle run`` alone, once the user's own was found unusable."""
+
+
 def node_base() -> Path:
-    """The user's base for compile caches on this node (in ``$TMPDIR``, else ``/tmp``)."""
+    """The user's base for compile caches on this node (in ``$TMPDIR``, else ``/tmp``), or
+    this run's own (:func:`_use_a_base_of_this_run`) where another user took that name."""
+    if _RUN_BASE:
+        return _RUN_BASE[0]
     return Path(tempfile.gettempdir()) / f"cycler-{os.geteuid()}"
+
+
+def _use_a_base_of_this_run(problem: str) -> None:
+    """The user's base (or a directory under it) cannot be used: compile in a fresh private
+    directory that no one could have made first, removed when ``cycle run`` exits; one
+    warning."""
+    base = Path(tempfile.mkdtemp(prefix=f"cycler-{os.geteuid()}-run-"))
+    _RUN_BASE.append(base)
+    atexit.register(shutil.rmtree, base, ignore_errors=True)
+    log.warning("%s; this run compiles into %s, removed when it ends (nothing compiled is kept "
+                "on this node for the next run)", problem, base)
 
 
 def node_cache_dir(options: RunOptions, key: CacheKey | None = None) -> Path:
@@ -172,10 +195,13 @@ def carried_path(options: RunOptions) -> Path:
 
 def prepare_compile_cache(options: RunOptions, environ: Mapping[str, str] | None = None,
                           key: CacheKey | None = None) -> Path | None:
-    """Before the workers start: make this job's node cache (private; a directory of another
-    user or open to others in its place is refused with :class:`CheckpointDirectoryError`,
-    exit 2), check torch's default directory, and fill an empty node cache from the root's
-    carried one when its key matches. The node cache, ``None`` when the user chose their own."""
+    """Before the workers start: make this job's node cache (private; where a directory of
+    another user or one open to others is in its place, a private directory of this run's
+    own is used instead, with one warning), check torch's default directory (another user's
+    is warned of, once, and its headers are not carried), and fill an empty node cache from
+    the root's carried one when its key matches. The node cache, ``None`` when the user chose
+    their own. Raises :class:`CheckpointDirectoryError` (exit 2) only for a ``$TMPDIR`` that
+    others could swap."""
     from cycler.supervisor.carried_cache import unpack
 
     environ = os.environ if environ is None else environ
@@ -184,20 +210,32 @@ def prepare_compile_cache(options: RunOptions, environ: Mapping[str, str] | None
     key = cache_key(options.script) if key is None else key
     directory = node_cache_dir(options, key)
     check_safe_parent(directory.parents[3], "the temporary directory", fix=_FIX)
-    for level in (directory.parents[2], directory.parents[1], directory.parent):
-        make_private(level, "the compile cache's directory", fix=_FIX)
-    make_private(directory, "the compile cache", fix=_FIX)
-    check_torch_default_dir()
+    try:
+        _make_node_cache(directory)
+    except CheckpointDirectoryError as error:
+        _use_a_base_of_this_run(str(error))
+        directory = node_cache_dir(options, key)
+        _make_node_cache(directory)
+    headers, problem = own_headers_dir()
+    if problem is not None:
+        say_headers_not_carried(problem)
     if not any(directory.iterdir()):
-        said = unpack(carried_path(options), directory, headers_dir(), key)
+        said = unpack(carried_path(options), directory, headers, key)
         if said:
             log.info("%s", said)
     return directory
 
 
+def _make_node_cache(directory: Path) -> None:
+    for level in (directory.parents[2], directory.parents[1], directory.parent):
+        make_private(level, "the compile cache's directory", fix=_FIX)
+    make_private(directory, "the compile cache", fix=_FIX)
+
+
 def torch_default_dir() -> Path:
     """torch's own default cache directory (``<tmp>/torchinductor_<user>``), named as
-    inductor names it (``getpass`` reads ``LOGNAME``/``USER``, which the workers inherit)."""
+    inductor names it (``getpass`` reads ``LOGNAME``/``USER``, which the workers inherit): the
+    path torch will use, never trusted for it: :func:`own_headers_dir` checks it by uid."""
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
@@ -210,34 +248,51 @@ def headers_dir() -> Path:
     return torch_default_dir() / "precompiled_headers"
 
 
-def check_torch_default_dir() -> None:
-    """torch keeps precompiled C++ headers in its default directory whatever
-    ``TORCHINDUCTOR_CACHE_DIR`` says: create it 0700, or refuse one (or a headers directory in
-    it) that another user owns or may write to (a planted header would be compiled into the
-    job's kernels)."""
+def own_headers_dir() -> tuple[Path | None, str | None]:
+    """torch's headers directory and ``None`` when it is the user's (its default directory
+    made 0700 if missing); else ``None`` and what is wrong (a sentence): another user's, open
+    to others, not a directory. Never raises: a header directory never stops a job."""
     path = torch_default_dir()
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
     except OSError as error:
-        raise CheckpointDirectoryError(
-            f"cannot create torch's compile cache directory {path} ({error.strerror})") from None
-    _check_owned(path)
-    if os.path.lexists(headers_dir()):
-        _check_owned(headers_dir())
+        return None, f"torch's compile directory {path} cannot be made ({error.strerror})"
+    for directory in (path, headers_dir()):
+        try:
+            problem = _not_owned(os.lstat(directory))
+        except FileNotFoundError:
+            break  # the headers directory: made private when one is carried in
+        except OSError as error:
+            problem = f"cannot be read ({error.strerror})"
+        if problem is not None:
+            return None, f"torch's compile directory {directory} {problem}"
+    return headers_dir(), None
 
 
-def _check_owned(path: Path) -> None:
-    status = os.lstat(path)
-    problem = None
+def _not_owned(status: os.stat_result) -> str | None:
     if not stat.S_ISDIR(status.st_mode):
-        problem = "is not a directory"
-    elif status.st_uid != os.geteuid():
-        problem = f"belongs to uid {status.st_uid}, not to you (uid {os.geteuid()})"
-    elif status.st_mode & 0o022:
-        problem = f"has mode {stat.S_IMODE(status.st_mode):o}: other users may write to it"
-    if problem is not None:
-        raise CheckpointDirectoryError(
-            f"torch's compile cache directory {path} {problem}: refusing to start workers "
-            f"that would compile from it; {_FIX}")
+        return "is not a directory"
+    if status.st_uid != os.geteuid():
+        return f"belongs to {owner_name(status.st_uid)}, not to you (uid {os.geteuid()})"
+    if status.st_mode & 0o022:
+        return f"has mode {stat.S_IMODE(status.st_mode):o}: other users may write to it"
+    return None
+
+
+def say_headers_not_carried(problem: str) -> None:
+    """The one warning for a headers directory that is not the user's."""
+    named = "" if torch_default_dir().name.endswith(f"_{_account_name()}") else (
+        f" ($USER/$LOGNAME name {getpass.getuser()}, not your account {_account_name()})")
+    log.warning("%s%s: the job runs without carrying torch's precompiled headers (torch may "
+                "build its own or fail to where it compiles C++ wrappers); to carry them, "
+                "run with USER and LOGNAME set to your account, or set TMPDIR to a directory "
+                "of your own", problem, named)
+
+
+def _account_name() -> str:
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return f"uid_{os.geteuid()}"

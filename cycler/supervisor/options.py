@@ -106,6 +106,12 @@ class RunOptions:
         Path("checkpoints"), "--checkpoint-dir", yaml=(str,),
         env=(ENV_CHECKPOINT_DIR, ENV_ISC_ARTIFACT_PATH),
         help="Checkpoint root; the supervisor's record goes to its .cycler/")
+    shared_root_group: str | None = option(
+        None, "--shared-root-group", yaml=(str,),
+        help="A group of yours whose members may own or write the checkpoint root (a root "
+             "shared on purpose); without it, a root of another user or open to others' "
+             "writes is refused")
+    """Whose checkpoint root this job may use: :func:`private_dirs.user_trust`."""
     memory_tier: Path | None = option(
         None, "--memory-tier/--no-memory-tier", kind=bool, yaml=(str, bool), shown="off",
         help="Commit every checkpoint in node memory first and persist some to the checkpoint "

@@ -108,6 +108,8 @@ class PeerWatch:
     _started_at: float | None = None
     _stepping_since: float | None = None
     _said_waiting: set[int] = field(default_factory=set)
+    _ended: dict[int, object] = field(default_factory=dict)
+    """Exit codes of the nodes that ended after they were seen alive in this run."""
 
     def lost(self, now: float, stepping: bool = False) -> Loss | None:
         """The first node found gone (read at most every :data:`CHECK_SECONDS`), or ``None``.
@@ -125,6 +127,15 @@ class PeerWatch:
                 if loss is not None:
                     return loss
         return None
+
+    def requeued(self) -> Loss | None:
+        """A node seen alive in this run that has since ended the job with exit 75 (it gave
+        this node up while this one was not heard from: frozen, or cut off), or ``None``."""
+        node = next((n for n, code in self._ended.items() if code == EXIT_REQUEUE), None)
+        if node is None:
+            return None
+        return Loss(node, "ended the job with exit 75 while this node was not heard from",
+                    failed=False)
 
     def waiting(self, now: float) -> list[int]:
         """Nodes still unheard ``timeout`` after the start, each returned once."""
@@ -160,6 +171,8 @@ class PeerWatch:
             return _failed(node, record) if ours else None
         if beat != seen.beat:
             seen.beat, seen.changed_at, seen.alive = beat, now, True
+            if record.get("exit_code") is not None:
+                self._ended[node] = record.get("exit_code")
             return _failed(node, record)
         if seen.alive and record.get("exit_code") is None and now - seen.changed_at > self.timeout:
             return Loss(node, f"is gone: its supervisor has not been heard for "

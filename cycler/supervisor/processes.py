@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import IO
 
 import psutil
@@ -125,7 +126,14 @@ class Watchdog:
 
 
 class StderrTail:
-    """Copies a child's stderr to ours as it comes and keeps the last bytes for reports."""
+    """Copies a child's stderr to ours as it comes and keeps the last bytes for reports.
+
+    With :meth:`hold_tracebacks` (several nodes), what follows a traceback's first line (or
+    a C++ exception's, :func:`_error_start`) is
+    held back from the terminal and appended to a log file as it comes: it may be the echo of
+    a lost node (every worker's and torchrun's tracebacks), which :meth:`summarise` then says
+    in one line; :meth:`release` (a restart, or the hold's time is up) shows it after all.
+    """
 
     def __init__(self, source: IO[bytes], echo_fd: int = 2) -> None:
         self._source = source
@@ -133,16 +141,74 @@ class StderrTail:
         self._chunks: collections.deque[bytes] = collections.deque()
         self._size = 0
         self._lock = threading.Lock()
+        self._log: Path | None = None
+        self._hold_seconds = 0.0
+        self._held: list[bytes] | None = None
+        self._timer: threading.Timer | None = None
+        self._summarised = False
         self._thread = threading.Thread(target=self._pump, name="cycle-stderr", daemon=True)
         self._thread.start()
+
+    def hold_tracebacks(self, log: Path, seconds: float) -> None:
+        """From now on hold back a traceback and what follows for up to ``seconds`` (the
+        time a lost node's verdict takes), keeping it in ``log``."""
+        with self._lock:
+            self._log, self._hold_seconds = log, seconds
+
+    def release(self) -> None:
+        """Show what is held, and stop holding until the next traceback."""
+        with self._lock:
+            held, self._held = self._held, None
+            self._stop_timer()
+        if held:
+            self._write(b"".join(held))
+
+    def summarise(self) -> tuple[int, Path | None]:
+        """Drop what is held (and whatever comes after) from the terminal; the lines dropped
+        so far and the log file that has them (``None``: nothing is held back here)."""
+        with self._lock:
+            held, self._held, self._summarised = self._held, None, True
+            self._stop_timer()
+        return sum(chunk.count(b"\n") for chunk in held or []), self._log
 
     def _pump(self) -> None:
         fd = self._source.fileno()
         while chunk := os.read(fd, 65536):
-            with contextlib.suppress(OSError):
-                os.write(self._echo_fd, chunk)
+            shown = self._route(chunk)
+            if shown:
+                self._write(shown)
             self._keep(chunk)
         self._source.close()
+
+    def _route(self, chunk: bytes) -> bytes:
+        """What of ``chunk`` goes to the terminal now; the rest is held and logged."""
+        with self._lock:
+            if self._log is None:
+                return chunk
+            if self._held is None and not self._summarised:
+                start = _error_start(chunk)
+                if start < 0:
+                    return chunk
+                shown, chunk = chunk[:start], chunk[start:]
+                self._held = []
+                self._timer = threading.Timer(self._hold_seconds, self.release)
+                self._timer.daemon = True
+                self._timer.start()
+            else:
+                shown = b""
+            if self._held is not None:
+                self._held.append(chunk)
+            _append_private(self._log, chunk)
+            return shown
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _write(self, data: bytes) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._echo_fd, data)
 
     def _keep(self, chunk: bytes) -> None:
         with self._lock:
@@ -158,6 +224,40 @@ class StderrTail:
     def text(self) -> str:
         with self._lock:
             return b"".join(self._chunks).decode(errors="replace")
+
+
+TRACEBACK, CPP_EXCEPTION = b"Traceback (most recent call last)", b"Exception raised from "
+"""What starts the output held back: a Python traceback; a C++ exception's frames, which torch
+prints after a line that says what failed (c10d's "Broken pipe")."""
+
+
+def _error_start(chunk: bytes) -> int:
+    """Where in ``chunk`` the held output starts (the line of a traceback's first line, or the
+    line before a C++ exception's), ``-1`` where it holds none."""
+    found = [(at, marker) for marker in (TRACEBACK, CPP_EXCEPTION)
+             if (at := chunk.find(marker)) >= 0]
+    if not found:
+        return -1
+    at, marker = min(found)
+    start = chunk.rfind(b"\n", 0, at) + 1
+    if marker == CPP_EXCEPTION and start > 0:
+        start = chunk.rfind(b"\n", 0, start - 1) + 1
+    return start
+STDERR_LOG_BYTES = 16 << 20
+"""Past this size the log of held tracebacks takes no more (a crash loop's would only grow)."""
+
+
+def _append_private(path: Path, data: bytes) -> None:
+    """Append ``data`` to the user's file ``path`` (made 0600; never through a symlink);
+    failures are ignored: the terminal still gets the summary or the text."""
+    with contextlib.suppress(OSError):
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                             | os.O_NONBLOCK, 0o600)
+        try:
+            if os.fstat(descriptor).st_size < STDERR_LOG_BYTES:
+                os.write(descriptor, data)
+        finally:
+            os.close(descriptor)
 
 
 class WorkerTree:
@@ -222,7 +322,9 @@ class WorkerTree:
                 member.send_signal(number)
 
     def reap(self) -> None:
-        """SIGKILL whatever is left of the job, collect the exits, stop watching torchrun."""
+        """SIGKILL whatever is left of the job, collect the exits, stop watching torchrun;
+        show what stderr held back (unless it was summed up)."""
+        self.stderr.release()
         members = self.members()
         for member in members:
             with contextlib.suppress(psutil.Error):

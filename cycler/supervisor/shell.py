@@ -36,6 +36,7 @@ from cycler.protocol.control import (
 )
 from cycler.protocol.events import EventLog, describe, process_start
 from cycler.protocol.features import announced, clear_announcements
+from cycler.protocol.names import STDERR_LOG_FILENAME
 from cycler.protocol.stop_signals import lower_shields, raise_shields
 from cycler.supervisor import core, notices
 from cycler.supervisor.cache_carrier import CompileCacheCarrier
@@ -245,7 +246,12 @@ class Supervisor:
         loss = self._peers.lost(now, stepping=self._progress.first_step_seen)
         for node in self._peers.waiting(now):
             self._record("waiting_for_node", warning=True, node=node)
+        if loss is None and decisions.phase is core.Phase.AWAITING_PEERS:
+            # This node's torchrun failed; the others' verdict is the job's (a node thawed
+            # after --node-timeout finds the job ended 75 without it).
+            loss = self._peers.requeued()
         if loss is not None:
+            self._sum_up_a_lost_nodes_echo(loss.node)
             self._execute(decisions.handle(
                 core.PeerLost(loss.node, loss.why, self._clock(), failed=loss.failed)))
 
@@ -419,6 +425,11 @@ class Supervisor:
         assert self._watchdog is not None
         environment = {**full_environment(plan), **self._replays.environment()}
         self._tree = self._starter(plan.command, environment, self._watchdog)
+        if self.options.nnodes > 1:  # a lost node's echo is held back, then summed up
+            self._tree.stderr.hold_tracebacks(
+                self.layout.supervisor_dir / STDERR_LOG_FILENAME.format(
+                    node=self.options.node_rank),
+                2 * self.options.node_timeout + VERDICT_MARGIN)
         self._record("workers_started", torchrun_pid=self._tree.process.pid,
                      start=action.start_number, resume_from=action.resume_from,
                      restart_count=plan.environment["CYCLER_RESTART_COUNT"])
@@ -455,6 +466,16 @@ class Supervisor:
         result = self._requeuer(job_id)
         self._record("requeue", warning=not result.accepted, job_id=job_id,
                      accepted=result.accepted, detail=result.detail)
+
+    def _sum_up_a_lost_nodes_echo(self, node: int) -> None:
+        """Another node is lost: the tracebacks its loss causes here (workers' and torchrun's,
+        held back since the first) are one line on the terminal, kept whole in the log."""
+        if self._tree is None:
+            return
+        _, kept = self._tree.stderr.summarise()
+        if kept is not None:
+            log.warning("the tracebacks of this node's workers and torchrun, which fail for the "
+                        "loss of node %d, are kept in %s", node, kept)
 
     def _reap(self) -> None:
         if self._tree is not None:

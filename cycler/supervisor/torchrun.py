@@ -191,9 +191,12 @@ def lossy_directory(options: RunOptions) -> Path:
 
 
 def isc_environment(options: RunOptions, environ: Mapping[str, str]) -> dict[str, str]:
-    """ISC's artifact variables that scripts read, for those the user has not set."""
-    names = {ENV_ISC_ARTIFACT_PATH: options.layout.root,
-             ENV_ISC_LOSSY_PATH: lossy_directory(options)}
+    """ISC's artifact variables that scripts read, for those the user has not set: the
+    checkpoint root always; ``<root>-lossy`` only where ISC's contract asks for it (its
+    ``CHECKPOINT_ARTIFACT_PATH`` is set): off ISC, nothing is made beside the root."""
+    names = {ENV_ISC_ARTIFACT_PATH: options.layout.root}
+    if environ.get(ENV_ISC_ARTIFACT_PATH):
+        names[ENV_ISC_LOSSY_PATH] = lossy_directory(options)
     return {name: str(path) for name, path in names.items() if not environ.get(name)}
 
 

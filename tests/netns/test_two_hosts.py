@@ -334,3 +334,51 @@ def wait_for_partner_copy(memories: list[CheckpointLayout], nodes: list[Node]) -
                 return name.index
         time.sleep(0.05)
     raise AssertionError(f"no partner copy on node 0 within 120 s: {nodes[0].text()}")
+
+
+def wait_for_a_checkpoint(root: Path, nodes: list[Node]) -> None:
+    while latest_checkpoint(root) is None:
+        assert nodes[0].process.poll() is None, nodes[0].text()
+        time.sleep(0.1)
+
+
+def test_a_node_that_outlives_node_0_shows_its_verdict_in_a_few_lines(
+        hosts: tuple[Host, Host], tmp_path: Path) -> None:
+    """Node 0 killed with SIGKILL: node 1's workers and torchrun fail on the lost peer and
+    store; their tracebacks go to node 1's log file, not to its terminal, which shows one line
+    for them, its own lines, and the verdict (exit 75)."""
+    root, final = tmp_path / "ck", tmp_path / "final.pt"
+    with job(hosts, root, final) as nodes:
+        wait_for_text(nodes[0], "[train] training from step")
+        wait_for_a_checkpoint(root, nodes)
+        before = len(nodes[1].text().splitlines())
+        nodes[0].process.kill()
+        assert nodes[1].wait(timeout=60) == EXIT_REQUEUE, nodes[1].text()
+        after = [line for line in nodes[1].text().splitlines()[before:]
+                 if not line.startswith("[train]")]  # the worker's own prints, if any
+        # The tracebacks in one line, the loss, the kill, the exit, the verdict (and a stray
+        # warning of torch's, such as c10d's "hostname cannot be retrieved").
+        assert len(after) <= 8, "\n".join(after)
+        assert not [line for line in after if "Traceback" in line or "frame #" in line]
+        assert "node 0 is gone" in nodes[1].text()
+        log = root / ".cycler" / "stderr-node1.log"
+        assert "Traceback" in log.read_text(), "the tracebacks are kept"
+        assert sum(str(log) in line for line in after) == 1, "\n".join(after)
+
+
+def test_a_node_thawed_after_the_node_timeout_exits_with_the_jobs_verdict(
+        hosts: tuple[Host, Host], tmp_path: Path) -> None:
+    """Node 1's ``cycle run`` frozen (SIGSTOP) past ``--node-timeout``, then thawed: node 0
+    gave it up with exit 75 (a checkpoint exists), and node 1 exits 75 too, not 1."""
+    root, final = tmp_path / "ck", tmp_path / "final.pt"
+    with job(hosts, root, final) as nodes:
+        wait_for_text(nodes[0], "[train] training from step")
+        wait_for_a_checkpoint(root, nodes)
+        nodes[1].process.send_signal(signal.SIGSTOP)  # its cycle run only: workers go on
+        try:
+            assert nodes[0].wait(timeout=90) == EXIT_REQUEUE, nodes[0].text()
+            assert "node 1 is gone" in nodes[0].text()
+        finally:
+            nodes[1].process.send_signal(signal.SIGCONT)
+        assert nodes[1].wait(timeout=90) == EXIT_REQUEUE, nodes[1].text()
+        assert "ended the job with exit 75" in nodes[1].text()

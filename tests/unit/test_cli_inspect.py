@@ -325,3 +325,19 @@ def test_status_counts_the_checkpoints_only_in_memory_not_the_index_gaps(
     shown = status_json(root)["memory"]
     assert (shown["newest"], shown["newest_persisted"]) == (9, 0)
     assert shown["lag"] == 6, "1-5 and 9 are only in memory; 6-8 are gone"
+
+
+def test_status_lists_the_newest_checkpoints_and_counts_the_rest_unless_asked_for_all(
+        tmp_path: Path) -> None:
+    make_checkpoints(tmp_path, 14)
+    (tmp_path / "AtomicDirectory_checkpoint_0" / "cycler_manifest.json").unlink()  # torn
+    wide = {"COLUMNS": "200"}
+    shown = runner.invoke(app, ["status", str(tmp_path)], env=wide).stdout
+    listed = [int(line.split()[0]) for line in shown.splitlines()
+              if line.strip() and line.split()[0].isdigit() and " B " in line]
+    assert listed == list(range(4, 14)), shown
+    assert "... and 4 older checkpoints (1 of them not valid); cycle status --all lists " \
+           "every one" in shown
+    every = runner.invoke(app, ["status", "--all", str(tmp_path)], env=wide).stdout
+    assert "older checkpoints" not in every
+    assert sum(1 for line in every.splitlines() if " B " in line) == 14, every

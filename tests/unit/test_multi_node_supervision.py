@@ -316,3 +316,49 @@ def test_a_peer_unheard_while_the_workers_train_does_not_share_the_checkpoint_ro
     assert watch.lost(10.0, stepping=True) is None  # the rendezvous just completed
     loss = watch.lost(16.0, stepping=True)
     assert loss is not None and "do not share the checkpoint root" in loss.why
+
+
+def test_a_node_seen_alive_that_ended_the_job_with_75_is_the_verdict_of_a_thawed_node(
+        layout: CheckpointLayout) -> None:
+    ender, stale = Heartbeat(layout, 1), Heartbeat(layout, 2)
+    stale.finish(EXIT_REQUEUE)  # an earlier run's record: never seen alive in this one
+    watch = PeerWatch(layout, 0, 3, timeout=5.0)
+    ender.beat(0.0)
+    watch.lost(0.0)
+    assert watch.requeued() is None
+    ender.finish(EXIT_REQUEUE)  # it gave this node up while this one was frozen
+    assert watch.lost(60.0) is None
+    loss = watch.requeued()
+    assert loss is not None and loss.node == 1 and not loss.failed
+
+
+def test_held_tracebacks_are_logged_and_summed_up_or_shown_after_all(tmp_path: Path) -> None:
+    import os
+
+    from cycler.supervisor.processes import StderrTail
+
+    def tail(text: bytes, then: str) -> tuple[bytes, bytes]:
+        source, sink = os.pipe(), os.pipe()
+        stderr = StderrTail(os.fdopen(source[0], "rb"), echo_fd=sink[1])
+        log = tmp_path / f"{then}.log"
+        stderr.hold_tracebacks(log, seconds=600)
+        os.write(source[1], text)
+        os.close(source[1])
+        stderr.wait(5)  # everything read, held or shown
+        if then == "summarise":
+            assert stderr.summarise() == (3, log)
+        else:
+            stderr.release()
+        os.close(sink[1])
+        with os.fdopen(sink[0], "rb") as shown:
+            return shown.read(), log.read_bytes()
+
+    before = b"epoch 1\n"
+    traceback = (b"[rank1]: Traceback (most recent call last):\n[rank1]:   File train.py\n"
+                 b"[rank1]: RuntimeError: Connection reset by peer\n")
+    assert tail(before + traceback, "summarise") == (before, traceback)
+    assert tail(before + traceback, "release") == (before + traceback, traceback)
+    cpp = (b"[W1127 TCPStore.cpp:106] [c10d] sendBytes failed: Broken pipe\n"
+           b"Exception raised from sendBytes at Utils.hpp:758 (most recent call first):\n"
+           b"frame #0: c10::Error::Error\n")
+    assert tail(before + cpp, "summarise")[0] == before

@@ -128,7 +128,10 @@ def test_workers_see_the_isc_artifact_paths_unless_the_user_set_them(
         monkeypatch.delenv(name, raising=False)
     shown = CliRunner().invoke(app, ["run", "--dry-run", "--checkpoint-dir", "ck", "train.py"])
     assert f"CHECKPOINT_ARTIFACT_PATH={tmp_path / 'ck'}\n" in shown.stdout
-    assert f"LOSSY_ARTIFACT_PATH={tmp_path / 'ck-lossy'}\n" in shown.stdout
+    assert "LOSSY_ARTIFACT_PATH" not in shown.stdout  # off ISC nothing is made beside the root
+    monkeypatch.setenv("CHECKPOINT_ARTIFACT_PATH", str(tmp_path / "isc"))
+    shown = CliRunner().invoke(app, ["run", "--dry-run", "train.py"])
+    assert f"LOSSY_ARTIFACT_PATH={tmp_path / 'isc-lossy'}\n" in shown.stdout
     monkeypatch.setenv("LOSSY_ARTIFACT_PATH", "/mine")
     shown = CliRunner().invoke(app, ["run", "--dry-run", "train.py"])
     assert "LOSSY_ARTIFACT_PATH" not in shown.stdout
