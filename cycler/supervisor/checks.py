@@ -23,7 +23,12 @@ from pathlib import Path
 from cycler._fs import atomic_write_bytes, caused_by_full_disk, read_json_object
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.checkpoint.listing import find_checkpoint, no_valid_checkpoint
-from cycler.checkpoint.memory_roots import is_private, prepare_memory_root, sweep_stale_roots
+from cycler.checkpoint.memory_roots import (
+    is_private,
+    prepare_memory_root,
+    prepare_runtime_dir,
+    sweep_stale_roots,
+)
 from cycler.checkpoint.private_dirs import (
     PRIVATE_FILE_MODE,
     Trust,
@@ -60,6 +65,7 @@ def checked_options(options: RunOptions, *, prepare_root: bool) -> RunOptions:
             check_port_free(port)
         prepare_checkpoint_root(options)
         prepare_memory_tier(options)
+        prepare_runtime_dir(options.runtime_dir)
         prepare_compile_cache(options)
     options = resume_from_for_this_run(options)
     check_resume_from(options)
