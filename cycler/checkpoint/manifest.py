@@ -120,17 +120,22 @@ def checkpoint_files(directory: Path) -> list[str]:
     Leftover temporaries of writers that died are not part of the checkpoint.
     """
     found = []
-    for parent, dirs, names in os.walk(directory):
-        for name in dirs + names:
-            full = Path(parent) / name
-            if full.is_symlink():
-                raise CorruptCheckpoint(
-                    f"{full} is a symlink; a checkpoint must hold plain files, copy the data in"
-                )
-        for name in names:
-            relative = (Path(parent) / name).relative_to(directory).as_posix()
-            if relative != MANIFEST_NAME and not is_temporary(name):
-                found.append(relative)
+    pending = [Path(directory)]
+    while pending:
+        parent = pending.pop()
+        # The directory's entries say what they are: no stat per file (every rank lists the
+        # checkpoint at its commit, so a stat each would be ranks x files calls in all).
+        with os.scandir(parent) as entries:
+            for entry in entries:
+                if entry.is_symlink():
+                    raise CorruptCheckpoint(f"{entry.path} is a symlink; a checkpoint must "
+                                            "hold plain files, copy the data in")
+                if entry.is_dir():
+                    pending.append(Path(entry.path))
+                    continue
+                relative = Path(entry.path).relative_to(directory).as_posix()
+                if relative != MANIFEST_NAME and not is_temporary(entry.name):
+                    found.append(relative)
     return sorted(found)
 
 
