@@ -100,6 +100,7 @@ class AccelerateLoop:
         self.data_seed = torch.initial_seed()
         """The seed of every epoch's shuffle; a resume takes the saved one."""
         self._resumed = False
+        self._in_batches = False
 
     @property
     def completed_steps(self) -> int:
@@ -111,6 +112,10 @@ class AccelerateLoop:
 
         Returns ``(epoch, completed_steps)``: the epoch to continue (``range(epoch, ...)``) and
         the optimizer steps done; ``(0, 0)`` on a first start."""
+        if not self.accelerator._models:
+            raise ConfigError("AccelerateLoop.resume() came before accelerator.prepare(model, "
+                              "optimizer, ...): Accelerate's load_state restores only what was "
+                              "prepared; call resume() after prepare")
         self._resumed = True
         latest = self.saver.latest_checkpoint()
         if latest is None:
@@ -126,6 +131,12 @@ class AccelerateLoop:
         if state.get("version") != LOOP_STATE_VERSION:
             raise StateMismatch(f"{own} is not a version {LOOP_STATE_VERSION} AccelerateLoop "
                                 f"state: resume with the cycler version that wrote it")
+        processes = self.accelerator.num_processes
+        if state.get("num_processes", processes) != processes:
+            raise StateMismatch(f"the checkpoint {latest} was saved by {state['num_processes']} "
+                                f"processes and this run has {processes}: each process's "
+                                f"position is a count of its own share of batches; resume "
+                                f"with --nproc-per-node/--nnodes as it was saved")
         with _explicit_directories(self.accelerator):
             self.accelerator.load_state(str(self.resumed_from / ACCELERATE_DIR))
         self.control.load_state_dict(state["control"])
@@ -145,14 +156,22 @@ class AccelerateLoop:
         self.epoch, self.batches_done = epoch, skip
         _seed_epoch(loader, self.data_seed, epoch)
         active = self.accelerator.skip_first_batches(loader, skip) if skip else loader
-        for batch in active:
-            self.batches_done += 1
-            yield batch
+        self._in_batches = True
+        try:
+            for batch in active:
+                self.batches_done += 1
+                yield batch
+        finally:
+            self._in_batches = False
 
     def step(self) -> bool:
         """After every batch, on every process: at an optimizer-step boundary, checkpoint when
         cycler or the timer asks and stop when cycler asks. True when the loop must stop (after
         the commit); with ``exit_on_stop`` the process exits 0 instead."""
+        if not self._in_batches:
+            raise ConfigError("AccelerateLoop.step() outside `for batch in loop.batches("
+                              "train_dataloader, epoch)`: the loop must read its batches "
+                              "through it, or a resume cannot find its place in the epoch")
         if not self.accelerator.sync_gradients:
             return False
         self._check_accumulation()
@@ -173,6 +192,7 @@ class AccelerateLoop:
         with _explicit_directories(self.accelerator):
             self.accelerator.save_state(str(directory / ACCELERATE_DIR))
         atomic_torch_save({"version": LOOP_STATE_VERSION, "epoch": self.epoch,
+                           "num_processes": self.accelerator.num_processes,
                            "batches_done": self.batches_done, "data_seed": self.data_seed,
                            "control": self.control.state_dict()},
                           directory / rank_file(self.accelerator.process_index))
