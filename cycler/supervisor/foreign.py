@@ -143,11 +143,14 @@ def _matches(directory: Path, pattern: str, kind: str) -> list[ForeignCheckpoint
     except (OSError, ValueError):
         return []
     return [checkpoint for path in map(Path, paths)
-            if not _cyclers(path) and (checkpoint := _complete(path, kind)) is not None]
+            if not _cyclers(path, directory) and (checkpoint := _complete(path, kind)) is not None]
 
 
-def _cyclers(path: Path) -> bool:
-    return any(part == ".cycler" or is_checkpoint_name(part) for part in path.parts)
+def _cyclers(path: Path, directory: Path) -> bool:
+    """Whether ``path`` is in cycle's record folder or a checkpoint of cycler's, below
+    ``directory`` (which may itself have any name)."""
+    below = path.relative_to(directory).parts if _within(path, directory) else path.parts
+    return any(part == ".cycler" or is_checkpoint_name(part) for part in below)
 
 
 def _within(path: Path, directory: Path) -> bool:

@@ -51,7 +51,7 @@ def test_a_loop_that_cannot_resume_exactly_is_refused_in_one_line_after_two_star
         tmp_path: Path, hostile: str, line: str) -> None:
     run = StackRun(tmp_path, SCRIPT, "--out", str(tmp_path), "--hostile", hostile,
                    "--delay", "0")
-    assert run.finish() == EXIT_FAILURE, run.output()
+    assert run.finish(timeout=540) == EXIT_FAILURE, run.output()
     report = "\n".join(run.lines[-40:])
     assert line in report, report
     assert "failed twice before their first step with the same error" in report, report

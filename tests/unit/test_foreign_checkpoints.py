@@ -188,6 +188,8 @@ def test_files_inside_checkpoints_of_cyclers_are_never_the_scripts(tmp_path: Pat
     written(tmp_path / "AtomicDirectory_checkpoint_4.cycler-tmp-x" / "rank-0.pt")
     search = search_foreign_checkpoints([tmp_path], since=JOB_START)
     assert search == ForeignSearch(None, ())
+    within = tmp_path / "AtomicDirectory_checkpoint_3"  # a working directory of that name
+    assert find_foreign_checkpoint([within], since=JOB_START) is not None
 
 
 def test_files_of_no_known_layout_written_during_the_job_are_named_as_candidates(
