@@ -18,8 +18,10 @@ accelerate = pytest.importorskip("accelerate", reason="the [accelerate] extra is
 from cycler.integrations.accelerate import AccelerateLoop  # noqa: E402
 
 
-def prepared(accumulation: int = 1, data: object = None):
-    accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=accumulation)
+def prepared(accumulation: int = 1, data: object = None, seedable: bool = False):
+    configuration = accelerate.DataLoaderConfiguration(use_seedable_sampler=seedable)
+    accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=accumulation,
+                                         dataloader_config=configuration)
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = DataLoader(list(range(20)) if data is None else data, batch_size=2,
@@ -32,8 +34,10 @@ def epoch_order(loop: AccelerateLoop, loader, epoch: int) -> list[list[int]]:
     return [batch.tolist() for batch in loop.batches(loader, epoch)]
 
 
-def test_an_epochs_order_depends_only_on_the_seed_and_the_epoch(tmp_path: Path) -> None:
-    accelerator, loader = prepared()
+@pytest.mark.parametrize("seedable", [False, True], ids=["RandomSampler", "use_seedable_sampler"])
+def test_an_epochs_order_depends_only_on_the_seed_and_the_epoch(tmp_path: Path,
+                                                                seedable: bool) -> None:
+    accelerator, loader = prepared(seedable=seedable)
     loop = AccelerateLoop(accelerator, tmp_path)
     loop.resume()
     first = [epoch_order(loop, loader, epoch) for epoch in range(3)]
