@@ -155,7 +155,11 @@ class AccelerateLoop:
         skip = self.batches_done if epoch == self.epoch else 0
         self.epoch, self.batches_done = epoch, skip
         _seed_epoch(loader, self.data_seed, epoch)
+        if skip >= len(loader):
+            return  # the checkpoint was the epoch's last step (Accelerate 1.0 yields a None)
         active = self.accelerator.skip_first_batches(loader, skip) if skip else loader
+        if active is not loader and hasattr(active, "iteration"):
+            active.iteration = epoch  # Accelerate 1.0 starts a skipping loader at epoch 0
         self._in_batches = True
         try:
             for batch in active:

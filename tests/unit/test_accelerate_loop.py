@@ -69,6 +69,8 @@ def test_a_resumed_epoch_continues_after_the_batches_trained_on(tmp_path: Path) 
     assert epoch_order(loop, loader, 1) == whole[4:]
     following = epoch_order(loop, loader, 2)
     assert following != whole and len(following) == 10, "the next epoch is whole"
+    loop.epoch, loop.batches_done = 2, 10  # a checkpoint of the epoch's last step
+    assert epoch_order(loop, loader, 2) == []
 
 
 class Stream(IterableDataset):
