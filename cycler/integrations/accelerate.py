@@ -55,6 +55,7 @@ from cycler.checkpoint.saving import atomic_torch_save
 from cycler.errors import ConfigError, StateMismatch
 from cycler.protocol.environment import default_checkpoint_root
 from cycler.training.auto_interval import EverySteps
+from cycler.training.rng import capture_rng_state, restore_rng_state
 from cycler.training.step_control import StepControl
 
 ACCELERATE_DIR = "accelerate"
@@ -63,7 +64,7 @@ LOOP_STATE_VERSION = 1
 
 
 def rank_file(rank: int) -> str:
-    """Each process's file beside Accelerate's: the loop's position and its data seed."""
+    """Each process's file beside Accelerate's: the loop's position, its data seed and RNG."""
     return f"loop-{rank}.pt"
 
 
@@ -139,6 +140,9 @@ class AccelerateLoop:
                                 f"with --nproc-per-node/--nnodes as it was saved")
         with _explicit_directories(self.accelerator):
             self.accelerator.load_state(str(self.resumed_from / ACCELERATE_DIR))
+        # Accelerate 1.0's load_state drops the RNG without a word under torch >= 2.6 (its
+        # torch.load refuses numpy's state): cycler's own copy is restored after it.
+        restore_rng_state(state["rng"])
         self.control.load_state_dict(state["control"])
         self.epoch, self.batches_done = state["epoch"], state["batches_done"]
         self.data_seed = state["data_seed"]
@@ -198,6 +202,7 @@ class AccelerateLoop:
         atomic_torch_save({"version": LOOP_STATE_VERSION, "epoch": self.epoch,
                            "num_processes": self.accelerator.num_processes,
                            "batches_done": self.batches_done, "data_seed": self.data_seed,
+                           "rng": capture_rng_state(),
                            "control": self.control.state_dict()},
                           directory / rank_file(self.accelerator.process_index))
         self.saver.symlink_latest(directory, metadata={"step": self.completed_steps,
