@@ -53,6 +53,12 @@ _ANY_CHECKPOINT = re.compile(
 _ANY_LINK = re.compile(rf"^(?P<prefix>[^./][^/]*){re.escape(LINK_SUFFIX)}$")
 
 
+def is_checkpoint_name(name: str) -> bool:
+    """Whether ``name`` is one of any saver's checkpoint directories (``X_checkpoint_7``), or
+    a temporary of one, whatever the prefix."""
+    return _ANY_CHECKPOINT.match(name) is not None or is_temporary(name)
+
+
 def saver_prefixes(root: str | os.PathLike[str]) -> list[str]:
     """The prefixes (AtomicDirectory ``name=``) of every saver that left names in ``root``."""
     try:

@@ -4,6 +4,8 @@
   (extra ``torch-cycler[transformers]``);
 - :mod:`cycler.integrations.lightning`: ``Trainer(callbacks=[CyclerCallback()])``
   (extra ``torch-cycler[lightning]``);
+- :mod:`cycler.integrations.accelerate`: ``AccelerateLoop(accelerator)`` around an Accelerate
+  loop (extra ``torch-cycler[accelerate]``);
 - :mod:`cycler.integrations.loop`: hand-written loops whose state lives in local variables.
 
 Each one gives the stack cycler's guarantees (docs/integrations.md): the stack's per-step hook

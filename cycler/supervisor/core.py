@@ -46,6 +46,7 @@ from cycler.protocol.exit_codes import EXIT_DIVERGED, EXIT_FAILURE, EXIT_REQUEUE
 from cycler.protocol.features import USES_OWN_HANDLER
 from cycler.supervisor.budget import RestartBudget
 from cycler.supervisor.vocabulary import (
+    NO_CHECKPOINT_TO_RESUME,
     Announced,
     CheckpointCommitted,
     Event,
@@ -472,8 +473,7 @@ class SupervisorCore:
         latest = self.latest_checkpoint
         made = latest is not None and latest != self._checkpoint_at_stop
         if latest is None and not handled_by_script:
-            return self._exit(EXIT_FAILURE, "stopped on request, but no checkpoint exists to "
-                              "resume from, so the job is not requeued")
+            return self._exit(EXIT_FAILURE, NO_CHECKPOINT_TO_RESUME)
         actions: list[SupervisorAction] = []
         if handled_by_script and not made:
             actions.append(Log("stop_handled_by_script", {"resume_from": latest}))

@@ -18,11 +18,13 @@ _TRACEBACK_START = "Traceback (most recent call last):"
 # torchrun's log lines look like "E1123 02:02:22.777000 13102 site-packages/torch/...] ...".
 _TORCH_LOG_LINE = re.compile(r"^[DIWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ")
 _ROOT_CAUSE_FIELD = re.compile(r"^\s*(rank|exitcode)\s*:\s*(.*?)\s*$")
+# torch prefixes what a rank with a process group prints of its uncaught exception.
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]: ?")
 
 
 def failure_report(stderr: str, code: int) -> str:
     """The report for workers that ended with ``code``, given torchrun's stderr ``stderr``."""
-    lines = stderr.splitlines()
+    lines = _lines(stderr)
     cause = _root_cause(lines)
     headline = cause or f"workers failed (exit code {code})"
     body = worker_traceback(lines) or _tail_without_torchrun(lines)
@@ -31,7 +33,6 @@ def failure_report(stderr: str, code: int) -> str:
     return "\n".join([headline + ":", *("  " + line for line in body)])
 
 
-_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:")
 _VARYING = re.compile(r"^\[(?:rank|default)\d+\]:|0x[0-9a-fA-F]+|\b(?:pid|port) \d+")
 _FRAME = re.compile(r"^\s*File \"")
 _TEMPORARY = re.compile(r"(?:/tmp|/var/tmp|/dev/shm|/run/user/\d+)/[^\s'\"):,]*")
@@ -45,11 +46,17 @@ def failure_signature(stderr: str) -> str | None:
     what differs between runs taken out: rank prefixes, addresses, pids, ports, temporary
     paths, numbers (a time, a count of seconds). With no traceback, the signal that killed the
     failing rank (``killed by SIGSEGV``); ``None`` when there is neither."""
-    lines = stderr.splitlines()
+    lines = _lines(stderr)
     body = worker_traceback(lines)
     if body:
         return "\n".join(_without_varying(line) for line in body)
     return signal_death(lines)
+
+
+def _lines(stderr: str) -> list[str]:
+    """``stderr``'s lines, each without the ``[rank0]:`` that torch puts before a worker's
+    traceback once its process group exists."""
+    return [_RANK_PREFIX.sub("", line) for line in stderr.splitlines()]
 
 
 def _without_varying(line: str) -> str:

@@ -189,7 +189,8 @@ class RunOptions:
     resumable_if: str | None = option(
         None, "--resumable-if", yaml=(str,),
         help="Glob of the script's own checkpoints: after a stop with none of cycler's, one "
-             "that exists means exit 75 (HF checkpoint-N and Lightning .ckpt are recognised)")
+             "written since the job began means exit 75 (HF checkpoint-N, Lightning .ckpt, "
+             "Accelerate step_N/epoch_N and whole torch.save files are recognised)")
     """Relative globs are read from the directory ``cycle run`` started in."""
     slurm_job_id: str | None = None
     """``SLURM_JOB_ID`` when running under Slurm."""

@@ -189,6 +189,11 @@ class Requeue:
     """Ask the scheduler to requeue this job (``scontrol requeue``)."""
 
 
+NO_CHECKPOINT_TO_RESUME = ("stopped on request, but no checkpoint exists to resume from, so the "
+                           "job is not requeued")
+"""The end of a stop that finds nothing to resume (exit 1): what the foreign search adds to."""
+
+
 @dataclass(frozen=True)
 class Exit:
     """End the supervisor with ``code``; ``reason`` says why in one sentence."""

@@ -94,3 +94,17 @@ def test_a_rank_killed_by_a_signal_is_named_by_the_signal():
     aborted = TORCHRUN_REPORT.replace("exitcode  : 1 (pid: 4806)", "exitcode  : -6 (pid: 4806)")
     assert failure_signature(aborted) == "killed by SIGABRT"
     assert failure_signature(TORCHRUN_REPORT) is None, "an exit code is no signature"
+
+
+def prefixed(text: str, rank: int) -> str:
+    return "".join(f"[rank{rank}]: {line}\n" for line in text.splitlines())
+
+
+def test_a_traceback_torch_prefixes_with_the_rank_is_reported_and_has_one_signature():
+    worker = traceback_of("refused: drop use_stateful_dataloader").split(TORCHRUN_REPORT)[0]
+    first = prefixed(worker, 0) + prefixed(worker, 1) + TORCHRUN_REPORT
+    second = prefixed(worker, 1) + prefixed(worker, 0) + TORCHRUN_REPORT
+    assert failure_signature(first) is not None
+    assert failure_signature(first) == failure_signature(second)
+    assert "  RuntimeError: refused: drop use_stateful_dataloader" in \
+        failure_report(first, 1).splitlines()
