@@ -207,8 +207,8 @@ def _compare_ends(reference: RunRecord, interrupted: RunRecord, result: VerifyRe
     # Only in one run, with a number in its name (a time, a pid, a start count): a record.
     # Without one (final.pt), its absence from the other run is a difference.
     generated = {name for name in mine ^ theirs if any(c.isdigit() for c in name)}
-    result.note_skipped([Skipped(name, ONLY_ONE_RUN) for name in sorted(generated)
-                         if record_file(name, in_workdir=True) is None])
+    result.note_skipped([Skipped(name, record_file(name, in_workdir=True) or ONLY_ONE_RUN)
+                         for name in sorted(generated)])
     files = sorted((mine | theirs) - generated)
     if not files:
         return
