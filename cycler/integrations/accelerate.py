@@ -53,7 +53,7 @@ from torch.utils.data import IterableDataset, RandomSampler
 from cycler.checkpoint.atomic_directory import AtomicDirectory
 from cycler.checkpoint.saving import atomic_torch_save
 from cycler.errors import ConfigError, StateMismatch
-from cycler.protocol.environment import default_checkpoint_root
+from cycler.protocol.environment import default_checkpoint_root, under_verify
 from cycler.training.auto_interval import EverySteps
 from cycler.training.rng import capture_rng_state, restore_rng_state
 from cycler.training.step_control import StepControl
@@ -98,9 +98,12 @@ class AccelerateLoop:
         self.epoch = 0
         self.batches_done = 0
         """Batches of ``epoch`` yielded by :meth:`batches` (those trained on, at a step)."""
-        self.data_seed = torch.initial_seed()
-        """The seed of every epoch's shuffle; a resume takes the saved one."""
+        self.data_seed = _agreed_seed(accelerator)
+        """The seed of every epoch's shuffle, the same on every process (each process takes
+        its share of one order); a resume takes the saved one."""
         self._resumed = False
+        self._saved_at: int | None = None
+        """The optimizer step of the last commit (None: none by this process yet)."""
         self._in_batches = False
 
     @property
@@ -172,10 +175,12 @@ class AccelerateLoop:
         finally:
             self._in_batches = False
 
-    def step(self) -> bool:
+    def step(self, *, loss: Any = None, fingerprint: Any = None) -> bool:
         """After every batch, on every process: at an optimizer-step boundary, checkpoint when
         cycler or the timer asks and stop when cycler asks. True when the loop must stop (after
-        the commit); with ``exit_on_stop`` the process exits 0 instead."""
+        the commit); with ``exit_on_stop`` the process exits 0 instead. ``loss`` (or
+        ``fingerprint``) is the optimizer step's record, compared when a restart replays it
+        (:meth:`StepControl.step <cycler.StepControl.step>`)."""
         if not self._in_batches:
             raise ConfigError("AccelerateLoop.step() outside `for batch in loop.batches("
                               "train_dataloader, epoch)`: the loop must read its batches "
@@ -183,7 +188,7 @@ class AccelerateLoop:
         if not self.accelerator.sync_gradients:
             return False
         self._check_accumulation()
-        decision = self.control.step()
+        decision = self.control.step(loss=loss, fingerprint=fingerprint)
         if decision.checkpoint:
             self.save()
         if not decision.stop:
@@ -196,6 +201,7 @@ class AccelerateLoop:
 
     def save(self) -> None:
         """Commit a checkpoint now; every process calls it at the same optimizer step."""
+        self._saved_at = self.completed_steps
         directory = Path(self.saver.prepare_checkpoint_directory())
         with _explicit_directories(self.accelerator):
             self.accelerator.save_state(str(directory / ACCELERATE_DIR))
@@ -209,7 +215,12 @@ class AccelerateLoop:
                                                        "epoch": self.epoch})
 
     def close(self) -> None:
-        """After the loop, on every process: waits for the exchange in flight."""
+        """After the loop, on every process: waits for the exchange in flight. Under ``cycle
+        verify`` it first commits the state the loop ended with, so that verify compares the
+        end of training too."""
+        if under_verify() and not self.stopped and self._resumed \
+                and self._saved_at != self.completed_steps:
+            self.save()
         self.control.close()
 
     def _check_accumulation(self) -> None:
@@ -274,6 +285,18 @@ def _seed_epoch(loader: Any, seed: int, epoch: int) -> None:
         # Its own: a generator shared with the sampler would be drawn from twice per epoch.
         base.generator = torch.Generator()
     base.generator.manual_seed(_epoch_seed(seed, epoch) ^ 0x5EED)
+
+
+def _agreed_seed(accelerator: Accelerator) -> int:
+    """Process 0's ``torch.initial_seed()`` on every process: an unseeded script's processes
+    each draw their own (fresh interpreters, or forked workers reseeded as fresh ones), and
+    shards of different shuffles would repeat some samples and drop others."""
+    seed = [torch.initial_seed()]
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        broadcast_object_list(seed, from_process=0)
+    return int(seed[0])
 
 
 def _epoch_seed(seed: int, epoch: int) -> int:
