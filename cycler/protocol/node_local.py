@@ -1,5 +1,5 @@
 """The job's private directory on this node: everything ranks and supervisor exchange while
-training lives here, never on the shared checkpoint root (DESIGN.md, "Nodes").
+training lives here, never on the shared checkpoint root (docs/design.md, "State on the node").
 
 A parallel filesystem's metadata server is shared by every node of every job, and a stall of
 seconds is routine there. So what changes at every step, or is polled several times a second,
