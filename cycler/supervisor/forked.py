@@ -4,8 +4,9 @@ A worker started as ``python -u train.py`` imports torch again, on every start a
 about a second per start on an idle machine, several under load. Forked from the agent (torch's
 own ``fork`` start method with a function entrypoint, as ``torchrun --run-path --start-method
 fork`` does), a worker starts with torch and the modules a training script imports loaded. The
-script then runs through :func:`runpy.run_path` as ``__main__``, and :func:`run_worker` makes the
-child what ``python -u SCRIPT ARGS`` would have been, for everything cycle and a script can see:
+script then runs as ``__main__`` (compiled and run as Python runs its main script), and
+:func:`run_worker` makes the child what ``python -u SCRIPT ARGS`` would have been, for everything
+cycle and a script can see:
 
 - its own session (torchrun starts every worker in one: the supervisor signals its group), and
   ``python -u SCRIPT ARGS`` as its command line;
@@ -40,6 +41,8 @@ starts fresh processes when the fork would be bad or CUDA is initialised.
 from __future__ import annotations
 
 import atexit
+import builtins
+import faulthandler
 import gc
 import importlib
 import itertools
@@ -50,9 +53,12 @@ import os
 import signal
 import sys
 import threading
+import types
 import weakref
 from collections.abc import Callable
 from typing import Any, NoReturn
+
+from cycler._distributed import settle_gloo_threads_at_exit
 
 PRELOADED = ("torch", "torch.distributed", "torch.nn", "torch.nn.parallel", "torch.optim",
              "torch.utils.data")
@@ -194,32 +200,67 @@ def run_worker(script: str, *arguments: str) -> NoReturn:
     (:func:`count_clean_exits_as_returns`).
     """
     _fresh_process(script, arguments)
-    import runpy
-
-    # Python makes the script's path absolute (3.9 and newer) for __file__ and its frames: a
-    # script that changes directory still finds itself.
-    script = os.path.join(os.getcwd(), script)
+    # Python makes the script's path absolute (3.9 and newer) for __file__ and its frames, as
+    # it is (no normalising): a script that changes directory still finds itself.
+    path = os.path.join(os.getcwd(), script)
+    code = _compiled(path)
+    main = _main_module(path)
     try:
-        runpy.run_path(script, run_name="__main__")
+        exec(code, main.__dict__)
     except SystemExit as stop:
-        code = _exit_code(stop)
-        if code:
-            _exit(code)
+        status = _exit_code(stop)
+        if status:
+            _exit(status)
     except KeyboardInterrupt as interrupt:
-        _print_uncaught(interrupt, script)
+        _print_uncaught(interrupt, path)
         _finish()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
         os.kill(os.getpid(), signal.SIGINT)
         os._exit(128 + signal.SIGINT)  # the shell's code for it, should the signal be late
     except BaseException as error:  # noqa: BLE001 - what the interpreter does with it
-        _print_uncaught(error, script)
+        _print_uncaught(error, path)
         _exit(1)
     _exit(0)
 
 
+def _compiled(path: str) -> Any:
+    """The script's code, or the exit ``python`` makes when it cannot read or compile it:
+    exit 2 with its one line for a file it cannot open, exit 1 with a SyntaxError printed as
+    Python prints one for its main script (no traceback: no frame of runpy's or ours)."""
+    try:
+        with open(path, "rb") as handle:
+            source = handle.read()
+    except OSError as error:
+        sys.stderr.write(f"{sys.executable}: can't open file {path!r}: "
+                         f"[Errno {error.errno}] {error.strerror}\n")
+        _exit(2)
+    try:
+        if b"\0" in source:  # Python's own words for a file; compile()'s differ
+            before = source[:source.index(b"\0")]
+            line = before.count(b"\n") + 1
+            text = before.rsplit(b"\n", 1)[-1].decode(errors="replace")
+            raise SyntaxError("source code cannot contain null bytes", (path, line, None, text))
+        return compile(source, path, "exec", dont_inherit=True)
+    except SyntaxError as error:  # IndentationError and TabError are SyntaxErrors
+        sys.excepthook(type(error), error.with_traceback(None), None)
+        _exit(1)
+
+
+def _main_module(path: str) -> types.ModuleType:
+    """A new ``__main__`` for the script, with the attributes Python gives its main script
+    (``__file__``, ``__cached__``, a source loader, no ``__spec__``), in ``sys.modules``."""
+    from importlib.machinery import SourceFileLoader
+
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__loader__=SourceFileLoader("__main__", path), __annotations__={},
+                         __builtins__=builtins, __file__=path, __cached__=None)
+    sys.modules["__main__"] = main
+    return main
+
+
 def _print_uncaught(error: BaseException, script: str) -> None:
-    """The traceback Python prints, from the script's frame on (without runpy's and ours)."""
+    """The traceback Python prints, from the script's frame on (without ours)."""
     frames = error.__traceback__
     while frames is not None and frames.tb_frame.f_code.co_filename != script:
         frames = frames.tb_next
@@ -229,26 +270,31 @@ def _print_uncaught(error: BaseException, script: str) -> None:
 
 def _fresh_process(script: str, arguments: tuple[str, ...]) -> None:
     os.setsid()
-    _command_line([sys.executable, "-u", script, *arguments])
+    command = [sys.executable, "-u", script, *arguments]
+    _command_line(command)
+    sys.orig_argv = command
     _default_signals()
+    _faulthandler_as_asked()
     atexit._clear()  # the agent's, inherited: only the script's run at its exit
     _main_process()
     _module_exit_functions()
     sys.argv = [script, *arguments]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
-    for stream in (sys.stdout, sys.stderr):
-        reconfigure = getattr(stream, "reconfigure", None)
-        if reconfigure is not None:
-            reconfigure(write_through=True)
+    # Python's sys.path[0]: the directory of the script's real path (symlinks resolved).
+    sys.path[0] = os.path.dirname(os.path.realpath(script))
+    _standard_streams()
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
     root.setLevel(logging.WARNING)
     _torch_threads()
+    _own_random_state()
     # cycler as a fresh worker imports it: its start-up in a worker (the beacon, the stack
     # dump) happens at the script's own `import cycler`, and never for a script without it.
     for name in [name for name in sys.modules if name.partition(".")[0] == "cycler"]:
         del sys.modules[name]
+    # What StepControl and the savers register at a worker's exit, for every script: one that
+    # never imports cycler ends with DDP's gloo threads as much as one that does.
+    settle_gloo_threads_at_exit()
 
 
 _MAIN_PROCESS = type(multiprocessing.process.current_process())
@@ -339,6 +385,52 @@ def _default_signals() -> None:
                 signal.signal(number, wanted)
             except (OSError, ValueError):
                 pass
+
+
+def _faulthandler_as_asked() -> None:
+    """faulthandler as a fresh ``python -u`` has it: on only where ``$PYTHONFAULTHANDLER``
+    asks (torch's entrypoint wrapper turned it on in this child), no signal of the agent's
+    registered, no dump pending."""
+    faulthandler.cancel_dump_traceback_later()
+    for number in signal.valid_signals():
+        try:
+            faulthandler.unregister(number)
+        except (RuntimeError, ValueError, OSError):  # the fatal ones: enable()'s, below
+            pass
+    if os.environ.get("PYTHONFAULTHANDLER"):
+        faulthandler.enable(all_threads=True)
+    else:
+        faulthandler.disable()
+
+
+def _standard_streams() -> None:
+    """Unbuffered stdout and stderr (``-u``), and stdin on file descriptor 0, as torchrun's
+    ``python`` worker inherits it (multiprocessing gave the child ``/dev/null`` instead)."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(write_through=True)
+    model = sys.__stdin__
+    try:
+        stdin: Any = open(0, encoding=getattr(model, "encoding", None),  # noqa: SIM115
+                          errors=getattr(model, "errors", None), closefd=False)
+    except OSError:  # no descriptor 0: Python's stdin is None then
+        stdin = None
+    sys.stdin = stdin
+    sys.__stdin__ = stdin  # type: ignore[misc]
+
+
+def _own_random_state() -> None:
+    """Seed the generators a fresh interpreter seeds at start from the system's entropy, as
+    it does: torch's default CPU generator (CUDA's are seeded lazily, at their first use, in
+    either process) and numpy's global state, which the agent's imports seeded once for every
+    worker. Python's ``random`` reseeds itself at every fork."""
+    import torch
+
+    torch.default_generator.seed()
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
 
 
 def _torch_threads() -> None:

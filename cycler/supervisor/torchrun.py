@@ -36,6 +36,7 @@ from cycler.protocol.environment import (
 )
 from cycler.supervisor.compile_cache import compile_cache_environment
 from cycler.supervisor.options import RunOptions
+from cycler.supervisor.script_source import environment_writes, read_source
 
 # torch >= 2.10 reads the first; PET_* is torchrun's generic "flag from the environment" and
 # wins over the first, so both are set to keep a stray user value from cutting the grace short.
@@ -107,11 +108,13 @@ def fork_preloads(script: str | Path) -> str:
     """What the agent imports for ``script``'s forked workers beyond torch's common modules:
     ``torch._dynamo`` where the script names what imports it (DDP's constructor does), so that
     the workers do not each import it again, side by side; ``1`` for nothing more. A script
-    that never needs it (or that only an imported module of it uses) is not delayed by it."""
-    try:
-        with open(script, "rb") as handle:
-            text = handle.read(1 << 20)
-    except OSError:
+    that never needs it (or that only an imported module of it uses) is not delayed by it.
+
+    Nor a script that writes the environment anywhere: dynamo and inductor read variables
+    (``TORCHINDUCTOR_*``, ``TORCH_COMPILE_*``) when they are imported, which a fresh worker does
+    at the first DDP or ``torch.compile``, after the script's writes."""
+    text = read_source(script)
+    if text is None or environment_writes(text):
         return "1"
     return "torch._dynamo" if any(name in text for name in DYNAMO_USERS) else "1"
 
