@@ -82,26 +82,31 @@ def dump_and_kill(process: subprocess.Popen[bytes], prefix: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--starts", type=int, default=200)
-    parser.add_argument("--timeout", type=float, default=90.0)
+    parser.add_argument("--timeout", type=float, default=180.0)
     parser.add_argument("--cycle-args", default="", help="more options (--no-fork-workers)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="cycler-exit-"))
     (work / "ddp.py").write_text(DDP_SCRIPT)
-    walls, hangs, failures = [], [], []
+    walls, hangs, slow, failures = [], [], [], []
     for number in range(args.starts):
         wall, code = start_once(work, number, args)
         walls.append(wall)
         if code is None:
-            hangs.append(number)
+            said = (work / "last.log").read_text(errors="replace")
+            finished = all(f"rank {rank} done" in said for rank in (0, 1))
+            (hangs if finished else slow).append(number)
         elif code != 0:
             failures.append((number, code))
             os.replace(work / "last.log", work / f"failed-{number}.log")
         shutil.rmtree(work / "ck", ignore_errors=True)
+        print(f"start {number}: {'hung' if code is None else code} after {wall:.1f} s",
+              flush=True)
     import torch
 
     print(f"torch {torch.__version__}, {args.starts} starts ({args.cycle_args or 'forked'}): "
-          f"{len(hangs)} hung {hangs}, {len(failures)} failed {failures}; wall median "
+          f"{len(hangs)} hung at their exit {hangs}, {len(slow)} past the timeout before their "
+          f"last line {slow}, {len(failures)} failed {failures}; wall median "
           f"{statistics.median(walls):.1f} s, worst {max(walls):.1f} s; load "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; work {work}")
     if not args.keep and not hangs and not failures:

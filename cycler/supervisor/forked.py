@@ -53,6 +53,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import types
 import weakref
 from collections.abc import Callable
@@ -204,9 +205,8 @@ def run_worker(script: str, *arguments: str) -> NoReturn:
     # it is (no normalising): a script that changes directory still finds itself.
     path = os.path.join(os.getcwd(), script)
     code = _compiled(path)
-    main = _main_module(path)
     try:
-        exec(code, main.__dict__)
+        exec(code, _main_module(path).__dict__)  # only sys.modules holds it: see _finish
     except SystemExit as stop:
         status = _exit_code(stop)
         if status:
@@ -459,12 +459,69 @@ def _finish() -> None:
     finalizers run, as they would in the teardown), flush the streams."""
     threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
-    gc.collect()  # the script's module is unreachable by now: its globals are a cycle
+    _wait_for_quiet_threads()
+    main = sys.modules.pop("__main__", None)
+    if main is not None:  # as Python clears its modules: the names, then collect the cycles
+        _clear_names(vars(main))
+    del main
+    gc.collect()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
+
+
+QUIET_SAMPLES = 3
+QUIET_TICK = 0.01
+QUIET_LIMIT = 2.0
+
+
+def _wait_for_quiet_threads() -> None:
+    """Wait, the GIL released, until the process's other threads have all slept for
+    :data:`QUIET_SAMPLES` ticks in a row without running (at most :data:`QUIET_LIMIT` s).
+
+    Dropping the script's objects may destroy a gloo process group (DDP's reducer holds one),
+    whose destructor joins gloo's threads while it holds the GIL; a gloo thread still letting
+    go of its last work needs the GIL for that, and the two waited for each other forever
+    (once in 5 starts of a DDP script at load 30). Once every thread sleeps with the GIL free
+    to take, none is in the middle of that."""
+    deadline = time.monotonic() + QUIET_LIMIT
+    quiet, last = 0, None
+    while quiet < QUIET_SAMPLES and time.monotonic() < deadline:
+        time.sleep(QUIET_TICK)
+        now = _other_threads()
+        quiet = quiet + 1 if now == last and all(state != "R" for state, _ in now.values()) \
+            else 0
+        last = now
+
+
+def _other_threads() -> dict[str, tuple[str, bytes]]:
+    """Each other thread's state and CPU time (``/proc/self/task``); none where unreadable."""
+    threads, me = {}, str(threading.get_native_id())
+    try:
+        tasks = [task for task in os.listdir("/proc/self/task") if task != me]
+    except OSError:
+        return {}
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue  # it ended
+        threads[task] = (fields[0].decode(), fields[11] + b"+" + fields[12])
+    return threads
+
+
+def _clear_names(names: dict[str, Any]) -> None:
+    """Set a module's names to None as Python does at its exit: first those starting with one
+    underscore, then all but ``__builtins__`` (the finalizers they run still find it)."""
+    for name in list(names):
+        if name.startswith("_") and not name.startswith("__"):
+            names[name] = None
+    for name in list(names):
+        if name != "__builtins__":
+            names[name] = None
 
 
 def _exit(code: int) -> NoReturn:
