@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integrations
+# Each test runs every way in turn (three jobs and more): on a loaded 2-core machine a job takes
+# minutes.
+pytestmark = [pytest.mark.integrations, pytest.mark.timeout(1200)]
 
 WAYS = ("torchrun", "forked", "fresh")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from cycler.supervisor.launcher import _processes_per_node
@@ -75,3 +77,16 @@ def test_the_first_torch_import_is_found_in_any_spelling() -> None:
 def test_the_launcher_reads_the_processes_per_node_before_it_imports_torch(
         arguments: list[str], count: int) -> None:
     assert _processes_per_node(arguments) == count
+
+
+def test_the_agent_leaves_dynamo_to_a_script_that_sets_what_dynamo_reads(tmp_path: Path) -> None:
+    from cycler.supervisor.torchrun import fork_preloads
+
+    script = tmp_path / "train.py"
+    ddp = "import os, torch\nfrom torch.nn.parallel import DistributedDataParallel\n"
+    script.write_text(ddp + "os.environ['TORCHINDUCTOR_CACHE_DIR'] = '/x'\n")
+    assert fork_preloads(script) == "1"
+    script.write_text(ddp + "os.environ.update(dict(A='1'))\n")
+    assert fork_preloads(script) == "1"
+    script.write_text(ddp + "os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')\n")
+    assert fork_preloads(script) == "torch._dynamo"
