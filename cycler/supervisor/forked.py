@@ -206,6 +206,9 @@ def run_worker(script: str, *arguments: str) -> NoReturn:
     # it is (no normalising): a script that changes directory still finds itself.
     path = os.path.join(os.getcwd(), script)
     code = _compiled(path)
+    probe: dict[str, Any] = {}
+    exec(_DEPTH_PROBE, probe)  # from where the script's code runs, as deep as it will be
+    _recursion_as_fresh(probe["reached"])
     try:
         exec(code, _main_module(path).__dict__)  # only sys.modules holds it: see _finish
     except SystemExit as stop:
@@ -246,6 +249,22 @@ def _compiled(path: str) -> Any:
     except SyntaxError as error:  # IndentationError and TabError are SyntaxErrors
         sys.excepthook(type(error), error.with_traceback(None), None)
         _exit(1)
+
+
+_DEPTH_PROBE = compile("def deepest(level=0):\n    try:\n        return deepest(level + 1)\n"
+                       "    except RecursionError:\n        return level\nreached = deepest()\n",
+                       "<depth probe>", "exec")
+FRESH_REACH = 2
+"""How many levels short of the recursion limit a fresh ``python``'s main script gets (its
+module frame, and the first call: 998 of 1000 on Python 3.11)."""
+
+
+def _recursion_as_fresh(reached: int) -> None:
+    """Raise the recursion limit by the levels that torch's entrypoint and ours take below
+    the script (``reached``: how deep a probe run where the script runs got): the script
+    recurses as deep before a RecursionError as in a fresh ``python``."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit + max(limit - FRESH_REACH - reached, 0))
 
 
 def _main_module(path: str) -> types.ModuleType:

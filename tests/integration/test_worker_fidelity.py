@@ -64,6 +64,14 @@ say("numpy threads", openblas_threads())
 import logging
 say("dynamo log level", logging.getLogger("torch._dynamo").level)
 say("cuda initialised", torch.cuda.is_initialized())
+
+def deepest(level=0):
+    try:
+        return deepest(level + 1)
+    except RecursionError:
+        return level
+
+say("recursion depth", deepest())
 threading.Thread(target=lambda: (__import__("time").sleep(0.3), say("order", "thread"))).start()
 atexit.register(say, "order", "atexit")
 say("order", "last line")
@@ -159,6 +167,8 @@ ROWS = [
     Row("numpy threads", equal, "numpy's OpenBLAS pool, sized from OMP_NUM_THREADS"),
     Row("dynamo log level", equal, "TORCH_LOGS unset: dynamo's default"),
     Row("cuda initialised", equal, "never in the agent"),
+    Row("recursion depth", equal, "as deep before a RecursionError (the limit is raised by the "
+        "frames below the script's: sys.getrecursionlimit() reads higher)"),
     Row("order", equal, "last line, the thread's, then atexit"),
     Row("hash", shared_by_forked_ranks,
         "documented difference: the str hash secret is fixed at the agent's start, shared by "
