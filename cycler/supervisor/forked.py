@@ -331,7 +331,7 @@ def _wait_for_quiet_threads() -> None:
     Dropping the script's objects may destroy a gloo process group (DDP's reducer holds one),
     whose destructor joins gloo's threads while it holds the GIL; a gloo thread still letting
     go of its last work needs the GIL for that, and the two waited for each other forever
-    (once in 5 starts of a DDP script at load 30). Once every thread sleeps with the GIL free
+    (5 of 47 starts of a DDP script at load 30). Once every thread sleeps with the GIL free
     to take, none is in the middle of that."""
     deadline = time.monotonic() + QUIET_LIMIT
     quiet, last = 0, None
