@@ -46,6 +46,7 @@ SMOKE: dict[str, list[str]] = {
     "bench_stop_paths": ["--repeats", "1", "--size-mb", "1"],
     "bench_streaming_resume": ["--smoke"],
     "bench_verify": ["--stops", "1"],
+    "bench_worker_exit": ["--starts", "2"],
 }
 """Each benchmark's smallest size. A new ``bench_*.py`` must be added here (a unit test
 checks that every script has its row)."""

@@ -23,6 +23,7 @@ wall, its cost per interruption and the biggest parts of the breakdown.
     python benchmarks/bench_goodput.py [--epochs 12] [--every 45] [--checkpoint-every 1500]
     python benchmarks/bench_goodput.py --samples 16384 --epochs 4 --step-delay 0.04 \
         --every 25 --checkpoint-every 250      # a shorter job, steady on a loaded machine
+    python benchmarks/bench_goodput.py ... --modes none,stop --fresh-too  # forked vs fresh
 
 The machine's load (1-minute load average, cores) is printed with the figures: on a shared
 machine a restart's imports and a step's time vary with the other jobs.
@@ -49,9 +50,9 @@ SCRIPT = REPOSITORY / "examples" / "train.py"
 EXIT_REQUEUE = 75
 
 
-def command(root: Path, args: argparse.Namespace) -> list[str]:
+def command(root: Path, args: argparse.Namespace, cycle_args: str) -> list[str]:
     return [sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", str(args.nproc),
-            "--checkpoint-dir", str(root), *args.cycle_args.split(), str(SCRIPT),
+            "--checkpoint-dir", str(root), *cycle_args.split(), str(SCRIPT),
             "--epochs", str(args.epochs), "--samples", str(args.samples),
             "--checkpoint-every", str(args.checkpoint_every),
             "--step-delay", str(args.step_delay)]
@@ -71,15 +72,15 @@ def kill_tree(process: subprocess.Popen[bytes]) -> None:
             pass
 
 
-def drive(root: Path, args: argparse.Namespace, mode: str) -> dict[str, Any]:
+def drive(root: Path, args: argparse.Namespace, mode: str, cycle_args: str) -> dict[str, Any]:
     """Run the job to its end, interrupting each run after ``--every`` s (mode stop, kill)."""
     interruptions, codes = 0, []
     log = open(root.parent / f"{root.name}.log", "ab")
     started = time.time()
     while True:
         begun = time.time()
-        process = subprocess.Popen(command(root, args), stdout=log, stderr=subprocess.STDOUT,
-                                   cwd=REPOSITORY)
+        process = subprocess.Popen(command(root, args, cycle_args), stdout=log,
+                                   stderr=subprocess.STDOUT, cwd=REPOSITORY)
         if mode != "none":
             wait_for_first_step(root, begun, process)
         try:
@@ -104,8 +105,8 @@ def drive(root: Path, args: argparse.Namespace, mode: str) -> dict[str, Any]:
             "interruption: nothing to measure (raise --epochs or lower --every)")
     shown = status(root)
     require(shown.get("useful", 0) > 0, mode, "cycle status counts no useful training")
-    return {"mode": mode, "wall": wall, "interruptions": interruptions, "codes": codes,
-            "status": shown}
+    return {"mode": mode, "variant": cycle_args, "wall": wall, "interruptions": interruptions,
+            "codes": codes, "status": shown}
 
 
 def wait_for_first_step(root: Path, begun: float, process: subprocess.Popen[bytes]) -> None:
@@ -132,7 +133,8 @@ def summarise(result: dict[str, Any], bases: list[dict[str, Any]]) -> dict[str, 
     lost = [i["lost"] for i in shown["interruptions"]]
     parts = sorted(shown["parts"].items(), key=lambda item: -item[1])
     return {
-        "mode": result["mode"], "wall": round(result["wall"], 1), "interruptions": count,
+        "mode": result["mode"], "variant": result["variant"], "wall": round(result["wall"], 1),
+        "interruptions": count,
         "cost": None if cost is None else round(cost, 2),
         "at_5_min": None if cost is None else round(1 - cost / 300, 4),
         "stopwatch_goodput": round(work / result["wall"], 4),
@@ -156,6 +158,9 @@ def main() -> None:
     parser.add_argument("--modes", default="none,stop,none,kill,none")
     parser.add_argument("--cycle-args", default="",
                         help="more options for every cycle run (--no-fork-workers)")
+    parser.add_argument("--fresh-too", action="store_true",
+                        help="each run again at once with --no-fork-workers: forked and fresh "
+                        "workers in the same run, under the same load")
     parser.add_argument("--max-runs", type=int, default=30)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     parser.add_argument("--keep", type=Path, default=None,
@@ -167,26 +172,34 @@ def main() -> None:
         where = Path(scratch) if args.keep is None else args.keep
         where.mkdir(parents=True, exist_ok=True)
         results = []
+        variants = [args.cycle_args, *([f"{args.cycle_args} --no-fork-workers".strip()]
+                                       if args.fresh_too else [])]
         for number, mode in enumerate(args.modes.split(",")):
-            results.append(drive(where / f"{number}-{mode}", args, mode))
-            print(json.dumps({k: v for k, v in results[-1].items() if k != "status"}), flush=True)
+            for index, variant in enumerate(variants):
+                results.append(drive(where / f"{number}-{mode}-{index}", args, mode, variant))
+                print(json.dumps({k: v for k, v in results[-1].items() if k != "status"}),
+                      flush=True)
+    step = len(variants)
     for index, result in enumerate(results):
-        # Against the uninterrupted runs just before and after it: the load of a shared
-        # machine drifts, and with it the time the training itself takes.
-        near = [r for r in results[max(index - 1, 0):index + 2] if r["mode"] == "none"]
-        near = near or [r for r in results if r["mode"] == "none"]
+        # Against the uninterrupted runs (of the same variant) just before and after it: the
+        # load of a shared machine drifts, and with it the time the training itself takes.
+        same = results[index % step::step]
+        here = index // step
+        near = [r for r in same[max(here - 1, 0):here + 2] if r["mode"] == "none"]
+        near = near or [r for r in same if r["mode"] == "none"]
         rows.append(summarise(result, near))
         print(json.dumps(rows[-1]), flush=True)
     print(f"\nload average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
           f"{args.nproc} ranks, {args.epochs} epochs of {args.samples} samples, "
           f"{args.step_delay:g} s sleep a step, interrupted every {args.every:g} s, "
           f"checkpoints every {args.checkpoint_every} steps; cycle run {args.cycle_args}")
-    print("| interruption | wall | n | cost each | goodput at 1/5 min | stopwatch goodput "
-          "| status goodput | status wall | status cost each | biggest parts (s each) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| cycle args | interruption | wall | n | cost each | goodput at 1/5 min | stopwatch "
+          "goodput | status goodput | status wall | status cost each | biggest parts (s each) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
         parts = ", ".join(f"{name} {seconds:.1f}" for name, seconds in row["parts"].items())
-        print(f"| {row['mode']} | {row['wall']:.1f} s | {row['interruptions']} | "
+        print(f"| {row['variant'] or '-'} | {row['mode']} | {row['wall']:.1f} s | "
+              f"{row['interruptions']} | "
               f"{_s(row['cost'])} | {_pct(row['at_5_min'])} | {_pct(row['stopwatch_goodput'])}"
               f" | {_pct(row['status_goodput'])} | {row['status_wall']:.1f} s | "
               f"{_s(row['status_cost'])} | {parts or '-'} |")

@@ -4,16 +4,21 @@ A worker started as ``python -u train.py`` imports torch again, on every start a
 about a second per start on an idle machine, several under load. Forked from the agent (torch's
 own ``fork`` start method with a function entrypoint, as ``torchrun --run-path --start-method
 fork`` does), a worker starts with torch and the modules a training script imports loaded. The
-script then runs through :func:`runpy.run_path` as ``__main__``, and :func:`run_worker` makes the
-child what ``python -u SCRIPT ARGS`` would have been, for everything cycle and a script can see:
+script then runs as ``__main__`` (compiled and run as Python runs its main script), and
+:func:`run_worker` makes the child what ``python -u SCRIPT ARGS`` would have been, for everything
+cycle and a script can see:
 
 - its own session (torchrun starts every worker in one: the supervisor signals its group), and
   ``python -u SCRIPT ARGS`` as its command line;
 - the signal handlers and mask of a fresh interpreter, not the agent's (torchrun's handlers and
   the launcher's shield must never reach a script);
-- ``sys.argv``, ``sys.path[0]`` (the script's directory) and ``__main__`` (the script, by its
-  absolute path, so that pickles of its classes and DataLoader workers under ``spawn`` find it),
-  unbuffered streams, multiprocessing's main process;
+- ``sys.argv`` as given, ``sys.orig_argv``, ``sys.path[0]`` (the directory of the script's real
+  path) and ``__main__`` (the script, by its absolute path, so that pickles of its classes and
+  DataLoader workers under ``spawn`` find it), unbuffered streams, stdin on descriptor 0,
+  faulthandler as ``$PYTHONFAULTHANDLER`` asks, multiprocessing's main process;
+- its own random state: torch's default CPU generator and numpy's global state seeded from the
+  system's entropy (Python's ``random`` reseeds itself at a fork); the str hash secret cannot be
+  redone after a fork and stays the agent's (docs/cycle-run.md lists it);
 - the root logger without the agent's handlers, so that the script's ``logging.basicConfig``
   works as in a fresh process;
 - torch's intra-op threads from ``$OMP_NUM_THREADS`` (torchrun sets it in the agent after
@@ -23,7 +28,9 @@ child what ``python -u SCRIPT ARGS`` would have been, for everything cycle and a
 - the exit: ``sys.exit(n)`` exits ``n``, an uncaught exception prints its traceback to stderr
   and exits 1, a KeyboardInterrupt ends the process by SIGINT, and the script's ``atexit``
   functions run after its non-daemon threads ended, then its modules' (not the agent's own:
-  they are dropped first); the agent sees the worker's exit, not its children's.
+  they are dropped first); then, once the other threads sleep, the script's names are cleared
+  as Python clears them (its objects' finalizers run); the agent sees the worker's exit, not
+  its children's.
   The interpreter's own teardown is skipped (``os._exit``, as multiprocessing does): the agent's
   objects copied into the child (its store server among them) must not be torn down twice.
 
@@ -40,19 +47,20 @@ starts fresh processes when the fork would be bad or CUDA is initialised.
 from __future__ import annotations
 
 import atexit
+import builtins
 import gc
 import importlib
-import itertools
-import logging
-import multiprocessing.context
-import multiprocessing.process
 import os
 import signal
 import sys
 import threading
+import time
+import types
 import weakref
 from collections.abc import Callable
 from typing import Any, NoReturn
+
+from cycler.supervisor.fresh_worker import fresh_process
 
 PRELOADED = ("torch", "torch.distributed", "torch.nn", "torch.nn.parallel", "torch.optim",
              "torch.utils.data")
@@ -193,160 +201,91 @@ def run_worker(script: str, *arguments: str) -> NoReturn:
     start in ten). The agent counts a worker that exited 0 as finished
     (:func:`count_clean_exits_as_returns`).
     """
-    _fresh_process(script, arguments)
-    import runpy
-
-    # Python makes the script's path absolute (3.9 and newer) for __file__ and its frames: a
-    # script that changes directory still finds itself.
-    script = os.path.join(os.getcwd(), script)
+    fresh_process(script, arguments)
+    # Python makes the script's path absolute (3.9 and newer) for __file__ and its frames, as
+    # it is (no normalising): a script that changes directory still finds itself.
+    path = os.path.join(os.getcwd(), script)
+    code = _compiled(path)
+    probe: dict[str, Any] = {}
+    exec(_DEPTH_PROBE, probe)  # from where the script's code runs, as deep as it will be
+    _recursion_as_fresh(probe["reached"])
     try:
-        runpy.run_path(script, run_name="__main__")
+        exec(code, _main_module(path).__dict__)  # only sys.modules holds it: see _finish
     except SystemExit as stop:
-        code = _exit_code(stop)
-        if code:
-            _exit(code)
+        status = _exit_code(stop)
+        if status:
+            _exit(status)
     except KeyboardInterrupt as interrupt:
-        _print_uncaught(interrupt, script)
+        _print_uncaught(interrupt, path)
         _finish()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
         os.kill(os.getpid(), signal.SIGINT)
         os._exit(128 + signal.SIGINT)  # the shell's code for it, should the signal be late
     except BaseException as error:  # noqa: BLE001 - what the interpreter does with it
-        _print_uncaught(error, script)
+        _print_uncaught(error, path)
         _exit(1)
     _exit(0)
 
 
+def _compiled(path: str) -> Any:
+    """The script's code, or the exit ``python`` makes when it cannot read or compile it:
+    exit 2 with its one line for a file it cannot open, exit 1 with a SyntaxError printed as
+    Python prints one for its main script (no traceback: no frame of runpy's or ours)."""
+    try:
+        with open(path, "rb") as handle:
+            source = handle.read()
+    except OSError as error:
+        sys.stderr.write(f"{sys.executable}: can't open file {path!r}: "
+                         f"[Errno {error.errno}] {error.strerror}\n")
+        _exit(2)
+    try:
+        if b"\0" in source:  # Python's own words for a file; compile()'s differ
+            before = source[:source.index(b"\0")]
+            line = before.count(b"\n") + 1
+            text = before.rsplit(b"\n", 1)[-1].decode(errors="replace")
+            raise SyntaxError("source code cannot contain null bytes", (path, line, None, text))
+        return compile(source, path, "exec", dont_inherit=True)
+    except SyntaxError as error:  # IndentationError and TabError are SyntaxErrors
+        sys.excepthook(type(error), error.with_traceback(None), None)
+        _exit(1)
+
+
+_DEPTH_PROBE = compile("def deepest(level=0):\n    try:\n        return deepest(level + 1)\n"
+                       "    except RecursionError:\n        return level\nreached = deepest()\n",
+                       "<depth probe>", "exec")
+FRESH_REACH = 2
+"""How many levels short of the recursion limit a fresh ``python``'s main script gets (its
+module frame, and the first call: 998 of 1000 on Python 3.11)."""
+
+
+def _recursion_as_fresh(reached: int) -> None:
+    """Raise the recursion limit by the levels that torch's entrypoint and ours take below
+    the script (``reached``: how deep a probe run where the script runs got): the script
+    recurses as deep before a RecursionError as in a fresh ``python``."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit + max(limit - FRESH_REACH - reached, 0))
+
+
+def _main_module(path: str) -> types.ModuleType:
+    """A new ``__main__`` for the script, with the attributes Python gives its main script
+    (``__file__``, ``__cached__``, a source loader, no ``__spec__``), in ``sys.modules``."""
+    from importlib.machinery import SourceFileLoader
+
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__loader__=SourceFileLoader("__main__", path), __annotations__={},
+                         __builtins__=builtins, __file__=path, __cached__=None)
+    sys.modules["__main__"] = main
+    return main
+
+
 def _print_uncaught(error: BaseException, script: str) -> None:
-    """The traceback Python prints, from the script's frame on (without runpy's and ours)."""
+    """The traceback Python prints, from the script's frame on (without ours)."""
     frames = error.__traceback__
     while frames is not None and frames.tb_frame.f_code.co_filename != script:
         frames = frames.tb_next
     error = error.with_traceback(frames or error.__traceback__)
     sys.excepthook(type(error), error, error.__traceback__)
-
-
-def _fresh_process(script: str, arguments: tuple[str, ...]) -> None:
-    os.setsid()
-    _command_line([sys.executable, "-u", script, *arguments])
-    _default_signals()
-    atexit._clear()  # the agent's, inherited: only the script's run at its exit
-    _main_process()
-    _module_exit_functions()
-    sys.argv = [script, *arguments]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
-    for stream in (sys.stdout, sys.stderr):
-        reconfigure = getattr(stream, "reconfigure", None)
-        if reconfigure is not None:
-            reconfigure(write_through=True)
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    root.setLevel(logging.WARNING)
-    _torch_threads()
-    # cycler as a fresh worker imports it: its start-up in a worker (the beacon, the stack
-    # dump) happens at the script's own `import cycler`, and never for a script without it.
-    for name in [name for name in sys.modules if name.partition(".")[0] == "cycler"]:
-        del sys.modules[name]
-
-
-_MAIN_PROCESS = type(multiprocessing.process.current_process())
-"""multiprocessing's class of a main process (private, and deleted from its module), taken
-from the agent, which imports this module before it forks."""
-
-
-def _main_process() -> None:
-    """Make this process multiprocessing's main process, as in a fresh interpreter (not the
-    agent's child ``ForkProcess-N``): libraries tell a worker process from the main one by it
-    (``current_process().name``, ``parent_process()``; transformers' language-modelling
-    collator with a seed raised in a forked worker), it names the script's own children, and
-    the script chooses the start method (``multiprocessing.set_start_method``)."""
-    processes = multiprocessing.process
-    if _MAIN_PROCESS.__name__ != "_MainProcess":
-        return  # the agent was not a main process itself: nothing to copy
-    processes._current_process = _MAIN_PROCESS()  # type: ignore[attr-defined]
-    processes._parent_process = None  # type: ignore[attr-defined]
-    processes._children = set()  # type: ignore[attr-defined]
-    processes._process_counter = itertools.count(1)  # type: ignore[attr-defined]
-    # No start method chosen yet (a child is given its parent's, "fork"): the script's
-    # set_start_method("spawn") raised "context has already been set".
-    multiprocessing.context._default_context._actual_context = None  # type: ignore[attr-defined]
-
-
-EXIT_FUNCTIONS = (("logging", "shutdown"), ("torch.utils.data._utils", "_set_python_exit_flag"),
-                  ("multiprocessing.util", "_exit_function"))
-"""The ``atexit`` functions that these modules register when they are imported, in that order:
-the agent imported them, so the script's imports do not register them again. In a fresh
-interpreter they run after the script's: multiprocessing's ends the script's daemonic children
-and a ``Pool`` left open, joins the others and flushes its queues; logging's flushes and
-closes the handlers."""
-
-
-def _module_exit_functions() -> None:
-    """Register :data:`EXIT_FUNCTIONS` of the loaded modules, and ``weakref.finalize``'s exit
-    function for the script's finalizers (those made with ``atexit=True``, the default: a
-    ``tempfile.TemporaryDirectory`` among them), never for the agent's (the agent's own
-    directories are not this process's to remove)."""
-    for module, name in EXIT_FUNCTIONS:
-        if module in sys.modules:
-            atexit.register(getattr(sys.modules[module], name))
-    for info in weakref.finalize._registry.values():  # type: ignore[attr-defined]
-        info.atexit = False
-    atexit.register(weakref.finalize._exitfunc)  # type: ignore[attr-defined]
-    weakref.finalize._registered_with_atexit = True  # type: ignore[attr-defined]
-
-
-def _command_line(words: list[str]) -> None:
-    """Show ``words`` as this process's command line (``ps``, psutil, the hang report), not
-    the agent's it was forked with: written over the agent's arguments in this process's
-    memory, which the kernel reads them from (they are always longer: the script and its
-    arguments are among them). Best effort: the agent's stay where this is refused."""
-    try:
-        with open("/proc/self/stat", "rb") as handle:
-            fields = handle.read().rsplit(b")", 1)[1].split()
-        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48, 49)
-        title = b"\0".join(os.fsencode(word) for word in words) + b"\0"
-        if len(title) > end - start:
-            return
-        with open("/proc/self/mem", "r+b", buffering=0) as memory:
-            memory.seek(start)
-            memory.write(title + b"\0" * (end - start - len(title)))
-    except (OSError, ValueError, IndexError):
-        pass
-
-
-def _default_signals() -> None:
-    """Every handler and the mask a fresh interpreter starts with."""
-    signal.pthread_sigmask(signal.SIG_SETMASK, set())
-    signal.set_wakeup_fd(-1)
-    for number in signal.valid_signals():
-        if number in (signal.SIGKILL, signal.SIGSTOP):
-            continue
-        try:
-            current = signal.getsignal(number)
-        except (OSError, ValueError):
-            continue
-        wanted: Any
-        if number == signal.SIGINT:
-            wanted = signal.default_int_handler
-        elif number in (signal.SIGPIPE, signal.SIGXFSZ):
-            wanted = signal.SIG_IGN
-        else:
-            wanted = signal.SIG_DFL
-        if current is not wanted and current is not None:
-            try:
-                signal.signal(number, wanted)
-            except (OSError, ValueError):
-                pass
-
-
-def _torch_threads() -> None:
-    threads = os.environ.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:
-        import torch
-
-        torch.set_num_threads(int(threads))
 
 
 def _exit_code(stop: SystemExit) -> int:
@@ -367,12 +306,69 @@ def _finish() -> None:
     finalizers run, as they would in the teardown), flush the streams."""
     threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
-    gc.collect()  # the script's module is unreachable by now: its globals are a cycle
+    _wait_for_quiet_threads()
+    main = sys.modules.pop("__main__", None)
+    if main is not None:  # as Python clears its modules: the names, then collect the cycles
+        _clear_names(vars(main))
+    del main
+    gc.collect()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
+
+
+QUIET_SAMPLES = 3
+QUIET_TICK = 0.01
+QUIET_LIMIT = 2.0
+
+
+def _wait_for_quiet_threads() -> None:
+    """Wait, the GIL released, until the process's other threads have all slept for
+    :data:`QUIET_SAMPLES` ticks in a row without running (at most :data:`QUIET_LIMIT` s).
+
+    Dropping the script's objects may destroy a gloo process group (DDP's reducer holds one),
+    whose destructor joins gloo's threads while it holds the GIL; a gloo thread still letting
+    go of its last work needs the GIL for that, and the two waited for each other forever
+    (5 of 47 starts of a DDP script at load 30). Once every thread sleeps with the GIL free
+    to take, none is in the middle of that."""
+    deadline = time.monotonic() + QUIET_LIMIT
+    quiet, last = 0, None
+    while quiet < QUIET_SAMPLES and time.monotonic() < deadline:
+        time.sleep(QUIET_TICK)
+        now = _other_threads()
+        quiet = quiet + 1 if now == last and all(state != "R" for state, _ in now.values()) \
+            else 0
+        last = now
+
+
+def _other_threads() -> dict[str, tuple[str, bytes]]:
+    """Each other thread's state and CPU time (``/proc/self/task``); none where unreadable."""
+    threads, me = {}, str(threading.get_native_id())
+    try:
+        tasks = [task for task in os.listdir("/proc/self/task") if task != me]
+    except OSError:
+        return {}
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue  # it ended
+        threads[task] = (fields[0].decode(), fields[11] + b"+" + fields[12])
+    return threads
+
+
+def _clear_names(names: dict[str, Any]) -> None:
+    """Set a module's names to None as Python does at its exit: first those starting with one
+    underscore, then all but ``__builtins__`` (the finalizers they run still find it)."""
+    for name in list(names):
+        if name.startswith("_") and not name.startswith("__"):
+            names[name] = None
+    for name in list(names):
+        if name != "__builtins__":
+            names[name] = None
 
 
 def _exit(code: int) -> NoReturn:

@@ -50,6 +50,7 @@ from cycler.protocol.progress import AFTER_THE_LOOP, read_beacons
 from cycler.protocol.stop_signals import ignore_stray, on_stray_signal, stop_signals
 from cycler.supervisor import forked
 from cycler.supervisor.budget import RestartBudget
+from cycler.supervisor.script_source import environment_set_before_torch, read_source
 
 
 class StopSeen:
@@ -278,6 +279,7 @@ def main(argv: list[str] | None = None) -> None:
     """Run torchrun with ``argv`` (default: this process's arguments)."""
     own, arguments = _own_options(sys.argv[1:] if argv is None else argv)
     stopping = StopSeen(os.environ.get(ENV_CHECKPOINT_DIR), time.time())
+    threads_set = "fork" in own and threads_as_torchrun_sets(arguments)
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -294,12 +296,16 @@ def main(argv: list[str] | None = None) -> None:
         restarts.install()
     if "fixed-nodes" in own:
         keep_node_ranks(int(own["node-rank"]), int(own["fixed-nodes"]))
-    if "fork" in own and can_fork_workers([n for n in own["fork"].split(",") if n != "1"]):
+    if "fork" in own:
         script = torchrun.get_args_parser().parse_args(arguments).training_script
-        arguments = ["--run-path", "--start-method", "fork", *arguments]
-        torchrun.run_script_path = forked.named_worker(script)
-        forked.count_clean_exits_as_returns()
-        forked.watch_exits_by_pid()
+        if reads_environment_fresh(script) \
+                and can_fork_workers([n for n in own["fork"].split(",") if n != "1"]):
+            arguments = ["--run-path", "--start-method", "fork", *arguments]
+            torchrun.run_script_path = forked.named_worker(script)
+            forked.count_clean_exits_as_returns()
+            forked.watch_exits_by_pid()
+    if threads_set:
+        del os.environ[THREADS_VARIABLE]  # torchrun sets it again for the workers, saying so
     try:
         torchrun.main(_handling_only_sigquit(arguments))
     except (ChildFailedError, SignalException) as error:
@@ -307,6 +313,49 @@ def main(argv: list[str] | None = None) -> None:
             raise
         sys.stderr.write(f"torchrun: {_summary(error)} during the stop cycle run asked for\n")
         sys.exit(1)
+
+
+THREADS_VARIABLE = "OMP_NUM_THREADS"
+
+
+def threads_as_torchrun_sets(arguments: list[str]) -> bool:
+    """Set ``$OMP_NUM_THREADS`` to 1 before this process imports torch where torchrun will set
+    it for the workers (more than one process per node, not set by the user); whether it did.
+
+    The thread pools of the libraries that ``import torch`` loads (OpenMP's, numpy's OpenBLAS)
+    take their size from it once, when they are loaded: in this process, for every forked
+    worker. A fresh worker loads them after torchrun set it."""
+    if THREADS_VARIABLE in os.environ or _processes_per_node(arguments) <= 1:
+        return False
+    os.environ[THREADS_VARIABLE] = "1"
+    return True
+
+
+def _processes_per_node(arguments: list[str]) -> int:
+    """``--nproc-per-node`` among torchrun's arguments, as ``cycle run`` passes it for forked
+    workers (a number); 1 where there is none."""
+    names = ("--nproc-per-node", "--nproc_per_node")
+    for index, argument in enumerate(arguments):
+        name, equals, value = argument.partition("=")
+        if name in names:
+            value = value if equals else (arguments[index + 1:index + 2] or [""])[0]
+            return int(value) if value.isdigit() else 1
+    return 1
+
+
+def reads_environment_fresh(script: str) -> bool:
+    """Whether a forked worker sees the environment ``script`` sets as a fresh one does: not
+    where the script writes a variable before it imports torch, which torch (and what it loads)
+    read at import, in the agent for a forked worker. Such a script's workers start fresh, with
+    one line on stderr saying why."""
+    source = read_source(script)
+    write = None if source is None else environment_set_before_torch(source)
+    if write is None:
+        return True
+    sys.stderr.write(f"cycle: {script} sets {write.name} (line {write.line}) before it imports "
+                     "torch, which a forked worker has imported already: the workers start as "
+                     "fresh processes, so that torch reads it\n")
+    return False
 
 
 FORK_SINCE = (2, 10)

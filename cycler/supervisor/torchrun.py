@@ -37,6 +37,7 @@ from cycler.protocol.environment import (
 )
 from cycler.supervisor.compile_cache import compile_cache_environment
 from cycler.supervisor.options import RunOptions
+from cycler.supervisor.script_source import environment_writes, read_source
 
 # torch >= 2.10 reads the first; PET_* is torchrun's generic "flag from the environment" and
 # wins over the first, so both are set to keep a stray user value from cutting the grace short.
@@ -108,13 +109,28 @@ def fork_preloads(script: str | Path) -> str:
     """What the agent imports for ``script``'s forked workers beyond torch's common modules:
     ``torch._dynamo`` where the script names what imports it (DDP's constructor does), so that
     the workers do not each import it again, side by side; ``1`` for nothing more. A script
-    that never needs it (or that only an imported module of it uses) is not delayed by it."""
-    try:
-        with open(script, "rb") as handle:
-            text = handle.read(1 << 20)
-    except OSError:
+    that never needs it (or that only an imported module of it uses) is not delayed by it.
+
+    Nor a script that writes a variable that dynamo's import reads (:data:`READ_BY_DYNAMO`),
+    or one it does not name: a fresh worker imports dynamo at its first DDP or ``torch.compile``,
+    after the script's writes."""
+    text = read_source(script)
+    if text is None or any(_read_by_dynamo(write.name) for write in environment_writes(text)):
         return "1"
     return "torch._dynamo" if any(name in text for name in DYNAMO_USERS) else "1"
+
+
+READ_BY_DYNAMO = ("TORCH", "PYTORCH", "INDUCTOR", "AOT", "TRITON", "SYMPY", "MPMATH", "CUTLASS",
+                  "CUTEDSL", "PT2", "PARTITIONER", "ENABLE_", "FAKE_", "LOG_", "DUMP_", "UNSAFE_",
+                  "TMP", "TEMP", "HOME", "CXX", "USER", "LOGNAME", "LNAME", "CI", "os.environ",
+                  "load_dotenv")
+"""The beginnings of the variables that ``import torch._dynamo`` reads after ``import torch``
+(torch 2.13: every name looked up in ``os.environ`` during that import), and of the writes
+whose variable the script does not name (``os.environ.update``, ``load_dotenv``)."""
+
+
+def _read_by_dynamo(name: str) -> bool:
+    return name.startswith(READ_BY_DYNAMO) or name in ("putenv", "unsetenv")
 
 
 def restarts_by_torchrun(options: RunOptions) -> bool:
