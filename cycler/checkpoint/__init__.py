@@ -11,8 +11,9 @@
 - :mod:`.dcp`: torch.distributed.checkpoint saves, synchronous and asynchronous;
 - :mod:`.in_flight`: the saves in flight, and the stop's, exit's and teardown's waits for them;
 - :mod:`.tiers`: the memory tier and persisting to the checkpoint root;
-- :mod:`.memory_roots` and :mod:`.private_dirs`: where the memory tier lives and whose it is
-  (the user's private directories, the job's id), checked before anything there is read;
+- :mod:`.memory_roots` (and the helpers' :mod:`cycler._private`): where the memory tier
+  lives and whose it is (the user's private directories, the job's id), checked before
+  anything there is read;
 - :mod:`.nodes`: the memory tier on several nodes (partner copy, contribution, assembly);
 - :mod:`.resume` and :mod:`.coordination`: which checkpoint every rank resumes from, and the
   store rounds in which one rank decides and every rank learns;

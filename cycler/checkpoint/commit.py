@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cycler import _fs
+from cycler._private import restrict_tree
 from cycler._version import __version__
 from cycler.checkpoint.layout import MANIFEST_NAME, CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import list_checkpoints
@@ -30,7 +31,6 @@ from cycler.checkpoint.manifest import (
     sealed,
 )
 from cycler.checkpoint.nodes.node_commit import node_manifest
-from cycler.checkpoint.private_dirs import restrict_tree
 from cycler.errors import CheckpointDirectoryError, CyclerError, RankFailed
 from cycler.protocol.node_local import note_commit
 from cycler.protocol.progress import beacon

@@ -11,7 +11,7 @@ to the user").
 
 ``cycle run`` computes the job's memory root once and hands it to the workers
 (``$CYCLER_MEMORY_TIER``). Before anything in it is read, the base and the root must be private
-directories of the user (:mod:`cycler.checkpoint.private_dirs`) and the root's record must name
+directories of the user (:mod:`cycler._private`) and the root's record must name
 the checkpoint root and its job id: a memory root left by an earlier job whose checkpoint root was
 removed or replaced is never resumed from; being the user's own, it is removed.
 """
@@ -31,9 +31,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from cycler import _fs
-from cycler.checkpoint.layout import CheckpointLayout, saver_prefixes
-from cycler.checkpoint.listing import list_checkpoints
-from cycler.checkpoint.private_dirs import (
+from cycler._private import (
     PRIVATE_FILE_MODE,
     check_private,
     check_safe_parent,
@@ -42,6 +40,8 @@ from cycler.checkpoint.private_dirs import (
     private_problem,
     unsafe_path_problem,
 )
+from cycler.checkpoint.layout import CheckpointLayout, saver_prefixes
+from cycler.checkpoint.listing import list_checkpoints
 from cycler.errors import CheckpointDirectoryError
 from cycler.protocol.names import JOB_ID_FILENAME, MEMORY_OWNER_FILENAME, SUPERVISOR_DIRNAME
 

@@ -16,12 +16,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from cycler._private import PRIVATE_DIRECTORY_MODE
 from cycler.checkpoint.coordination import COORDINATED
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import CheckpointWarning
 from cycler.checkpoint.lock import drop_shared, hold_shared
 from cycler.checkpoint.nodes.topology import Nodes, nodes_of
-from cycler.checkpoint.private_dirs import PRIVATE_DIRECTORY_MODE
 from cycler.checkpoint.tiers import MemoryTier, first_tier, memory_tier, remember_overflow
 from cycler.errors import CheckpointDirectoryError
 

@@ -10,7 +10,7 @@ A tmpfs on the node: what the workers write there at every step costs no shared-
 operation, and it outlives a kill -9 of a worker (not of the node). It sits beside the memory
 tier's base, never in it (the memory tier's sweep removes what it does not know there), and is
 named by the job id, so a new job with the same checkpoint path never reads an old job's
-records. Checked as every private directory of the user is (:mod:`.private_dirs`).
+records. Checked as every private directory of the user is (:mod:`cycler._private`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from cycler._private import check_safe_parent, make_private
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.checkpoint.memory_roots import job_id, memory_base
-from cycler.checkpoint.private_dirs import check_safe_parent, make_private
 
 _FIX = "set $XDG_RUNTIME_DIR to a private directory of yours"
 

@@ -65,7 +65,7 @@ _FIX = "set XDG_RUNTIME_DIR to a private directory of yours, or give --memory-di
 def _checked(directory: str) -> Path | None:
     # The one check of a user's private directories, imported when a worker first needs it
     # (it has no dependency on the rest of cycler.checkpoint).
-    from cycler.checkpoint.private_dirs import check_private
+    from cycler._private import check_private
 
     try:
         check_private(Path(directory), "the job's runtime directory", _FIX)

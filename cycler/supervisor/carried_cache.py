@@ -30,7 +30,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING
 
 from cycler import _fs
-from cycler.checkpoint.private_dirs import PRIVATE_FILE_MODE, create_private, restrict_tree
+from cycler._private import PRIVATE_FILE_MODE, create_private, restrict_tree
 
 if TYPE_CHECKING:
     from cycler.supervisor.compile_cache import CacheKey

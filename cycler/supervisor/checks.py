@@ -21,15 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from cycler._fs import atomic_write_bytes, caused_by_full_disk, read_json_object
-from cycler.checkpoint.layout import CheckpointLayout
-from cycler.checkpoint.listing import find_checkpoint, no_valid_checkpoint
-from cycler.checkpoint.memory_roots import (
-    is_private,
-    prepare_memory_root,
-    prepare_runtime_dir,
-    sweep_stale_roots,
-)
-from cycler.checkpoint.private_dirs import (
+from cycler._private import (
     PRIVATE_FILE_MODE,
     Trust,
     check_owned_directory,
@@ -38,6 +30,14 @@ from cycler.checkpoint.private_dirs import (
     make_owned_directory,
     make_parents_private,
     user_trust,
+)
+from cycler.checkpoint.layout import CheckpointLayout
+from cycler.checkpoint.listing import find_checkpoint, no_valid_checkpoint
+from cycler.checkpoint.memory_roots import (
+    is_private,
+    prepare_memory_root,
+    prepare_runtime_dir,
+    sweep_stale_roots,
 )
 from cycler.checkpoint.tiers import overflowed
 from cycler.errors import CheckpointDirectoryError, ConfigError, CyclerError

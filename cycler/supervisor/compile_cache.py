@@ -42,8 +42,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from cycler._private import check_safe_parent, make_private, owner_name
 from cycler.checkpoint.memory_roots import memory_root
-from cycler.checkpoint.private_dirs import check_safe_parent, make_private, owner_name
 from cycler.errors import CheckpointDirectoryError
 from cycler.protocol.names import COMPILE_CACHE_FILENAME
 from cycler.supervisor.options import RunOptions

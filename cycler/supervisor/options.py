@@ -117,7 +117,7 @@ class RunOptions:
         help="A group of yours whose members may own or write the checkpoint root (a root "
              "shared on purpose); without it, a root of another user or open to others' "
              "writes is refused")
-    """Whose checkpoint root this job may use: :func:`private_dirs.user_trust`."""
+    """Whose checkpoint root this job may use: :func:`cycler._private.user_trust`."""
     memory_tier: Path | None = option(
         None, "--memory-tier/--no-memory-tier", kind=bool, yaml=(str, bool), shown="off",
         help="Commit every checkpoint in node memory first and persist some to the checkpoint "

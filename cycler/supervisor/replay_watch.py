@@ -25,8 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cycler._private import PRIVATE_FILE_MODE
 from cycler.checkpoint.layout import CheckpointLayout
-from cycler.checkpoint.private_dirs import PRIVATE_FILE_MODE
 from cycler.checkpoint.runtime_dirs import job_runtime_dir, node_dir
 from cycler.errors import CyclerError
 from cycler.protocol.fingerprints import (

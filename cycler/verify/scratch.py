@@ -4,7 +4,7 @@ Every run's checkpoint root and log lives under one directory made for this veri
 inside a per-user base (``$TMPDIR/cycler-verify-<uid>``; a ``$TMPDIR`` another user could rename
 it out of is refused). The base is created 0700 and checked with ``lstat`` before use (a real
 directory, owned by this user, no group or other bits: the checks of
-:mod:`cycler.checkpoint.private_dirs`), so another local user can neither plant files verify
+:mod:`cycler._private`), so another local user can neither plant files verify
 would unpickle nor read the user's weights.
 """
 
@@ -14,7 +14,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from cycler.checkpoint.private_dirs import (
+from cycler._private import (
     create_private,
     private_problem,
     unsafe_path_problem,

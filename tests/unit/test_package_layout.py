@@ -23,7 +23,7 @@ ALLOWED = {
 """Which other parts each part may import (docs/design.md, "Layout of the package"). The helpers
 (``_fs``, ``errors``) are below every part; ``errors`` reads the exit codes, a leaf module."""
 
-HELPERS = {"_fs", "_distributed", "_version", "errors"}
+HELPERS = {"_fs", "_distributed", "_private", "_version", "errors"}
 
 
 def module_name(path: Path) -> str:

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from cycler import _fs
+from cycler._private import PRIVATE_DIRECTORY_MODE, restrict_tree
 from cycler.checkpoint.layout import MANIFEST_NAME, CheckpointLayout, CheckpointName
 from cycler.checkpoint.manifest import Manifest, check_files
 from cycler.checkpoint.nodes.node_commit import check_names
 from cycler.checkpoint.nodes.topology import Nodes
 from cycler.checkpoint.nodes.transport import swap_bytes, swap_files
-from cycler.checkpoint.private_dirs import PRIVATE_DIRECTORY_MODE, restrict_tree
 from cycler.errors import CorruptCheckpoint, CyclerError
 
 log = logging.getLogger(__name__)
