@@ -31,7 +31,9 @@ in ``Trainer(callbacks=[...])``, or call :meth:`CyclerCallback.attach` for a cal
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -41,7 +43,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 
 from cycler.checkpoint.atomic_directory import AtomicDirectory
 from cycler.errors import ConfigError
-from cycler.protocol.environment import default_checkpoint_root
+from cycler.protocol.environment import ENV_CONTROL_FILE, default_checkpoint_root
 from cycler.training.auto_interval import EverySteps
 from cycler.training.step_control import StepControl
 
@@ -92,6 +94,7 @@ class CyclerCallback(TrainerCallback):
         if self.trainer is trainer:
             return
         self.trainer = trainer
+        _replace_jit_checkpoint(trainer)
         hf_train, hf_save = trainer.train, trainer._save_checkpoint
         # Instance attributes over the methods: this Trainer only, and no subclass to adopt.
         vars(trainer)["train"] = lambda *args, **kwargs: self._train(hf_train, *args, **kwargs)
@@ -188,6 +191,30 @@ class CyclerCallback(TrainerCallback):
         if self._control is not None:
             self._control.close()
             self._control = None
+
+
+def _replace_jit_checkpoint(trainer: Trainer) -> None:
+    """Under ``cycle run``, HF's own ``enable_jit_checkpoint`` gives way to cycler's stop.
+
+    HF's SIGTERM handler makes each rank save after its own 3 s timer, at whatever step that
+    rank is in, and then ends ``train()`` as if training were done; the stop ``cycle run``
+    asks for is saved at a step every rank agrees on, and ends it as a stop. Where a SIGTERM
+    reaches the workers directly (Slurm signals every process of a job), both would run: HF's
+    handler is taken away again, and cycler's shield ignores that signal
+    (:mod:`cycler.protocol.stop_signals`). Without ``cycle run`` HF's handler stays.
+    """
+    if not trainer.args.__dict__.get("enable_jit_checkpoint") or \
+            not os.environ.get(ENV_CONTROL_FILE):
+        return
+    for callback in trainer.callback_handler.callbacks:
+        manager = getattr(callback, "jit_manager", None)
+        if manager is None or threading.current_thread() is not threading.main_thread():
+            continue
+        previous = manager._original_sigterm_handler
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        callback.jit_manager = None
+        print("cycler: enable_jit_checkpoint=True is replaced by cycle run's stop: a SIGTERM "
+              "is checkpointed at a step every rank agrees on", file=sys.stderr, flush=True)
 
 
 def _calling_trainer(frame: FrameType | None) -> Trainer:

@@ -100,9 +100,10 @@ def run_to_the_end(out: Path, script: Path, *script_args: str) -> dict[str, torc
 
 
 def stop_kill_and_finish(out: Path, script: Path, stop_steps: list[int], save_steps: int,
-                         *script_args: str) -> list[int]:
-    """SIGTERM after each of ``stop_steps``, then kill -9 in the middle of the next periodic save,
-    then a run to the end; the exit codes, after checking what each stop committed."""
+                         *script_args: str, kill: bool = True) -> list[int]:
+    """SIGTERM after each of ``stop_steps``, then (with ``kill``) kill -9 in the middle of the
+    next periodic save, then a run to the end; the exit codes, after checking what each stop
+    committed."""
     codes = []
     for step in stop_steps:
         before = committed_steps(out / "ck")
@@ -111,6 +112,16 @@ def stop_kill_and_finish(out: Path, script: Path, stop_steps: list[int], save_st
         assert codes[-1] == EXIT_REQUEUE, run.output()
         stop = committed_steps(out / "ck")[-1]
         assert stop not in before and stop >= step and stop % save_steps, (stop, run.output())
+    if kill:
+        kill_during_a_save(out, script, *script_args)
+    run = StackRun(out, script, *script_args)
+    codes.append(run.finish())
+    assert codes[-1] == EXIT_SUCCESS, run.output()
+    return codes
+
+
+def kill_during_a_save(out: Path, script: Path, *script_args: str) -> None:
+    """kill -9 of the whole job in the middle of its next save; nothing of it is committed."""
     marker = out / "saving"
     committed = committed_steps(out / "ck")
     StackRun(out, script, *script_args,
@@ -118,10 +129,6 @@ def stop_kill_and_finish(out: Path, script: Path, stop_steps: list[int], save_st
     assert committed_steps(out / "ck") == committed, "a save killed midway was committed"
     torn = len(list((out / "ck").glob("*_checkpoint_*"))) - len(committed)
     assert torn == 1, "the kill came outside a save"
-    run = StackRun(out, script, *script_args)
-    codes.append(run.finish())
-    assert codes[-1] == EXIT_SUCCESS, run.output()
-    return codes
 
 
 def assert_same_weights(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor],
