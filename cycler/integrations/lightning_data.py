@@ -66,99 +66,125 @@ def refusal(loader: object) -> str | None:
 def resumable(loader: DataLoader, seed: int, rank: int, resumed_from: Path | None) -> DataLoader:
     """``loader`` made resumable (:func:`refusal` said it can be); the state of a resumed
     iterable-style loader is loaded from ``resumed_from`` at once."""
-    if isinstance(loader, ResumableLoader) or isinstance(loader, _TracksPosition):
+    if isinstance(loader, ResumableLoader) or _position(loader) is not None:
         return loader
     if not isinstance(loader.dataset, IterableDataset):
         return ResumableLoader.around(loader, seed)
-    tracked = _TracksPosition.around(loader)
+    _track(loader)
+    position = _position(loader)
+    assert position is not None
     if resumed_from is not None and (resumed_from / loader_file(rank)).exists():
-        tracked.load_position(resumed_from / loader_file(rank))
+        position.load(resumed_from / loader_file(rank))
     return loader
 
 
 def save_position(loader: DataLoader | None, directory: Path, rank: int) -> None:
     """Every rank: its iterable-style loader's state after the last batch trained, beside the
     checkpoint (nothing for a map-style loader: Lightning's own save holds its position)."""
-    if isinstance(loader, _TracksPosition):
-        atomic_torch_save(loader.position(), directory / loader_file(rank))
+    position = _position(loader)
+    if position is not None:
+        atomic_torch_save(position.saved(), directory / loader_file(rank))
 
 
 def note_trained(loader: DataLoader | None, batches_in_epoch: int) -> None:
     """After each training batch: ``batches_in_epoch`` batches of this epoch are trained."""
     if isinstance(loader, ResumableLoader):
         loader.batches_done = batches_in_epoch
-    elif isinstance(loader, _TracksPosition):
-        loader.note_trained()
+    elif (position := _position(loader)) is not None:
+        position.note_trained()
 
 
-class _TracksPosition:
-    """Mixed into the class of an iterable-style training loader: keeps the state of its
-    ``source`` (the loader or its dataset) after each batch it yields, so that the state after
-    the last batch *trained* can be saved while Lightning's fetcher holds the next one."""
+class _Position:
+    """The state of an iterable-style loader's ``source`` (the loader itself or its dataset)
+    after each batch the loader yields, so that the state after the last batch *trained* can
+    be saved while Lightning's fetcher already holds the next batch."""
 
-    _cycler_source: Any
-    """What holds the position: the loader (its own class's methods) or its dataset."""
-    _cycler_states: dict[int, Any]
-    _cycler_trained: int
-    _cycler_end: Any
+    def __init__(self, source: Any) -> None:
+        self.source = source
+        self.states: dict[int, Any] = {}
+        self.trained = 0
+        self.end: tuple[int, Any] | None = None
 
-    @classmethod
-    def around(cls, loader: DataLoader) -> _TracksPosition:
-        stateful = has_state(loader)
-        loader.__class__ = _tracking_class(type(loader))
-        assert isinstance(loader, _TracksPosition)
-        loader._cycler_source = super(_TracksPosition, loader) if stateful else loader.dataset
-        loader._cycler_states, loader._cycler_trained, loader._cycler_end = {}, 0, None
-        return loader
-
-    def __iter__(self) -> Iterator[Any]:
-        self._cycler_states, self._cycler_trained, self._cycler_end = {}, 0, None
+    def track(self, batches: Iterator[Any]) -> Iterator[Any]:
+        self.states, self.trained, self.end = {}, 0, None
         yielded = 0
-        for batch in super().__iter__():  # type: ignore[misc]
-            self._cycler_states[yielded] = copy.deepcopy(self._cycler_source.state_dict())
+        for batch in batches:
+            self.states[yielded] = copy.deepcopy(self.source.state_dict())
             yielded += 1
             yield batch
-        self._cycler_end = (yielded, copy.deepcopy(self._cycler_source.state_dict()))
+        self.end = (yielded, copy.deepcopy(self.source.state_dict()))
 
     def note_trained(self) -> None:
-        self._cycler_trained += 1
-        self._cycler_states.pop(self._cycler_trained - 2, None)
+        self.trained += 1
+        self.states.pop(self.trained - 2, None)
 
-    def position(self) -> dict[str, Any]:
+    def saved(self) -> dict[str, Any]:
         """The source's state after the last batch trained (at the end of the stream: its
-        state once the stream ended, which is where an uninterrupted run starts its next
-        epoch from)."""
-        end = self._cycler_end
-        if end is not None and end[0] == self._cycler_trained:
-            state = end[1]
-        elif self._cycler_trained == 0:
-            state = copy.deepcopy(self._cycler_source.state_dict())
+        state once the stream ended, where an uninterrupted run starts its next pass from)."""
+        if self.end is not None and self.end[0] == self.trained:
+            state = self.end[1]
+        elif self.trained == 0:
+            state = copy.deepcopy(self.source.state_dict())
         else:
-            state = self._cycler_states[self._cycler_trained - 1]
+            state = self.states[self.trained - 1]
         return {"version": LOADER_STATE_VERSION, "state": state}
 
-    def load_position(self, path: Path) -> None:
-        saved = torch.load(path, weights_only=True)
-        self._cycler_source.load_state_dict(saved["state"])
+    def load(self, path: Path) -> None:
+        self.source.load_state_dict(torch.load(path, weights_only=True)["state"])
 
-    def state_dict(self) -> dict[str, Any]:
-        """What Lightning saves for this loader: nothing (each rank's own position is saved
-        beside the checkpoint); being stateful tells Lightning the loader is resumable."""
-        return {"version": LOADER_STATE_VERSION, "per_rank": True}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Lightning's restore: the position is loaded from this rank's own file instead."""
+def _position(loader: object) -> _Position | None:
+    return getattr(loader, "_cycler_position", None)
+
+
+def _track(loader: DataLoader) -> None:
+    """Give ``loader`` a :class:`_Position`: its class becomes a subclass of its own whose
+    iteration feeds the position, and whose ``state_dict`` is what Lightning saves for it."""
+    own_class = type(loader)
+    source = _OwnState(own_class, loader) if has_state(loader) else loader.dataset
+    loader._cycler_position = _Position(source)
+    loader.__class__ = _tracking_class(own_class)
+
+
+class _OwnState:
+    """A stateful loader's own ``state_dict``/``load_state_dict``, past the tracking class's."""
+
+    def __init__(self, own_class: Any, loader: DataLoader) -> None:
+        self.own_class, self.loader = own_class, loader
+
+    def state_dict(self) -> Any:
+        return self.own_class.state_dict(self.loader)
+
+    def load_state_dict(self, state: Any) -> None:
+        self.own_class.load_state_dict(self.loader, state)
 
 
 _TRACKING_CLASSES: dict[type, type] = {}
 
 
-def _tracking_class(loader_class: type) -> type:
-    """The loader's class with :class:`_TracksPosition` first: every other method, and the
-    loader's ``isinstance``, stay its own (one class per loader class)."""
-    if loader_class not in _TRACKING_CLASSES:
-        _TRACKING_CLASSES[loader_class] = type(f"PositionTracked{loader_class.__name__}",
-                                               (_TracksPosition, loader_class), {})
+def _tracking_class(loader_class: Any) -> type:
+    """A subclass of ``loader_class`` (one per class) that adds nothing to the instance's
+    layout, so that a loader's class can be swapped for it: every other method stays its own."""
+    if loader_class in _TRACKING_CLASSES:
+        return _TRACKING_CLASSES[loader_class]
+
+    def iterate(loader: DataLoader) -> Iterator[Any]:
+        position = _position(loader)
+        assert position is not None
+        return position.track(loader_class.__iter__(loader))
+
+    def state_dict(loader: DataLoader) -> dict[str, Any]:
+        """What Lightning saves for this loader: a mark (each rank's position is saved beside
+        the checkpoint); a state at all tells Lightning the loader is resumable."""
+        return {"version": LOADER_STATE_VERSION, "per_rank": True}
+
+    def load_state_dict(loader: DataLoader, state: dict[str, Any]) -> None:
+        """Lightning's restore: the position comes from this rank's own file instead."""
+
+    _TRACKING_CLASSES[loader_class] = type(
+        f"PositionTracked{loader_class.__name__}", (loader_class,),
+        {"__slots__": (), "__iter__": iterate, "state_dict": state_dict,
+         "load_state_dict": load_state_dict, "__module__": __name__})
     return _TRACKING_CLASSES[loader_class]
 
 
