@@ -68,6 +68,16 @@ class StackRun:
         self.process.send_signal(signal.SIGTERM)
         return self.finish(timeout=180)
 
+    def stop_every_process_after_step(self, step: int) -> int:
+        """SIGTERM to every process of the job at once (as Slurm signals a job) once a worker
+        printed ``step``; the exit code."""
+        self.wait_until(lambda: self.steps_seen() >= step, f"step {step}")
+        for process in [psutil.Process(self.process.pid),
+                        *psutil.Process(self.process.pid).children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(signal.SIGTERM)
+        return self.finish(timeout=180)
+
     def kill_during_save(self, marker: Path) -> None:
         """kill -9 of every process of the job once a save is half written (``marker``)."""
         self.wait_until(marker.exists, "a save in progress")

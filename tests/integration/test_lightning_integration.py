@@ -11,8 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from stack_runs import (SCRIPTS, StackRun, assert_same_weights, committed_steps, run_to_the_end,
-                        stop_kill_and_finish)
+from stack_runs import (
+    SCRIPTS,
+    StackRun,
+    assert_same_weights,
+    committed_steps,
+    run_to_the_end,
+    stop_kill_and_finish,
+)
 
 from cycler import EXIT_FAILURE, EXIT_SUCCESS
 
