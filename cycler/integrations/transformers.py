@@ -98,7 +98,8 @@ class CyclerCallback(TrainerCallback):
         hf_train, hf_save = trainer.train, trainer._save_checkpoint
         # Instance attributes over the methods: this Trainer only, and no subclass to adopt.
         vars(trainer)["train"] = lambda *args, **kwargs: self._train(hf_train, *args, **kwargs)
-        vars(trainer)["_save_checkpoint"] = lambda model, trial: self._save(hf_save, model, trial)
+        vars(trainer)["_save_checkpoint"] = lambda model, trial, *args, **kwargs: self._save(
+            hf_save, model, trial, *args, **kwargs)
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.attach(_calling_trainer(sys._getframe(1)))
@@ -168,18 +169,18 @@ class CyclerCallback(TrainerCallback):
         self._close()
         return output
 
-    def _save(self, hf_save: Any, model: Any, trial: Any) -> None:
+    def _save(self, hf_save: Any, model: Any, trial: Any, *args: Any, **kwargs: Any) -> None:
         trainer, saver = self.trainer, self.saver()
         assert trainer is not None
         state = trainer.state
-        pin = bool(trainer.args.load_best_model_at_end
-                   and state.best_global_step == state.global_step)
+        pin = bool(trainer.args.load_best_model_at_end and _best_when_saved(
+            trainer, kwargs.get("metrics", args[0] if args else None)))
         directory = saver.prepare_checkpoint_directory(force_save=pin)
         # HF writes <output dir>/checkpoint-N: the output dir of this one save is the directory
         # being committed, so HF's files, names and resume stay its own.
         vars(trainer)["_get_output_dir"] = lambda trial: directory
         try:
-            hf_save(model, trial)
+            hf_save(model, trial, *args, **kwargs)
         finally:
             del trainer._get_output_dir
         saver.symlink_latest(directory, metadata={"step": state.global_step,
@@ -191,6 +192,25 @@ class CyclerCallback(TrainerCallback):
         if self._control is not None:
             self._control.close()
             self._control = None
+
+
+def _best_when_saved(trainer: Trainer, metrics: dict[str, float] | None) -> bool:
+    """Whether the save about to be made holds the best model so far: newer transformers
+    decide it before the save (``state.best_global_step``), older ones (4.45) inside it, from
+    the metrics the save is given (the same comparison here)."""
+    state, args = trainer.state, trainer.args
+    if hasattr(state, "best_global_step"):
+        return bool(state.best_global_step == state.global_step)
+    if metrics is None or args.metric_for_best_model is None:
+        return False
+    name = args.metric_for_best_model
+    value = metrics.get(name if name.startswith("eval_") else f"eval_{name}")
+    if value is None:
+        return False
+    if state.best_metric is None or state.best_model_checkpoint is None:
+        return True
+    return bool(value > state.best_metric if args.greater_is_better else
+                value < state.best_metric)
 
 
 def _replace_jit_checkpoint(trainer: Trainer) -> None:
