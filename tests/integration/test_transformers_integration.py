@@ -20,7 +20,8 @@ from stack_runs import (
 
 from cycler import EXIT_REQUEUE, EXIT_SUCCESS
 
-pytest.importorskip("transformers", reason="the [transformers] extra is not installed")
+transformers = pytest.importorskip("transformers",
+                                   reason="the [transformers] extra is not installed")
 
 pytestmark = pytest.mark.integrations
 
@@ -46,6 +47,8 @@ def test_accumulation_evaluation_and_the_best_model_at_end_survive_stops_bit_ide
 
 def test_hf_jit_checkpoint_gives_way_to_the_agreed_stop_when_every_process_gets_sigterm(
         tmp_path: Path) -> None:
+    if "enable_jit_checkpoint" not in transformers.TrainingArguments.__dataclass_fields__:
+        pytest.skip(f"transformers {transformers.__version__} has no enable_jit_checkpoint")
     # steps of 1.5 s: HF's own handler would save each rank's step 3 s after the signal, and end
     # train() as if finished, before the agreed stop two exchanges later
     plain, adopted = tmp_path / "plain", tmp_path / "adopted"
