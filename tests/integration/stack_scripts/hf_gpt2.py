@@ -60,6 +60,10 @@ def main() -> None:
                              "resumes from the newest checkpoint-N (the comparison in the docs)")
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--evaluate", action="store_true")
+    parser.add_argument("--max-steps", type=int, default=-1)
+    parser.add_argument("--resume-true", action="store_true",
+                        help="train(resume_from_checkpoint=True), as a script written for HF's "
+                             "own resume passes it")
     args = parser.parse_args()
     configuration: dict = {}
     if args.jit:  # the argument came in transformers 5: set only when asked for
@@ -76,7 +80,7 @@ def main() -> None:
         per_device_train_batch_size=4, learning_rate=1e-3, save_steps=args.save_steps,
         logging_steps=10, seed=0, use_cpu=True, ddp_backend="gloo", report_to=[],
         disable_tqdm=True, dataloader_num_workers=0,
-        gradient_accumulation_steps=args.accumulate, **configuration)
+        gradient_accumulation_steps=args.accumulate, max_steps=args.max_steps, **configuration)
     callbacks: list[TrainerCallback] = [Pace(args.delay)]
     if args.cycler:  # imported only then: the other variants are scripts that know no cycler
         from cycler.integrations.transformers import CyclerCallback
@@ -86,7 +90,7 @@ def main() -> None:
                       eval_dataset=Tokens(16, seed=8) if args.evaluate else None,
                       callbacks=callbacks)
     hf_resumes = args.jit and not args.cycler
-    trainer.train(resume_from_checkpoint=hf_resumes and any(
+    trainer.train(resume_from_checkpoint=True if args.resume_true else hf_resumes and any(
         (args.out / "hf").glob("checkpoint-*")))
     if trainer.is_world_process_zero():
         torch.save({k: v.clone() for k, v in trainer.model.state_dict().items()},

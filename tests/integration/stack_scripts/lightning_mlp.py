@@ -52,6 +52,11 @@ class Classifier(pl.LightningModule):
                 optimizer.zero_grad()
         return loss
 
+    def validation_step(self, batch, batch_idx):
+        inputs, targets = batch
+        self.log("val_loss", nn.functional.cross_entropy(self.net(inputs), targets),
+                 sync_dist=True)
+
     def on_train_batch_end(self, outputs, batch, batch_idx):
         if self.global_rank == 0:
             print(f"step {self.global_step}", flush=True)
@@ -128,6 +133,10 @@ def main() -> None:
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--clip", type=float, default=None)
     parser.add_argument("--manual", action="store_true")
+    parser.add_argument("--val-check-interval", type=float, default=None,
+                        help="validate on shuffled data this often (a fraction of an epoch)")
+    parser.add_argument("--max-steps", type=int, default=-1)
+    parser.add_argument("--limit-train-batches", type=int, default=None)
     parser.add_argument("--data", default="map",
                         choices=["map", "stream", "torchdata", "plain-stream"])
     args = parser.parse_args()
@@ -142,8 +151,13 @@ def main() -> None:
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=args.epochs,
                          callbacks=callbacks, logger=False, enable_progress_bar=False,
                          enable_model_summary=False, default_root_dir=str(args.out),
-                         accumulate_grad_batches=args.accumulate, gradient_clip_val=args.clip)
-    trainer.fit(model, loader(args.data, args.samples))
+                         accumulate_grad_batches=args.accumulate, gradient_clip_val=args.clip,
+                         max_steps=args.max_steps, limit_train_batches=args.limit_train_batches,
+                         val_check_interval=args.val_check_interval,
+                         limit_val_batches=None if args.val_check_interval else 0)
+    validation = DataLoader(data(64), batch_size=BATCH, shuffle=True) \
+        if args.val_check_interval else None
+    trainer.fit(model, loader(args.data, args.samples), validation)
     if trainer.global_rank == 0:
         torch.save({k: v.clone() for k, v in model.state_dict().items()}, args.out / "final.pt")
         print(f"training finished pid {os.getpid()}", flush=True)
