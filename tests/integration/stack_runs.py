@@ -49,6 +49,10 @@ class StackRun:
         for line in self.process.stdout:
             self.lines.append(line.rstrip("\n"))
 
+    def first_step_seen(self) -> int:
+        return min((int(m.group(1)) for line in list(self.lines)
+                    if (m := STEP_LINE.match(line))), default=-1)
+
     def steps_seen(self) -> int:
         return max((int(m.group(1)) for line in list(self.lines)
                     if (m := STEP_LINE.match(line))), default=-1)
@@ -120,14 +124,24 @@ def stop_kill_and_finish(out: Path, script: Path, stop_steps: list[int], save_st
         run = StackRun(out, script, *script_args)
         codes.append(run.stop_after_step(step))
         assert codes[-1] == EXIT_REQUEUE, run.output()
+        assert_resumed(run, before)
         stop = committed_steps(out / "ck")[-1]
         assert stop not in before and stop >= step and stop % save_steps, (stop, run.output())
     if kill:
         kill_during_a_save(out, script, *script_args)
+    before = committed_steps(out / "ck")
     run = StackRun(out, script, *script_args)
     codes.append(run.finish())
     assert codes[-1] == EXIT_SUCCESS, run.output()
+    assert_resumed(run, before)
     return codes
+
+
+def assert_resumed(run: StackRun, committed: list[int]) -> None:
+    """The run trained on from the newest of ``committed`` (a run that started over would end
+    equal to an uninterrupted one too, and prove nothing)."""
+    if committed:
+        assert run.first_step_seen() > committed[-1], (committed, run.output())
 
 
 def kill_during_a_save(out: Path, script: Path, *script_args: str) -> None:

@@ -89,9 +89,11 @@ def main() -> None:
     trainer = Trainer(model=model, args=training, train_dataset=Tokens(args.samples),
                       eval_dataset=Tokens(16, seed=8) if args.evaluate else None,
                       callbacks=callbacks)
-    hf_resumes = args.jit and not args.cycler
-    trainer.train(resume_from_checkpoint=True if args.resume_true else hf_resumes and any(
-        (args.out / "hf").glob("checkpoint-*")))
+    resume = None  # with cycler: the newest commit, by itself
+    if args.resume_true or (args.jit and not args.cycler and any(
+            (args.out / "hf").glob("checkpoint-*"))):
+        resume = True
+    trainer.train(resume_from_checkpoint=resume)
     if trainer.is_world_process_zero():
         torch.save({k: v.clone() for k, v in trainer.model.state_dict().items()},
                    args.out / "final.pt")
