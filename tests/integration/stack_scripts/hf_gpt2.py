@@ -97,7 +97,7 @@ def main() -> None:
     if trainer.is_world_process_zero():
         torch.save({k: v.clone() for k, v in trainer.model.state_dict().items()},
                    args.out / "final.pt")
-        print(f"training finished, best step {trainer.state.best_global_step}", flush=True)
+        print(f"training finished, best {trainer.state.best_model_checkpoint}", flush=True)
 
 
 if __name__ == "__main__":
