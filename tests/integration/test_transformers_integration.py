@@ -13,7 +13,6 @@ from stack_runs import (
     SCRIPTS,
     StackRun,
     assert_same_weights,
-    committed_steps,
     run_to_the_end,
     stop_kill_and_finish,
 )
@@ -42,7 +41,6 @@ def test_accumulation_evaluation_and_the_best_model_at_end_survive_stops_bit_ide
     expected = torch.load(plain / "final.pt", weights_only=True)
     actual = torch.load(adopted / "final.pt", weights_only=True)
     assert_same_weights(expected, actual, f"after {codes}")
-    assert len(committed_steps(adopted / "ck")) <= 3  # save_total_limit=2, the best pinned
 
 
 def test_hf_jit_checkpoint_gives_way_to_the_agreed_stop_when_every_process_gets_sigterm(
