@@ -5,33 +5,35 @@
 
 What the callback changes, and nothing else:
 
-- every training batch ends with :meth:`StepControl.step() <cycler.StepControl.step>`, so a stop
-  is agreed on one step by every rank;
-- the checkpoints it asks for (a stop's, and ``every_steps``/``every_seconds``) are
-  ``trainer.save_checkpoint()`` into a directory from ``prepare_checkpoint_directory()`` with
-  every rank's RNG beside it, committed with ``symlink_latest()``: a kill at any moment leaves
-  the previous checkpoint to resume from;
+- every training batch that ends an optimizer step (:mod:`cycler.integrations.optimizer_steps`:
+  an optimizer stepped and no gradient is pending, whatever ``accumulate_grad_batches``, manual
+  optimization or several optimizers) ends with :meth:`StepControl.step()
+  <cycler.StepControl.step>`, so a stop is agreed on one optimizer step by every rank and never
+  drops half an accumulated gradient;
+- the checkpoints it asks for (a stop's, the periodic ones of ``every_steps``, by default
+  ``"auto"``, and one when ``fit()`` reaches its end) are ``trainer.save_checkpoint()`` into a
+  directory from ``prepare_checkpoint_directory()`` with every rank's RNG (and an iterable
+  loader's position) beside it, committed with ``symlink_latest()``: a kill at any moment leaves
+  the previous checkpoint to resume from, and a finished fit run again does not train again;
+- a decision on a batch that Lightning follows with a validation is carried out after that
+  validation, and one on an epoch's last batch at the epoch's end: Lightning resumes a
+  checkpoint made before either as if it had happened;
 - ``trainer.fit(...)`` without ``ckpt_path`` resumes from the newest committed checkpoint when
   there is one: Lightning's own restore (model, optimizers, schedulers, loops, callbacks) plus
-  every rank's RNG and the training loader's position within the epoch;
-- the training loader becomes resumable with no change of sampler: the sampler Lightning
-  injects (or the script's) is kept, its batches before the resumed position are skipped as
-  index lists (no sample is loaded), and the loader draws its seed from its own generator, so
-  the global RNG streams continue exactly. Lightning sees a resumable loader and does not warn;
+  every rank's RNG and the training loader's position (:mod:`cycler.integrations.lightning_data`;
+  a loader that cannot resume exactly is refused before the first step, in one line);
 - after a stop's commit the process exits 0 at once (``SystemExit`` through Lightning's own
   interrupt path: ``on_exception`` hooks and teardown run, ``on_train_end`` and the script's
   post-training code do not). With ``CyclerCallback(exit_on_stop=False)`` ``fit()`` ends
   through ``trainer.should_stop`` instead, and :func:`stopped` tells the script.
 
 Lightning's own ``ModelCheckpoint`` keeps writing its files as before; the resume uses cycler's
-commits. The loader's position is counted in batches of an optimizer step each
-(``accumulate_grad_batches=1``) for the map-style loaders Lightning builds batch samplers for.
+commits.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +43,18 @@ from torch.utils.data import DataLoader
 
 from cycler.checkpoint.atomic_directory import AtomicDirectory
 from cycler.checkpoint.saving import atomic_torch_save
-from cycler.protocol.environment import default_checkpoint_root, under_verify
+from cycler.errors import ConfigError
+from cycler.integrations import lightning_data
+from cycler.integrations.lightning_data import ResumableLoader
+from cycler.integrations.optimizer_steps import OptimizerSteps
+from cycler.protocol.environment import default_checkpoint_root
 from cycler.training.auto_interval import EverySteps
 from cycler.training.rng import capture_rng_state, restore_rng_state
 from cycler.training.step_control import StepControl, StepDecision
 
+__all__ = ["CHECKPOINT_FILE", "CyclerCallback", "ResumableLoader", "rng_file", "stopped"]
+
 CHECKPOINT_FILE = "lightning.ckpt"
-LOADER_STATE_VERSION = 1
 
 _LAST_FIT_STOPPED = False
 
@@ -68,12 +75,16 @@ class CyclerCallback(pl.Callback):
         checkpoint_dir: the checkpoint root; default ``cycle run``'s (``$CYCLER_CHECKPOINT_DIR``).
         exit_on_stop: after a stop's commit exit the process with 0 (True), or end ``fit()``
             through ``trainer.should_stop`` with :func:`stopped` true (False).
-        every_steps, every_seconds: checkpoint on a timer as well as on ``cycle run``'s requests.
+        every_steps: periodic checkpoints, in optimizer steps: ``"auto"`` (the default: an
+            interval chosen from the measured save stall and the job's failure rate, at least
+            30 s and at most an hour apart, :class:`~cycler.AutoInterval`), a number, or None
+            (checkpoints only at a stop and at the end: a kill -9 loses everything since).
+        every_seconds: a checkpoint when that long has passed since the last one, besides.
         keep_last: committed checkpoints to keep (``-1``: all).
     """
 
     def __init__(self, checkpoint_dir: str | os.PathLike[str] | None = None, *,
-                 exit_on_stop: bool = True, every_steps: EverySteps = None,
+                 exit_on_stop: bool = True, every_steps: EverySteps = "auto",
                  every_seconds: float | None = None, keep_last: int = 2) -> None:
         self.checkpoint_dir = checkpoint_dir
         self.exit_on_stop = exit_on_stop
@@ -83,8 +94,22 @@ class CyclerCallback(pl.Callback):
         """The committed checkpoint this fit resumed from (None: a first start)."""
         self._saver: AtomicDirectory | None = None
         self._control: StepControl | None = None
-        self._loader: ResumableLoader | None = None
-        self._at_epoch_end: StepDecision | None = None
+        self._steps: OptimizerSteps | None = None
+        self._loader: DataLoader | None = None
+        self._position_from: Path | None = None
+        self._deferred: StepDecision | None = None
+        self._decided = 0
+        """Optimizer steps decided on so far (StepControl's count, kept in the checkpoint)."""
+
+    @property
+    def state_key(self) -> str:
+        return "CyclerCallback"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"decided_steps": self._decided}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._decided = int(state_dict.get("decided_steps", self._decided))
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
@@ -94,7 +119,8 @@ class CyclerCallback(pl.Callback):
         self._saver = AtomicDirectory(self.checkpoint_dir or default_checkpoint_root(),
                                       keep_last=self.keep_last)
         latest = self._saver.latest_checkpoint()
-        self.resumed_from = None if latest is None else Path(latest)
+        self.resumed_from = self._position_from = None if latest is None else Path(latest)
+        self._decided = -1  # unknown until a checkpoint's state says (global_step otherwise)
         # Lightning reads the checkpoint right after this hook; without ckpt_path it reads none.
         connector = trainer._checkpoint_connector
         resume_start = connector.resume_start
@@ -108,34 +134,57 @@ class CyclerCallback(pl.Callback):
         if self.resumed_from is not None:
             restore_rng_state(torch.load(self.resumed_from / rng_file(trainer.global_rank),
                                          weights_only=True))
-        self._control = StepControl(start_step=trainer.global_step,
-                                    every_steps=self.every_steps,
+        if self._decided < 0:
+            self._decided = trainer.global_step
+        self._steps = OptimizerSteps(trainer.optimizers)
+        self._control = StepControl(start_step=self._decided, every_steps=self.every_steps,
                                     every_seconds=self.every_seconds)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
-        assert self._control is not None, "on_train_start comes first"
-        if self._loader is not None:
-            self._loader.batches_done = batch_idx + 1
+        assert self._control is not None and self._steps is not None, "on_train_start first"
+        lightning_data.note_trained(self._loader, batch_idx + 1)
+        if not self._steps.at_boundary():
+            return  # in the middle of an accumulated step: its gradients are in no checkpoint
         decision = self._control.step(loss=_loss_of(outputs))
-        if batch_idx + 1 == trainer.num_training_batches:
+        self._decided = self._control.global_step
+        epoch_loop = trainer.fit_loop.epoch_loop
+        if batch_idx + 1 == trainer.num_training_batches or epoch_loop.batch_progress.is_last_batch:
             # Lightning resumes a checkpoint of an epoch's last batch one epoch too far: this
-            # one is made at the epoch's end, Lightning's own place for it, before anything else.
-            self._at_epoch_end = decision
+            # one is made at the epoch's end, Lightning's own place for it.
+            self._deferred = decision
+        elif _validates_after_this_batch(trainer):
+            # A checkpoint made before this batch's validation would be resumed as if the
+            # validation had run (Lightning skips it), and the RNG it draws would differ.
+            self._deferred = decision
         else:
             self._act(trainer, decision)
 
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # After the validation of an epoch's last batch comes the epoch's end: the place for it.
+        if not trainer.sanity_checking and \
+                not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            self._carry_out_deferred(trainer)
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
+        self._carry_out_deferred(trainer)  # a validation expected that did not run
+
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        decision, self._at_epoch_end = self._at_epoch_end, None
-        if decision is not None:
-            self._act(trainer, decision)
+        self._carry_out_deferred(trainer)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if under_verify() and not self.stopped:
-            # cycle verify compares the state training ends with: at every end, even where the
-            # last epoch's end committed this step (Lightning's epoch counter moved since).
+        self._carry_out_deferred(trainer)
+        assert self._saver is not None
+        if not self.stopped:
+            # The end is committed too: the same command run again finds training done.
             self.save(trainer)
         self._close()
+
+    def _carry_out_deferred(self, trainer: pl.Trainer) -> None:
+        decision, self._deferred = self._deferred, None
+        if decision is not None:
+            self._act(trainer, decision)
 
     def _act(self, trainer: pl.Trainer, decision: StepDecision) -> None:
         global _LAST_FIT_STOPPED
@@ -154,7 +203,9 @@ class CyclerCallback(pl.Callback):
         assert self._saver is not None
         directory = Path(self._saver.prepare_checkpoint_directory())
         trainer.save_checkpoint(directory / CHECKPOINT_FILE)
-        atomic_torch_save(capture_rng_state(), directory / rng_file(trainer.global_rank))
+        rank = trainer.global_rank
+        atomic_torch_save(capture_rng_state(), directory / rng_file(rank))
+        lightning_data.save_position(self._loader, directory, rank)
         self._saver.symlink_latest(directory, metadata={"step": trainer.global_step,
                                                         "epoch": trainer.current_epoch})
 
@@ -162,82 +213,33 @@ class CyclerCallback(pl.Callback):
         return None if self.resumed_from is None else str(self.resumed_from / CHECKPOINT_FILE)
 
     def _resumable(self, trainer: pl.Trainer, loader: Any) -> Any:
-        if not trainer.training or not isinstance(loader, DataLoader) or \
-                loader.batch_sampler is None or isinstance(loader, ResumableLoader):
+        if not trainer.training:
             return loader
-        self._loader = ResumableLoader.around(loader, int(os.environ.get("PL_GLOBAL_SEED", 0)))
+        refusal = lightning_data.refusal(loader)
+        if refusal is not None:
+            raise ConfigError(refusal)
+        position_from, self._position_from = self._position_from, None
+        self._loader = lightning_data.resumable(
+            loader, int(os.environ.get("PL_GLOBAL_SEED", 0)), trainer.global_rank, position_from)
         return self._loader
 
     def _close(self) -> None:
+        if self._steps is not None:
+            self._steps.close()
+            self._steps = None
         if self._control is not None:
             self._control.close()
             self._control = None
 
 
-class _SkippingBatchSampler:
-    """A batch sampler that leaves out the first batches of the epoch a resume continues, and
-    reseeds its loader's generator with the epoch (the seed of the loader's iterator)."""
-
-    def __init__(self, batches: Any, generator: torch.Generator, seed: int) -> None:
-        self.batches, self.generator, self.seed = batches, generator, seed
-        self.epoch = 0
-        self.resume_at: tuple[int, int] | None = None
-        """(epoch, batches done in it) of a resume, until that epoch's iteration starts."""
-        self.set_epoch(0)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-        self.generator.manual_seed(self.seed * 1_000_003 + epoch)
-        for inner in (self.batches, getattr(self.batches, "sampler", None)):
-            set_epoch = getattr(inner, "set_epoch", None)
-            if callable(set_epoch):
-                set_epoch(epoch)
-
-    def __iter__(self) -> Iterator[Any]:
-        skip = self.resume_at[1] if self.resume_at and self.resume_at[0] == self.epoch else 0
-        self.resume_at = None
-        for index, batch in enumerate(self.batches):
-            if index >= skip:
-                yield batch
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-
-class ResumableLoader(DataLoader):
-    """The training loader, rebuilt around the same dataset, batches and workers, with a
-    position Lightning saves and restores (``state_dict``/``load_state_dict``)."""
-
-    batches_done = 0
-    """Batches of the current epoch trained on (set by the callback after each batch)."""
-
-    @classmethod
-    def around(cls, loader: DataLoader, seed: int) -> ResumableLoader:
-        generator = torch.Generator()
-        skipping = _SkippingBatchSampler(loader.batch_sampler, generator, seed)
-        rebuilt = cls(loader.dataset, batch_sampler=skipping, num_workers=loader.num_workers,
-                      collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
-                      timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
-                      multiprocessing_context=loader.multiprocessing_context,
-                      generator=generator, prefetch_factor=loader.prefetch_factor,
-                      persistent_workers=loader.persistent_workers,
-                      pin_memory_device=loader.pin_memory_device)
-        return rebuilt
-
-    def state_dict(self) -> dict[str, int]:
-        skipping = self.batch_sampler
-        assert isinstance(skipping, _SkippingBatchSampler)
-        return {"version": LOADER_STATE_VERSION, "epoch": skipping.epoch,
-                "batches_done": self.batches_done}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        skipping = self.batch_sampler
-        assert isinstance(skipping, _SkippingBatchSampler)
-        skipping.set_epoch(state["epoch"])
-        skipping.resume_at = (state["epoch"], state["batches_done"])
+def _validates_after_this_batch(trainer: pl.Trainer) -> bool:
+    """Whether Lightning runs a validation right after the training batch that just ended."""
+    fetcher = trainer.fit_loop._data_fetcher
+    return fetcher is not None and trainer.fit_loop.epoch_loop._should_check_val_fx(fetcher)
 
 
 def _loss_of(outputs: Any) -> Any:
-    """The loss ``training_step`` returned (a tensor, or a dict's ``"loss"``), or ``None``."""
+    """The loss ``training_step`` returned (a tensor, or a dict's ``"loss"``), or ``None``:
+    the step's record for the replay check (that of an accumulated step's last batch)."""
     loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
     return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None

@@ -31,7 +31,9 @@ in ``Trainer(callbacks=[...])``, or call :meth:`CyclerCallback.attach` for a cal
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -42,7 +44,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 
 from cycler.checkpoint.atomic_directory import AtomicDirectory
 from cycler.errors import ConfigError
-from cycler.protocol.environment import default_checkpoint_root, under_verify
+from cycler.protocol.environment import ENV_CONTROL_FILE, default_checkpoint_root, under_verify
 from cycler.training.auto_interval import EverySteps
 from cycler.training.step_control import StepControl
 
@@ -97,13 +99,15 @@ class CyclerCallback(TrainerCallback):
         if self.trainer is trainer:
             return
         self.trainer = trainer
+        _replace_jit_checkpoint(trainer)
         hf_train, hf_save = trainer.train, trainer._save_checkpoint
         hf_step = trainer.training_step
         # Instance attributes over the methods: this Trainer only, and no subclass to adopt.
         vars(trainer)["train"] = lambda *args, **kwargs: self._train(hf_train, *args, **kwargs)
         vars(trainer)["training_step"] = lambda *args, **kwargs: self._keep_loss(
             hf_step(*args, **kwargs))
-        vars(trainer)["_save_checkpoint"] = lambda model, trial: self._save(hf_save, model, trial)
+        vars(trainer)["_save_checkpoint"] = lambda model, trial, *args, **kwargs: self._save(
+            hf_save, model, trial, *args, **kwargs)
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.attach(_calling_trainer(sys._getframe(1)))
@@ -184,18 +188,18 @@ class CyclerCallback(TrainerCallback):
             self.trainer._save_checkpoint(self.trainer.model_wrapped, None)
         return output
 
-    def _save(self, hf_save: Any, model: Any, trial: Any) -> None:
+    def _save(self, hf_save: Any, model: Any, trial: Any, *args: Any, **kwargs: Any) -> None:
         trainer, saver = self.trainer, self.saver()
         assert trainer is not None
         state = trainer.state
-        pin = bool(trainer.args.load_best_model_at_end
-                   and state.best_global_step == state.global_step)
+        pin = bool(trainer.args.load_best_model_at_end and _best_when_saved(
+            trainer, kwargs.get("metrics", args[0] if args else None)))
         directory = saver.prepare_checkpoint_directory(force_save=pin)
         # HF writes <output dir>/checkpoint-N: the output dir of this one save is the directory
         # being committed, so HF's files, names and resume stay its own.
         vars(trainer)["_get_output_dir"] = lambda trial: directory
         try:
-            hf_save(model, trial)
+            hf_save(model, trial, *args, **kwargs)
         finally:
             del trainer._get_output_dir
         saver.symlink_latest(directory, metadata={"step": state.global_step,
@@ -208,6 +212,49 @@ class CyclerCallback(TrainerCallback):
         if self._control is not None:
             self._control.close()
             self._control = None
+
+
+def _best_when_saved(trainer: Trainer, metrics: dict[str, float] | None) -> bool:
+    """Whether the save about to be made holds the best model so far: newer transformers
+    decide it before the save (``state.best_global_step``), older ones (4.45) inside it, from
+    the metrics the save is given (the same comparison here)."""
+    state, args = trainer.state, trainer.args
+    if hasattr(state, "best_global_step"):
+        return bool(state.best_global_step == state.global_step)
+    if metrics is None or args.metric_for_best_model is None:
+        return False
+    name = args.metric_for_best_model
+    value = metrics.get(name if name.startswith("eval_") else f"eval_{name}")
+    if value is None:
+        return False
+    if state.best_metric is None or state.best_model_checkpoint is None:
+        return True
+    return bool(value > state.best_metric if args.greater_is_better else
+                value < state.best_metric)
+
+
+def _replace_jit_checkpoint(trainer: Trainer) -> None:
+    """Under ``cycle run``, HF's own ``enable_jit_checkpoint`` gives way to cycler's stop.
+
+    HF's SIGTERM handler makes each rank save after its own 3 s timer, at whatever step that
+    rank is in, and then ends ``train()`` as if training were done; the stop ``cycle run``
+    asks for is saved at a step every rank agrees on, and ends it as a stop. Where a SIGTERM
+    reaches the workers directly (Slurm signals every process of a job), both would run: HF's
+    handler is taken away again, and cycler's shield ignores that signal
+    (:mod:`cycler.protocol.stop_signals`). Without ``cycle run`` HF's handler stays.
+    """
+    if not trainer.args.__dict__.get("enable_jit_checkpoint") or \
+            not os.environ.get(ENV_CONTROL_FILE):
+        return
+    for callback in trainer.callback_handler.callbacks:
+        manager = getattr(callback, "jit_manager", None)
+        if manager is None or threading.current_thread() is not threading.main_thread():
+            continue
+        previous = manager._original_sigterm_handler
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        callback.jit_manager = None
+        print("cycler: enable_jit_checkpoint=True is replaced by cycle run's stop: a SIGTERM "
+              "is checkpointed at a step every rank agrees on", file=sys.stderr, flush=True)
 
 
 def _calling_trainer(frame: FrameType | None) -> Trainer:

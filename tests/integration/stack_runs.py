@@ -50,6 +50,10 @@ class StackRun:
         for line in self.process.stdout:
             self.lines.append(line.rstrip("\n"))
 
+    def first_step_seen(self) -> int:
+        return min((int(m.group(1)) for line in list(self.lines)
+                    if (m := STEP_LINE.match(line))), default=-1)
+
     def steps_seen(self) -> int:
         return max((int(m.group(1)) for line in list(self.lines)
                     if (m := STEP_LINE.match(line))), default=-1)
@@ -67,6 +71,16 @@ class StackRun:
         the exit code."""
         self.wait_until(lambda: self.steps_seen() >= step, f"step {step}")
         self.process.send_signal(signal.SIGTERM)
+        return self.finish(timeout=180)
+
+    def stop_every_process_after_step(self, step: int) -> int:
+        """SIGTERM to every process of the job at once (as Slurm signals a job) once a worker
+        printed ``step``; the exit code."""
+        self.wait_until(lambda: self.steps_seen() >= step, f"step {step}")
+        for process in [psutil.Process(self.process.pid),
+                        *psutil.Process(self.process.pid).children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(signal.SIGTERM)
         return self.finish(timeout=180)
 
     def kill_during_save(self, marker: Path) -> None:
@@ -101,17 +115,38 @@ def run_to_the_end(out: Path, script: Path, *script_args: str) -> dict[str, torc
 
 
 def stop_kill_and_finish(out: Path, script: Path, stop_steps: list[int], save_steps: int,
-                         *script_args: str) -> list[int]:
-    """SIGTERM after each of ``stop_steps``, then kill -9 in the middle of the next periodic save,
-    then a run to the end; the exit codes, after checking what each stop committed."""
+                         *script_args: str, kill: bool = True) -> list[int]:
+    """SIGTERM after each of ``stop_steps``, then (with ``kill``) kill -9 in the middle of the
+    next periodic save, then a run to the end; the exit codes, after checking what each stop
+    committed."""
     codes = []
     for step in stop_steps:
         before = committed_steps(out / "ck")
         run = StackRun(out, script, *script_args)
         codes.append(run.stop_after_step(step))
         assert codes[-1] == EXIT_REQUEUE, run.output()
+        assert_resumed(run, before)
         stop = committed_steps(out / "ck")[-1]
         assert stop not in before and stop >= step and stop % save_steps, (stop, run.output())
+    if kill:
+        kill_during_a_save(out, script, *script_args)
+    before = committed_steps(out / "ck")
+    run = StackRun(out, script, *script_args)
+    codes.append(run.finish())
+    assert codes[-1] == EXIT_SUCCESS, run.output()
+    assert_resumed(run, before)
+    return codes
+
+
+def assert_resumed(run: StackRun, committed: list[int]) -> None:
+    """The run trained on from the newest of ``committed`` (a run that started over would end
+    equal to an uninterrupted one too, and prove nothing)."""
+    if committed:
+        assert run.first_step_seen() >= committed[-1], (committed, run.output())
+
+
+def kill_during_a_save(out: Path, script: Path, *script_args: str) -> None:
+    """kill -9 of the whole job in the middle of its next save; nothing of it is committed."""
     marker = out / "saving"
     committed = committed_steps(out / "ck")
     StackRun(out, script, *script_args,
@@ -119,10 +154,6 @@ def stop_kill_and_finish(out: Path, script: Path, stop_steps: list[int], save_st
     assert committed_steps(out / "ck") == committed, "a save killed midway was committed"
     torn = len(list((out / "ck").glob("*_checkpoint_*"))) - len(committed)
     assert torn == 1, "the kill came outside a save"
-    run = StackRun(out, script, *script_args)
-    codes.append(run.finish())
-    assert codes[-1] == EXIT_SUCCESS, run.output()
-    return codes
 
 
 def assert_replay_verified(root: Path) -> None:
