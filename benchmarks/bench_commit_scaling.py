@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _checks import require
+
 from cycler import AtomicDirectory, atomic_torch_save
 
 
@@ -28,6 +30,8 @@ def commit_times(saver: AtomicDirectory, repeats: int) -> list[float]:
         atomic_torch_save({"step": 0}, os.path.join(directory, "state.pt"))
         saver.symlink_latest(directory)
         times.append(time.perf_counter() - started)
+        require(Path(saver.latest_checkpoint() or "").name == Path(directory).name,
+                "commit", f"{directory} is not the latest checkpoint after its commit")
     return times
 
 

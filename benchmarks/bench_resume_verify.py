@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _checks import require
 
 from cycler import AtomicDirectory, atomic_torch_save, latest_checkpoint
 
@@ -35,10 +36,14 @@ def resume(root: Path, verify: bool) -> tuple[float, float]:
     """The whole resume's time, and that of ``latest_checkpoint`` alone."""
     started = time.perf_counter()
     path = latest_checkpoint(root, verify=verify)
+    run = "verified resume" if verify else "resume"
+    require(path is not None, run, f"found no checkpoint in {root}")
     assert path is not None
     chosen = time.perf_counter()
-    torch.load(path / "model.pt", weights_only=True)
-    return time.perf_counter() - started, chosen - started
+    state = torch.load(path / "model.pt", weights_only=True)
+    seconds = time.perf_counter() - started, chosen - started
+    require(state["w"].numel() > 0, run, "loaded an empty state")
+    return seconds
 
 
 def main() -> None:

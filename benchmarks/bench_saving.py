@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from _checks import exists, require
 
 from cycler.checkpoint.atomic_directory import AtomicDirectory
 from cycler.checkpoint.checksum import file_checksum
@@ -88,7 +89,21 @@ def time_once(method: str, state: dict[str, torch.Tensor], work: Path) -> float:
     os.sync()  # the deletion's and the previous writes' writeback stay out of the timing
     started = time.perf_counter()
     SAVERS[method](state, place)
-    return time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    check_saved(method, state, place)
+    return seconds
+
+
+def check_saved(method: str, state: dict[str, torch.Tensor], place: Path) -> None:
+    """The timed save wrote the whole state (and the directory saver committed it)."""
+    if method == "AtomicDirectory":
+        latest = AtomicDirectory(place).latest_checkpoint()
+        require(latest is not None, method, "committed no checkpoint")
+        assert latest is not None
+        place = Path(latest)
+    size = sum(t.numel() * t.element_size() for t in state.values())
+    written = exists(place / "model.pt", method).stat().st_size
+    require(written >= size, method, f"wrote {written} bytes of a {size}-byte state")
 
 
 def measure(size: int, repeats: int, work: Path) -> dict[str, list[float]]:

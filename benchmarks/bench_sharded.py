@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
+from _checks import require
 
 from cycler import AtomicDirectory, atomic_torch_save
 from cycler.checkpoint.dcp import default_stager
@@ -99,6 +100,8 @@ def stall(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
         handle.wait()
         committed = time.perf_counter() - started
         saver.wait()  # retention (its removal of an old checkpoint) is not part of the figure
+        require(saver.latest_checkpoint() is not None, "cycler async save",
+                "committed no checkpoint")
         runs["cycler_commit_above_write_ms"].append(1000 * (committed - writes[-1]))
         return returned - started, committed
 
