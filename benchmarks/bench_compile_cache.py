@@ -54,7 +54,10 @@ from _checks import (
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 SCRIPT = REPOSITORY / "examples" / "train.py"
-TRAIN = ("--compile", "--samples", "1024", "--checkpoint-every", "16", "--hidden", "64")
+# Steps of at least 0.05 s: the supervisor reads the workers' beacons twice a second, and a
+# run whose compiled steps all come between two readings records no first step of its own.
+TRAIN = ("--compile", "--samples", "1024", "--checkpoint-every", "16", "--hidden", "64",
+         "--step-delay", "0.05")
 KINDS = ("warm", "fresh_carried", "fresh_uncached")
 
 

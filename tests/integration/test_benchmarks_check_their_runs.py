@@ -16,7 +16,7 @@ import _checks  # noqa: E402
 import bench_compile_cache  # noqa: E402
 
 pytestmark = pytest.mark.benchmarks
-SMALL = ("--samples", "256", "--checkpoint-every", "4", "--hidden", "16")
+SMALL = ("--samples", "256", "--checkpoint-every", "4", "--hidden", "16", "--step-delay", "0.1")
 
 
 def test_a_restart_of_a_finished_job_is_never_timed_as_a_first_step(tmp_path: Path) -> None:
