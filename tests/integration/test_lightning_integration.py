@@ -42,7 +42,8 @@ def interrupted_runs_end_like_an_uninterrupted_one(tmp_path: Path, stop_steps: l
     assert codes == [75] * len(stop_steps) + [0]
     actual = torch.load(stopped / "final.pt", weights_only=True)
     assert_same_weights(expected, actual, f"after {codes} ({' '.join(config)})")
-    assert_replay_verified(stopped / "ck")
+    if kill:  # a stop replays nothing: its restart resumes where it stopped
+        assert_replay_verified(stopped / "ck")
     return stopped
 
 
