@@ -348,7 +348,7 @@ def test_an_unwritable_checkpoint_directory_exits_2(tmp_path: Path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     result = invoke("--checkpoint-dir", str(blocker / "ck"), str(script))
-    assert_usage_error(result, "cannot write to the checkpoint directory")
+    assert_usage_error(result, "cannot create the checkpoint root")
 
 
 def test_a_second_cycle_run_on_the_same_root_and_node_exits_2(tmp_path: Path):
