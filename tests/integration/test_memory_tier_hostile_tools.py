@@ -138,7 +138,7 @@ def test_a_fifo_a_group_member_put_as_a_record_never_blocks_run_or_status(
         users: tuple[User, User], shared: Path, record: str) -> None:
     vic, mal = users
     root = shared / f"team-ck-{record}"
-    assert as_user(vic, "mkdir", "-m", "2777", str(root)).returncode == 0
+    assert as_user(vic, "mkdir", "-m", "2770", str(root)).returncode == 0
     assert run_job(vic, shared, root, umask="002").returncode == 0
     path = root / ".cycler" / record
     done = as_user(mal, "sh", "-c", f"rm -f {path} && mkfifo {path}", groups=(vic.gid,))
@@ -169,7 +169,7 @@ def test_a_record_a_group_member_forged_never_makes_status_or_prune_touch_anothe
     other_tier = vic_memory_root(vic, shared, private_root)
     kept = sorted(p.name for p in other_tier.glob("AtomicDirectory_checkpoint_*"))
     assert len(kept) >= 2, kept
-    assert as_user(vic, "mkdir", "-m", "2777", str(team_root)).returncode == 0
+    assert as_user(vic, "mkdir", "-m", "2770", str(team_root)).returncode == 0
     assert run_job(vic, shared, team_root, umask="002").returncode == 0
     record = team_root / ".cycler" / "memory-tier.json"
     forged = f'{{"root": "{other_tier}", "host": "{os.uname().nodename}"}}'

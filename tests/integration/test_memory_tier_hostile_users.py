@@ -68,6 +68,8 @@ def cycle(user: User, *args: str, umask: str = "022", env: dict[str, str] | None
 def run_job(user: User, memory_dir: Path | None, root: Path, *more: str, umask: str = "022",
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     where = ["--memory-tier"] if memory_dir is None else ["--memory-dir", str(memory_dir)]
+    if umask == "002":  # a root the user shares with the own group on purpose: said so
+        where += ["--shared-root-group", user.name]
     return cycle(user, "run", *where, "--checkpoint-dir", str(root), "--grace", "30", *more,
                  str(user.home / "job.py"), umask=umask, env=env)
 
@@ -215,7 +217,7 @@ def test_a_job_id_a_group_member_replaced_is_refused_without_blocking(
         users: tuple[User, User], shared: Path, what: str) -> None:
     vic, mal = users
     root = shared / f"team-ck-{what}"  # a checkpoint root vic shares with mal's group
-    assert as_user(vic, "mkdir", "-m", "2777", str(root)).returncode == 0
+    assert as_user(vic, "mkdir", "-m", "2770", str(root)).returncode == 0
     assert run_job(vic, shared, root, umask="002").returncode == 0
     job_id = root / ".cycler" / "job-id"
     forged = shared / "mal-id"
