@@ -205,7 +205,9 @@ def run_worker(script: str, *arguments: str) -> NoReturn:
     # Python makes the script's path absolute (3.9 and newer) for __file__ and its frames, as
     # it is (no normalising): a script that changes directory still finds itself.
     path = os.path.join(os.getcwd(), script)
-    code = _compiled(path)
+    # A directory or a zip application with a __main__.py runs as python runs it: runpy's.
+    code = compile(f"import runpy\nrunpy.run_path({path!r}, run_name='__main__')\n",
+                   "<runpy>", "exec") if _is_application(path) else _compiled(path)
     probe: dict[str, Any] = {}
     exec(_DEPTH_PROBE, probe)  # from where the script's code runs, as deep as it will be
     _recursion_as_fresh(probe["reached"])
@@ -226,6 +228,13 @@ def run_worker(script: str, *arguments: str) -> NoReturn:
         _print_uncaught(error, path)
         _exit(1)
     _exit(0)
+
+
+def _is_application(path: str) -> bool:
+    """A directory, or a zip file (a zip application): not a source file to compile."""
+    import zipfile
+
+    return os.path.isdir(path) or (os.path.isfile(path) and zipfile.is_zipfile(path))
 
 
 def _compiled(path: str) -> Any:
