@@ -9,12 +9,13 @@ nothing. The helpers are small on purpose: a benchmark states what it claims in 
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NoReturn
+
+from cycler.protocol.events import read_events
 
 EXIT_BAD_RUN = 3
 """A timed run did not do the work its figure claims (the line on stderr names it)."""
@@ -79,19 +80,9 @@ def exited(process: subprocess.Popen[Any] | subprocess.CompletedProcess[Any], ru
 
 
 def events(root: Path, node: int = 0) -> list[dict[str, Any]]:
-    """The events log of ``cycle run`` on ``node`` under the checkpoint ``root`` ([] if none)."""
-    path = root / ".cycler" / f"events-node{node}.jsonl"
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    found = []
-    for line in lines:
-        try:
-            found.append(json.loads(line))
-        except ValueError:
-            continue  # a line cut by a kill: the others are whole
-    return found
+    """The events log of ``cycle run`` on ``node`` under the checkpoint ``root`` ([] if none),
+    read as ``cycle status`` reads it."""
+    return read_events(root / ".cycler" / f"events-node{node}.jsonl")
 
 
 def events_since(root: Path, started: float, kind: str, node: int = 0) -> list[dict[str, Any]]:
