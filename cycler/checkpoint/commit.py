@@ -32,6 +32,7 @@ from cycler.checkpoint.manifest import (
 )
 from cycler.checkpoint.nodes.node_commit import node_manifest
 from cycler.errors import CheckpointDirectoryError, CyclerError, RankFailed
+from cycler.protocol.node_local import note_commit
 from cycler.protocol.progress import beacon
 
 if TYPE_CHECKING:  # the supervisor persists through finalize() without importing torch
@@ -56,6 +57,7 @@ def finalize(layout: CheckpointLayout, name: CheckpointName, manifest: Manifest,
         link_forward(layout)
     else:  # a saver's own commit: indices only grow, so it is the newest
         _fs.atomic_symlink(directory, layout.link_path)
+    note_commit()
 
 
 def link_forward(layout: CheckpointLayout) -> None:
@@ -117,6 +119,7 @@ class CommitRounds:
 
         coordinator.decide(round_key, sealed_and_linked)
         beacon().progress()
+        note_commit()  # this node's supervisor reads the link now
         committed()
         return sum(r.size for r in records.values()) if coordinator.is_creator else None
 
@@ -173,6 +176,7 @@ class CommitRounds:
         if nodes.leader and not coordinator.is_creator:
             self._seal_node_and_link(directory, job, files)
         beacon().progress()
+        note_commit()  # this node's supervisor reads the link now
         committed()
         return sum(job.files[f].size for f in files) if nodes.leader else None
 

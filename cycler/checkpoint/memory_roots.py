@@ -69,6 +69,38 @@ def memory_base(memory_dir: str | os.PathLike[str] | None = None,
     return Path(os.path.abspath(memory_dir)) / f"cycler-{os.geteuid()}"
 
 
+RUNTIME_SUFFIX = "-run"
+"""The job runtime directories' base is the memory tier's base with this suffix: a sibling, so
+the memory tier's sweep never takes a runtime directory for a memory root."""
+_RUNTIME_FIX = "set XDG_RUNTIME_DIR to a private directory of yours, or give --memory-dir DIR"
+
+
+def runtime_dir(root: str | os.PathLike[str], node_rank: int,
+                memory_dir: str | os.PathLike[str] | None = None,
+                environ: Mapping[str, str] | None = None) -> Path:
+    """The private directory on this node of the job whose checkpoint root is ``root``, as node
+    ``node_rank`` (:mod:`cycler.protocol.node_local`): the same for every restart; two nodes
+    of one job on one host, or two jobs, differ."""
+    base = Path(f"{memory_base(memory_dir, environ)}{RUNTIME_SUFFIX}")
+    return base / f"{memory_root(base, root).name}-node{node_rank}"
+
+
+def prepare_runtime_dir(directory: Path) -> None:
+    """``cycle run``: make the runtime ``directory`` and its base private to the user (0700,
+    whatever the umask), in a parent no other user can swap them out of. Raises
+    :class:`CheckpointDirectoryError` (one line) where that cannot be."""
+    base = directory.parent
+    try:
+        make_parents_private(base.parent)
+    except OSError as error:
+        raise CheckpointDirectoryError(f"cannot create {base.parent} for the job's runtime "
+                                       f"directory ({error.strerror}); {_RUNTIME_FIX}"
+                                       ) from None
+    check_safe_parent(base.parent, "the runtime directory's parent", _RUNTIME_FIX)
+    make_private(base, "the runtime directories' base", _RUNTIME_FIX)
+    make_private(directory, "the job's runtime directory", _RUNTIME_FIX)
+
+
 def is_private(path: Path) -> bool:
     """Whether ``path`` is a private directory of the effective user (never raises)."""
     try:

@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from cycler._fs import atomic_write_bytes
-from cycler.protocol.environment import ENV_CONTROL_FILE
+from cycler.protocol.environment import ENV_CHECKPOINT_DIR, ENV_CONTROL_FILE, ENV_NODE_DIR
 from cycler.protocol.features import USES_CONTROL, announce
-from cycler.protocol.names import CONTROL_FILENAME, every_node
+from cycler.protocol.names import CONTROL_FILENAME, SUPERVISOR_DIRNAME, every_node
 
 CONTROL_VERSION = 1
 
@@ -110,13 +110,17 @@ def earliest_deadline(requests: list[ControlRequest]) -> float | None:
 
 def stop_requested_of_this_job(since: float = WORKER_STARTED_AT) -> bool:
     """Under ``cycle run``: whether a supervisor of this job (any node) asked for
-    ``checkpoint_and_exit`` since ``since``. Reads the control files beside
-    ``$CYCLER_CONTROL_FILE``."""
+    ``checkpoint_and_exit`` since ``since``. Reads ``$CYCLER_CONTROL_FILE``, the control files
+    beside it and, where it is on the node (``$CYCLER_NODE_DIR``), every node's copy in the
+    checkpoint root (called at commits, never at every step)."""
     control = os.environ.get(ENV_CONTROL_FILE)
     if not control:
         return False
-    paths = sorted(Path(control).parent.glob(every_node(CONTROL_FILENAME)))
-    return stop_requested_since(paths, since)
+    paths = {Path(control), *Path(control).parent.glob(every_node(CONTROL_FILENAME))}
+    root = os.environ.get(ENV_CHECKPOINT_DIR)
+    if root and os.environ.get(ENV_NODE_DIR):
+        paths.update((Path(root) / SUPERVISOR_DIRNAME).glob(every_node(CONTROL_FILENAME)))
+    return stop_requested_since(sorted(paths), since)
 
 
 class ControlFileWatcher:

@@ -29,6 +29,11 @@ reads the control file ignores them when they reach it directly."""
 ENV_PROGRESS_DIR = "CYCLER_PROGRESS_DIR"
 """Where this node's workers keep their progress beacons and stack dumps (``cycle run``)."""
 
+ENV_NODE_DIR = "CYCLER_NODE_DIR"
+"""The job's private directory on this node (``cycle run``): the control file the workers poll,
+their announcements, beacons and commit notes live there, off the shared checkpoint root
+(:mod:`cycler.protocol.node_local`)."""
+
 ENV_MEMORY_TIER = "CYCLER_MEMORY_TIER"
 """This job's memory root on this node (``cycle run --memory-tier``): savers commit every
 checkpoint there first and persist some to the checkpoint root. ``cycle run`` computes it once

@@ -38,6 +38,7 @@ from typing import IO
 from cycler._fs import pid_alive
 from cycler.protocol.clocks import process_age
 from cycler.protocol.environment import ENV_PROGRESS_DIR
+from cycler.protocol.node_local import refused_node_dir
 
 TRAINING, SAVING, PAUSED = 0, 1, 2
 """What a worker is doing, as its beacon says."""
@@ -188,7 +189,8 @@ def beacon() -> Beacon:
         directory, rank = os.environ.get(ENV_PROGRESS_DIR), os.environ.get("RANK")
         try:
             path = Path(directory or "") / f"rank-{int(rank or '')}{BEACON_SUFFIX}"
-            owned = directory and not _owned_by_another_live_process(path)
+            owned = (directory and not refused_node_dir()
+                     and not _owned_by_another_live_process(path))
             _beacon = Beacon(path) if owned else _NoBeacon()
         except (OSError, ValueError):
             _beacon = _NoBeacon()

@@ -33,7 +33,12 @@ from cycler._private import (
 )
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.checkpoint.listing import find_checkpoint, no_valid_checkpoint
-from cycler.checkpoint.memory_roots import is_private, prepare_memory_root, sweep_stale_roots
+from cycler.checkpoint.memory_roots import (
+    is_private,
+    prepare_memory_root,
+    prepare_runtime_dir,
+    sweep_stale_roots,
+)
 from cycler.checkpoint.tiers import overflowed
 from cycler.errors import CheckpointDirectoryError, ConfigError, CyclerError
 from cycler.protocol.environment import ENV_ISC_ARTIFACT_PATH, ENV_ISC_LOSSY_PATH
@@ -60,6 +65,7 @@ def checked_options(options: RunOptions, *, prepare_root: bool) -> RunOptions:
             check_port_free(port)
         prepare_checkpoint_root(options)
         prepare_memory_tier(options)
+        prepare_runtime_dir(options.runtime_dir)
         prepare_compile_cache(options)
     options = resume_from_for_this_run(options)
     check_resume_from(options)

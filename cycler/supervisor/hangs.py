@@ -43,6 +43,7 @@ import psutil
 from cycler._fs import atomic_write_bytes, pid_alive, read_json_object
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.protocol.features import USES_CONTROL, announced
+from cycler.protocol.node_local import NodeFiles
 from cycler.protocol.progress import (
     DUMP_SIGNAL,
     PAUSED,
@@ -153,6 +154,11 @@ class HangWatch:
         if not readings or any(r.counter == 0 for r in readings):
             return max(self.policy.first_step, step), "first-step allowance"
         return step, "step timeout"
+
+
+SAVE_LONGEST_SECONDS = 300.0
+"""While workers train, how often a changed longest step interval is saved at most (a restart's
+head start, saved at once when the workers are gone)."""
 
 
 def load_longest(path: Path) -> float | None:
@@ -316,19 +322,33 @@ class WorkerProgress:
     """This node's workers' beacons as the supervisor reads them: each start's first step (an
     event: what a start cost) and, with a ``policy``, hangs (their stacks dumped first)."""
 
-    def __init__(self, layout: CheckpointLayout, node_rank: int, policy: HangPolicy | None,
-                 record: Callable[..., None]) -> None:
+    def __init__(self, layout: CheckpointLayout, node_rank: int, node: NodeFiles,
+                 policy: HangPolicy | None, record: Callable[..., None]) -> None:
         self._layout, self._node_rank = layout, node_rank
-        self._directory = layout.progress_dir(node_rank)
+        self._directory, self._control = node.progress_dir, node.control_path
         self._record = record
-        self._hangs = None if policy is None else HangWatch(
-            policy, load_longest(layout.hang_record_path(node_rank)))
+        self._saved_longest = load_longest(layout.hang_record_path(node_rank))
+        self._saved_at = time.monotonic()
+        self._hangs = None if policy is None else HangWatch(policy, self._saved_longest)
         self._next_check = 0.0
         self.first_step_seen = False
+
+    def save_longest(self, now: float | None = None) -> None:
+        """Record the longest step interval learned, if it changed: at once without ``now``
+        (the workers are gone), else at most every :data:`SAVE_LONGEST_SECONDS` (it is in the
+        checkpoint root, where a restart on another host finds it)."""
+        longest = None if self._hangs is None else self._hangs.longest
+        if longest is None or longest == self._saved_longest:
+            return
+        if now is not None and now - self._saved_at < SAVE_LONGEST_SECONDS:
+            return
+        self._saved_longest, self._saved_at = longest, now or 0.0
+        save_longest(self._layout.hang_record_path(self._node_rank), longest)
 
     def new_start(self) -> None:
         """The workers are (re)started: the last ones' beacons and stacks must not count (how
         far they got is logged first: what a failure or a kill of the job lost)."""
+        self.save_longest()
         last = last_progress(read_beacons(self._directory))
         if last is not None:
             self._record("last_progress", **last)
@@ -359,12 +379,9 @@ class WorkerProgress:
 
     def _hang(self, watch: HangWatch, readings: list[Reading], now: float,
               wall: float) -> HangDetected | None:
-        longest = watch.longest
-        cadence = bool(readings) and USES_CONTROL in announced(self._layout.control_path(
-            self._node_rank))
+        cadence = bool(readings) and USES_CONTROL in announced(self._control)
         hang = watch.observe(readings, now, cadence)
-        if watch.longest is not None and watch.longest != longest:
-            save_longest(self._layout.hang_record_path(self._node_rank), watch.longest)
+        self.save_longest(now)
         if hang is None:
             return None
         dump = self._layout.hang_dump_dir(time.strftime("%Y%m%d-%H%M%S"))

@@ -38,11 +38,12 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.protocol.control import stop_requested_since
-from cycler.protocol.environment import ENV_CHECKPOINT_DIR
+from cycler.protocol.environment import ENV_CHECKPOINT_DIR, ENV_PROGRESS_DIR
 from cycler.protocol.events import EventLog, describe
 from cycler.protocol.names import WORKERS_FINISHED_FILENAME, every_node
 from cycler.protocol.progress import AFTER_THE_LOOP, read_beacons
@@ -102,7 +103,8 @@ class BudgetedRestarts:
         and another node's workers then finished (within :data:`FINISHED_PEER_WAIT`): the
         training is done, and a restart would wait in a rendezvous the finished nodes never
         join (their agents wait in torchrun's exit barrier)."""
-        readings = [r for r in read_beacons(self._layout.progress_dir(self._node_rank))
+        progress = os.environ.get(ENV_PROGRESS_DIR) or self._layout.progress_dir(self._node_rank)
+        readings = [r for r in read_beacons(Path(progress))
                     if r.pid in failed_pids]
         if not readings or any(r.name != AFTER_THE_LOOP for r in readings):
             return False

@@ -23,10 +23,16 @@ from pathlib import Path
 from typing import Any
 
 from cycler.checkpoint.layout import DEFAULT_PREFIX, CheckpointLayout
-from cycler.checkpoint.memory_roots import DEFAULT_MEMORY_DIR, memory_base, memory_root
+from cycler.checkpoint.memory_roots import (
+    DEFAULT_MEMORY_DIR,
+    memory_base,
+    memory_root,
+    runtime_dir,
+)
 from cycler.checkpoint.tiers import DEFAULT_PERSIST_EVERY
 from cycler.errors import ConfigError
 from cycler.protocol.environment import ENV_CHECKPOINT_DIR, ENV_ISC_ARTIFACT_PATH
+from cycler.protocol.node_local import NodeFiles
 from cycler.supervisor.config_file import read_config_file
 from cycler.supervisor.flags import NUMBER, config_types, option
 from cycler.supervisor.notices import NOTICE_MODES
@@ -204,6 +210,18 @@ class RunOptions:
         given = None if self.memory_tier == DEFAULT_MEMORY_DIR else self.memory_tier
         return CheckpointLayout(memory_root(memory_base(given), self.layout.root),
                                 self.checkpoint_name)
+
+    @functools.cached_property
+    def runtime_dir(self) -> Path:
+        """This job's private directory on this node: the files its ranks and supervisor
+        exchange while training (:mod:`cycler.protocol.node_local`)."""
+        given = None if self.memory_tier in (None, DEFAULT_MEMORY_DIR) else self.memory_tier
+        return runtime_dir(self.layout.root, self.node_rank, given)
+
+    @property
+    def node_files(self) -> NodeFiles:
+        """The control file the workers poll, their beacons and the commit note, on the node."""
+        return NodeFiles.in_directory(self.runtime_dir, self.node_rank)
 
     def __post_init__(self) -> None:
         self._normalise()

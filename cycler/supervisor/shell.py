@@ -37,6 +37,7 @@ from cycler.protocol.control import (
 from cycler.protocol.events import EventLog, describe, process_start
 from cycler.protocol.features import announced, clear_announcements
 from cycler.protocol.names import STDERR_LOG_FILENAME
+from cycler.protocol.node_local import commit_note
 from cycler.protocol.stop_signals import lower_shields, raise_shields
 from cycler.supervisor import core, notices
 from cycler.supervisor.cache_carrier import CompileCacheCarrier
@@ -68,7 +69,10 @@ from cycler.supervisor.torchrun import (
 log = logging.getLogger("cycler.supervisor")
 
 TICK_SECONDS = 0.1
-"""How often the loop looks for a new checkpoint when nothing else happens."""
+"""How often the loop wakes when nothing else happens."""
+LINK_LOOK_SECONDS = 5.0
+"""While training with no commit noted on this node: how often the supervisor still reads the
+checkpoint root's link (a commit the workers did not note, such as an older cycler's)."""
 VERDICT_MARGIN = 5.0
 """Seconds a failed torchrun waits for the peers' verdict beyond ``--node-timeout``."""
 STDERR_DRAIN_SECONDS = 2.0
@@ -148,6 +152,7 @@ class Supervisor:
         self.options = options
         self._slurm_reader = slurm_reader
         self.layout = options.layout
+        self._node = options.node_files
         self.events = EventLog(self.layout.events_path(options.node_rank), clock=clock)
         self._clock = clock
         self._starter = starter
@@ -162,6 +167,8 @@ class Supervisor:
         self._stop_deadline: float | None = None
         self._failure: str | None = None
         self._linked = self._links()
+        self._commit_note = commit_note(self._node)
+        self._next_link_look = 0.0
         self._started_at = clock()
         self._foreign = finder_for(os.getcwd(), options)  # the workers' cwd, while it exists
         self._cut_short = False
@@ -173,7 +180,8 @@ class Supervisor:
         policy = None if not options.hang_detection else HangPolicy(
             floor=options.hang_timeout_min, factor=options.hang_factor,
             first_step=options.hang_first_step, pause=options.hang_pause_timeout)
-        self._progress = WorkerProgress(self.layout, options.node_rank, policy, self._record)
+        self._progress = WorkerProgress(self.layout, options.node_rank, self._node, policy,
+                                        self._record)
         self._carrier = CompileCacheCarrier(options, self._record)
         nproc = options.nproc_per_node
         self._replays = ReplayWatch(
@@ -200,6 +208,7 @@ class Supervisor:
             outcome = self._loop(core.SupervisorCore(self._core_config()))
             self._reap()
             self._replays.finish(outcome.exit_code)
+            self._progress.save_longest()
             outcome = self._finish_memory_tier(outcome)
         if self.options.nnodes > 1:
             self._heartbeat.finish(outcome.exit_code)
@@ -215,7 +224,7 @@ class Supervisor:
         self._execute(decisions.start(self._clock()))
         while self._outcome is None:
             event = self._next_event(decisions.wake_at)
-            for committed in self._new_checkpoints():
+            for committed in self._new_checkpoints(event, decisions.phase):
                 self._carrier.checkpoint_committed()  # a thread, if due
                 self._replays.flush()
                 self._execute(decisions.handle(committed))
@@ -312,7 +321,7 @@ class Supervisor:
                 or self._progress.first_step_seen)
 
     def _announced(self) -> frozenset[str]:
-        return announced(self.layout.control_path(self.options.node_rank))
+        return announced(self._node.control_path)
 
     def _cut_torchrun_short(self, decisions: core.SupervisorCore) -> None:
         """End torchrun once the stop checkpoint is committed and every worker has exited.
@@ -336,7 +345,9 @@ class Supervisor:
         requeue = options.requeue and options.slurm_job_id is not None and options.node_rank == 0
         if options.requeue and options.slurm_job_id is None:
             log.warning("--requeue has no effect: SLURM_JOB_ID is not set")
-        previous = read_control(self.layout.control_path(options.node_rank))
+        sequences = [request.sequence for path in (self.layout.control_path(options.node_rank),
+                                                   self._node.control_path)
+                     if (request := read_control(path)) is not None]
         return core.CoreConfig(
             grace=options.grace, stop_signals=frozenset((*options.signals, notices.NOTICE)),
             max_restarts=options.max_restarts, restart_delay=options.restart_delay,
@@ -344,7 +355,7 @@ class Supervisor:
             max_requeues=options.max_requeues, resume_from=options.resume_from,
             initial_checkpoint=max((i for t in self._tiers()
                                     if (i := newest_valid_index(t)) is not None), default=None),
-            first_sequence=0 if previous is None else previous.sequence + 1,
+            first_sequence=max(sequences, default=-1) + 1,
             restarts_by_torchrun=restarts_by_torchrun(options),
             # The verdict needs node_timeout of silence after the lost node's last beat, read
             # once a second, while torchrun fails on the lost store at once: a margin.
@@ -361,9 +372,17 @@ class Supervisor:
         except queue.Empty:
             return core.Tick(self._clock())
 
-    def _new_checkpoints(self) -> Iterator[core.CheckpointCommitted]:
+    def _new_checkpoints(self, event: core.Event, phase: core.Phase,
+                         ) -> Iterator[core.CheckpointCommitted]:
         """The newest checkpoint committed since the last look, in either tier: a readlink
-        per tier each tick, the manifest read only when a link moved."""
+        per tier when the workers noted a commit on this node, at any event but a tick, at
+        every tick of a stop and otherwise every :data:`LINK_LOOK_SECONDS`; the manifest
+        read only when a link moved."""
+        note, now = commit_note(self._node), time.monotonic()
+        if (note == self._commit_note and isinstance(event, core.Tick)
+                and phase is core.Phase.RUNNING and now < self._next_link_look):
+            return
+        self._commit_note, self._next_link_look = note, now + LINK_LOOK_SECONDS
         linked = self._links()
         if linked == self._linked:
             return
@@ -414,8 +433,8 @@ class Supervisor:
     def _start(self, action: core.StartWorkers) -> None:
         if self._tree is not None:
             self._tree.reap()
-        clear_announcements(self.layout.control_path(self.options.node_rank))
-        raise_shields(self.layout.control_path(self.options.node_rank))
+        clear_announcements(self._node.control_path)
+        raise_shields(self._node.control_path)
         self._progress.new_start()
         self._replays.new_start()
         if action.resume_from is not None:
@@ -456,7 +475,7 @@ class Supervisor:
     def _signal_workers(self, action: core.SignalWorkers) -> None:
         if self._tree is not None:
             if action.through_shield:
-                lower_shields(self.layout.control_path(self.options.node_rank))
+                lower_shields(self._node.control_path)
             pids = self._tree.signal_workers(action.signal)
             self._record("signal_forwarded", signal=action.signal.name, workers=pids)
 
@@ -486,15 +505,22 @@ class Supervisor:
         log.log(logging.WARNING if warning else logging.INFO, "%s", describe(event, fields))
 
     def _write_control(self, request: Any) -> None:
-        """Write the control file; when it cannot be written (a full root), the workers can
-        only be told by a signal: the stop goes on as for a plain script, and the end says
-        where the newest state is, instead of the supervisor dying with the request unsent."""
+        """Write the control file the workers poll, on the node, then its copy in the root
+        (for the other nodes and ``cycle status``). When the workers' cannot be written (a
+        full tmpfs), they can only be told by a signal: the stop goes on as for a plain
+        script, and the end says where the newest state is, instead of the supervisor dying
+        with the request unsent."""
         try:
-            write_control(self.layout.control_path(self.options.node_rank), request)
+            write_control(self._node.control_path, request)
         except OSError as error:
             self._record("control_unwritable", warning=True, error=str(error))
             if request.action is not Action.RUN:
                 self._signal_tree(signal.SIGTERM)
+        try:
+            write_control(self.layout.control_path(self.options.node_rank), request)
+        except OSError as error:
+            self._record("control_unwritable", warning=True, error=str(error),
+                         path=str(self.layout.control_path(self.options.node_rank)))
 
     # -- context ----------------------------------------------------------------------------
 

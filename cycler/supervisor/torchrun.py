@@ -28,6 +28,7 @@ from cycler.protocol.environment import (
     ENV_ISC_ARTIFACT_PATH,
     ENV_ISC_LOSSY_PATH,
     ENV_MEMORY_TIER,
+    ENV_NODE_DIR,
     ENV_PERSIST_EVERY,
     ENV_PROGRESS_DIR,
     ENV_RESTART_COUNT,
@@ -220,12 +221,13 @@ def worker_environment(options: RunOptions, *, start_number: int, resume_from: s
                        environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables ``cycle run`` adds for one start (``start_number``: earlier local starts)
     to ``environ`` (default: this process's environment)."""
-    layout = options.layout
+    layout, node = options.layout, options.node_files
     environment = {
-        ENV_CONTROL_FILE: str(layout.control_path(options.node_rank)),
+        ENV_CONTROL_FILE: str(node.control_path),
         ENV_CHECKPOINT_DIR: str(layout.root),
         ENV_CHECKPOINT_NAME: options.checkpoint_name,
-        ENV_PROGRESS_DIR: str(layout.progress_dir(options.node_rank)),
+        ENV_NODE_DIR: str(options.runtime_dir),
+        ENV_PROGRESS_DIR: str(node.progress_dir),
         ENV_RESTART_COUNT: str(options.requeue_count + start_number),
         ENV_STOP_SIGNALS: ",".join(options.signals),
         **isc_environment(options, os.environ if environ is None else environ),

@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 from cycler.errors import ConfigError
+from cycler.protocol.environment import ENV_NODE_DIR, default_checkpoint_root
 from cycler.protocol.events import EventLog, describe, read_events
 from cycler.protocol.goodput import Goodput, goodput
-from cycler.protocol.names import CONTROL_FILENAME, EVENTS_FILENAME
+from cycler.protocol.names import CONTROL_FILENAME, EVENTS_FILENAME, SUPERVISOR_DIRNAME
 
 DEFAULT_MTBF = 4 * 3600.0
 """The prior mean time between failures (seconds) before the job has seen any: 4 hours, in the
@@ -171,14 +172,22 @@ def _read_history(events: Path | None) -> FailureHistory:
         return FailureHistory()
 
 
-def events_beside(control_file: Path | None) -> Path | None:
-    """This node's events log, beside its control file (``None`` without ``cycle run``)."""
+def events_beside(control_file: Path | None,
+                  environ: Mapping[str, str] | None = None) -> Path | None:
+    """This node's events log, beside its control file; in the checkpoint root's ``.cycler/``
+    where the control file is in the job's runtime directory on the node (``cycle run``'s
+    ``$CYCLER_NODE_DIR``). ``None`` without ``cycle run``."""
     if control_file is None:
         return None
     prefix, suffix = CONTROL_FILENAME.split("{node}")
     found = re.fullmatch(re.escape(prefix) + r"([0-9]+)" + re.escape(suffix), control_file.name)
-    return None if found is None else control_file.with_name(
-        EVENTS_FILENAME.format(node=found.group(1)))
+    if found is None:
+        return None
+    name = EVENTS_FILENAME.format(node=found.group(1))
+    env = os.environ if environ is None else environ
+    if env.get(ENV_NODE_DIR) and control_file.parent == Path(env[ENV_NODE_DIR]):
+        return default_checkpoint_root(env) / SUPERVISOR_DIRNAME / name
+    return control_file.with_name(name)
 
 
 class IntervalChooser:

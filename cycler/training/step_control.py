@@ -57,6 +57,7 @@ from cycler.checkpoint.in_flight import stop_decided, wait_for_saves
 from cycler.errors import ConfigError, CyclerError, StateMismatch
 from cycler.protocol.control import Action, ControlFileWatcher, ControlRequest
 from cycler.protocol.environment import ENV_CONTROL_FILE, under_verify, verify_wants_checkpoint
+from cycler.protocol.node_local import refused_node_dir
 from cycler.protocol.progress import AFTER_THE_LOOP, PAUSED, beacon
 from cycler.protocol.stop_signals import shield_from_stray_signals
 from cycler.training.auto_interval import (
@@ -159,7 +160,8 @@ def _resolve_control_file(
 ) -> Path | None:
     if control_file is FROM_ENVIRONMENT:
         path = (os.environ if environ is None else environ).get(ENV_CONTROL_FILE)
-        return Path(path) if path else None
+        # A runtime directory that is not the user's own holds no request of cycle run's.
+        return Path(path) if path and not refused_node_dir(environ) else None
     return None if control_file is None else Path(control_file)
 
 
@@ -230,7 +232,7 @@ class StepControl:
         """The auto interval every rank uses now (steps), once rank 0 chose one."""
         self._chooser = None if self._auto is None or (
             self._group is not None and dist.get_rank(self._group) != 0) else IntervalChooser(
-            self._auto, events_beside(self.control_file), clock(), environ)
+            self._auto, events_beside(self.control_file, environ), clock(), environ)
         self._start = None if self._group is None else starter(self._group)
         self.exchange_timeout = exchange_timeout
         self._exchanges = 0

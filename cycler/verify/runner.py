@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import IO
 
 from cycler._fs import pid_alive
-from cycler.checkpoint.layout import CheckpointLayout
+from cycler.checkpoint.memory_roots import runtime_dir
 from cycler.errors import ConfigError, CyclerError
 from cycler.protocol.environment import ENV_VERIFY
 from cycler.protocol.exit_codes import EXIT_REQUEUE, EXIT_SUCCESS, EXIT_USAGE
+from cycler.protocol.node_local import NodeFiles
 from cycler.protocol.progress import Reading, read_beacons
 from cycler.verify.capture import Capture
 from cycler.verify.plan import KILL, Interruption
@@ -170,7 +171,7 @@ class Runner:
 
     def _watch(self, process: subprocess.Popen[bytes], record: RunRecord,
                pending: list[Interruption], count_delay: float) -> int:
-        capture, beacons = record.capture, CheckpointLayout(record.capture.root).progress_dir()
+        capture, beacons = record.capture, self._beacons(record.capture.root)
         stopping, shown, began = False, 0.0, time.monotonic()
         stop_sent = began
         first_seen: dict[int, int] | None = {}  # pid -> its first step; None once one stepped
@@ -197,6 +198,13 @@ class Runner:
         if stopping and record.resumes:
             record.resumes[-1] = _resumed_from(record.resumes[-1], capture)
         return code
+
+    def _beacons(self, root: Path) -> Path:
+        """Where the workers of ``cycle run`` on ``root`` keep their beacons (node 0's
+        runtime directory, in the ``--memory-dir`` the user's options name, if any)."""
+        memory_dir = _option_value(self.run_args, "--memory-dir")
+        directory = runtime_dir(root, 0, memory_dir, self.environ)
+        return NodeFiles.in_directory(directory, 0).progress_dir
 
     def _interrupt(self, process: subprocess.Popen[bytes], record: RunRecord,
                    planned: Interruption, readings: list[Reading]) -> bool:
@@ -248,3 +256,13 @@ def _abort(process: subprocess.Popen[bytes]) -> None:
 def _last_line(log: Path) -> str:
     lines = log.read_text(errors="replace").strip().splitlines()
     return lines[-1].removeprefix("cycle: error: ") if lines else "(no output)"
+
+
+def _option_value(arguments: Sequence[str], name: str) -> str | None:
+    """The value of option ``name`` (``--name VALUE`` or ``--name=VALUE``) in ``arguments``."""
+    for index, argument in enumerate(arguments):
+        if argument == name and index + 1 < len(arguments):
+            return arguments[index + 1]
+        if argument.startswith(f"{name}="):
+            return argument.split("=", 1)[1]
+    return None

@@ -283,7 +283,11 @@ def test_dry_run_prints_the_torchrun_command_and_the_added_environment(tmp_path:
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert f"CYCLER_CHECKPOINT_DIR={tmp_path / 'c'}" in lines
-    assert f"CYCLER_CONTROL_FILE={tmp_path / 'c' / '.cycler' / 'control-node0.json'}" in lines
+    # The control request the ranks poll is on the node, in the job's own directory there.
+    environment = dict(line.split("=", 1) for line in lines if line.startswith("CYCLER_"))
+    node_dir = Path(environment["CYCLER_NODE_DIR"])
+    assert environment["CYCLER_CONTROL_FILE"] == str(node_dir / "control-node0.json")
+    assert tmp_path not in node_dir.parents
     assert "CYCLER_RESTART_COUNT=0" in lines
     command = lines[-1]
     assert (" -m cycler.supervisor.launcher --cycle-fork=1 --nproc-per-node 2 --nnodes 1 "

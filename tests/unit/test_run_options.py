@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,8 @@ from cycler.errors import ConfigError
 from cycler.protocol.environment import (
     ENV_CHECKPOINT_DIR,
     ENV_CONTROL_FILE,
+    ENV_NODE_DIR,
+    ENV_PROGRESS_DIR,
     ENV_RESTART_COUNT,
     ENV_RESUME_FROM,
 )
@@ -240,13 +243,19 @@ def test_with_several_nodes_torchrun_restarts_and_the_launcher_carries_cycles_bu
     assert int(command[command.index("--max-restarts") + 1]) >= 1000, "the budget decides"
 
 
-def test_workers_get_the_control_file_an_absolute_root_and_the_restart_count(tmp_path: Path):
+def test_workers_get_the_control_file_on_the_node_an_absolute_root_and_the_restart_count(
+        tmp_path: Path):
     options = RunOptions(script=Path("t.py"), checkpoint_dir=Path("rel/ck"), node_rank=1,
-                         nnodes=2, master_addr="h", requeue_count=3, grace=45.5)
+                         nnodes=2, master_addr="h", requeue_count=3, grace=45.5,
+                         memory_tier=tmp_path / "shm")
     environment = worker_environment(options, start_number=2, resume_from=None)
     root = Path.cwd() / "rel" / "ck"
     assert environment[ENV_CHECKPOINT_DIR] == str(root)
-    assert environment[ENV_CONTROL_FILE] == str(root / ".cycler" / "control-node1.json")
+    node = Path(environment[ENV_NODE_DIR])
+    assert node.parent == tmp_path / "shm" / f"cycler-{os.geteuid()}-run", "beside the tier's"
+    assert node.name.startswith("ck-") and node.name.endswith("-node1")
+    assert environment[ENV_CONTROL_FILE] == str(node / "control-node1.json")
+    assert environment[ENV_PROGRESS_DIR] == str(node / "progress-node1")
     assert environment[ENV_RESTART_COUNT] == "5", "requeues (3) plus local starts before (2)"
     assert ENV_RESUME_FROM not in environment
     assert int(environment["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) > 45.5
