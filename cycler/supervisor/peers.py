@@ -26,6 +26,7 @@ must share).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -34,6 +35,10 @@ from dataclasses import dataclass, field
 from cycler._fs import atomic_write_bytes, read_json_object
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.protocol.exit_codes import EXIT_REQUEUE, EXIT_SUCCESS
+from cycler.supervisor.store_link import StoreLink
+
+VERDICT_NODE = -1
+"""Where :meth:`StoreLink.records` puts node 0's verdict on the other nodes."""
 
 BEAT_SECONDS = 1.0
 """How often a supervisor shows it is alive."""
@@ -45,11 +50,15 @@ default rendezvous join timeout)."""
 
 
 class Heartbeat:
-    """This node's record: beats while the supervisor runs, its exit code when it ends."""
+    """This node's record: beats while the supervisor runs, its exit code when it ends. With
+    a ``link`` to the job's store, the beats go there while it is reached; the file is written
+    at the other beats (before the store is reached: torch's import may take seconds) and at
+    the end (what the other nodes read where the store is gone)."""
 
     def __init__(self, layout: CheckpointLayout, node_rank: int,
-                 run: str | None = None) -> None:
+                 run: str | None = None, link: StoreLink | None = None) -> None:
         self._path = layout.heartbeat_path(node_rank)
+        self._link = link
         self._record: dict[str, object] = {"node": node_rank, "host": socket.gethostname(),
                                            "pid": os.getpid(), "exit_code": None, "run": run}
         self._beat = 0
@@ -60,19 +69,26 @@ class Heartbeat:
         if self._last is not None and now - self._last < BEAT_SECONDS:
             return
         self._last = now
-        self._write()
+        if self._link is not None and self._link.connected:
+            self._beat += 1
+            self._link.publish({**self._record, "beat": self._beat})
+        else:
+            self._write()
 
     def finish(self, exit_code: int) -> None:
         """Say how this supervisor ended: the others stop waiting for a failed node."""
         self._record["exit_code"] = exit_code
-        self._write()
+        record = self._write()
+        if self._link is not None:
+            self._link.send_now(record)
 
-    def _write(self) -> None:
+    def _write(self) -> dict[str, object]:
         self._beat += 1
         record = {**self._record, "beat": self._beat}
         # Not durable: a heartbeat that a crash loses only means the node looks silent.
         with contextlib.suppress(OSError):
             atomic_write_bytes(self._path, json.dumps(record).encode(), durable=False)
+        return record
 
 
 @dataclass
@@ -80,6 +96,8 @@ class _Seen:
     beat: object
     changed_at: float
     alive: bool = False
+    writer: object = None
+    """Which supervisor wrote the beat seen (host and pid): beats count up per writer."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +121,9 @@ class PeerWatch:
     run: str | None = None
     """This run's token, shared by every node of it (``None``: no token to go by)."""
     start_timeout: float = START_TIMEOUT
+    link: StoreLink | None = None
+    """The job's store (:mod:`.store_link`): node 0 reads every node's record there, the others
+    node 0's and its verdict; the files are read only where it cannot be reached."""
     _seen: dict[int, _Seen] = field(default_factory=dict)
     _checked_at: float | None = None
     _started_at: float | None = None
@@ -120,12 +141,22 @@ class PeerWatch:
             self._stepping_since = now
         if self._checked_at is not None and now - self._checked_at < CHECK_SECONDS:
             return None
-        self._checked_at = now
-        for node in range(self.nnodes):
-            if node != self.node_rank:
-                loss = self._check(node, now) or self._never_heard(node, now)
-                if loss is not None:
-                    return loss
+        first, self._checked_at = self._checked_at is None, now
+        # The first look reads the files: a node of this run that failed before this one
+        # started is found at once.
+        records = None if self.link is None or first else self.link.records()
+        verdict = {} if records is None else records.get(VERDICT_NODE, {})
+        if isinstance(verdict.get("node"), int):
+            return Loss(verdict["node"], str(verdict.get("why")), bool(verdict.get("failed")))
+        for node in self._watched():
+            record = {} if records is None else records.get(node, {})
+            if "beat" not in record:  # not in the store (yet, or any more): its file
+                record = read_json_object(self.layout.heartbeat_path(node))
+            loss = self._check(node, record, now) or self._never_heard(node, now)
+            if loss is not None:
+                if self.link is not None and self.node_rank == 0:
+                    self.link.say_lost(dataclasses.asdict(loss))
+                return loss
         return None
 
     def requeued(self) -> Loss | None:
@@ -136,6 +167,13 @@ class PeerWatch:
             return None
         return Loss(node, "ended the job with exit 75 while this node was not heard from",
                     failed=False)
+
+    def _watched(self) -> list[int]:
+        """Node 0 (or any node without a store) watches every other node; with a store, the
+        others watch node 0 and read its verdict on the rest."""
+        if self.link is None or self.node_rank == 0:
+            return [node for node in range(self.nnodes) if node != self.node_rank]
+        return [0]
 
     def waiting(self, now: float) -> list[int]:
         """Nodes still unheard ``timeout`` after the start, each returned once."""
@@ -161,16 +199,17 @@ class PeerWatch:
                               f"checkpoint root {root}?)", failed=True)
         return None
 
-    def _check(self, node: int, now: float) -> Loss | None:
-        record = read_json_object(self.layout.heartbeat_path(node))
+    def _check(self, node: int, record: dict[str, object], now: float) -> Loss | None:
         beat = record.get("beat")
         seen = self._seen.get(node)
         ours = self.run is not None and record.get("run") == self.run
+        writer = (record.get("host"), record.get("pid"))
         if seen is None:
-            seen = self._seen[node] = _Seen(beat, now, alive=ours)
+            seen = self._seen[node] = _Seen(beat, now, alive=ours, writer=writer)
             return _failed(node, record) if ours else None
-        if beat != seen.beat:
-            seen.beat, seen.changed_at, seen.alive = beat, now, True
+        older = writer == seen.writer and _older(beat, seen.beat)
+        if beat != seen.beat and not older:
+            seen.beat, seen.changed_at, seen.alive, seen.writer = beat, now, True, writer
             if record.get("exit_code") is not None:
                 self._ended[node] = record.get("exit_code")
             return _failed(node, record)
@@ -179,6 +218,12 @@ class PeerWatch:
                               f"{now - seen.changed_at:.0f} s (--node-timeout {self.timeout:g})",
                         failed=False)
         return None
+
+
+def _older(beat: object, seen: object) -> bool:
+    """Whether ``beat`` is older than the one seen of the same supervisor (the file it wrote
+    before it reached the store, read after the store went away): no sign of life."""
+    return isinstance(beat, int) and isinstance(seen, int) and beat < seen
 
 
 def _failed(node: int, record: dict[str, object]) -> Loss | None:

@@ -36,7 +36,7 @@ from cycler.protocol.control import (
 )
 from cycler.protocol.events import EventLog, describe, process_start
 from cycler.protocol.features import announced, clear_announcements
-from cycler.protocol.names import STDERR_LOG_FILENAME
+from cycler.protocol.names import LIVENESS_STORE_FILENAME, STDERR_LOG_FILENAME
 from cycler.protocol.node_local import commit_note
 from cycler.protocol.stop_signals import lower_shields, raise_shields
 from cycler.supervisor import core, notices
@@ -47,7 +47,7 @@ from cycler.supervisor.failure_kinds import classify
 from cycler.supervisor.foreign import finder_for, requeue_on_foreign_checkpoint
 from cycler.supervisor.hangs import HangPolicy, WorkerProgress
 from cycler.supervisor.options import RunOptions
-from cycler.supervisor.peers import Heartbeat, PeerWatch
+from cycler.supervisor.peers import BEAT_SECONDS, Heartbeat, PeerWatch
 from cycler.supervisor.processes import Watchdog, WorkerTree, become_subreaper, start_torchrun
 from cycler.supervisor.replay_watch import ReplayWatch, fingerprint_dir
 from cycler.supervisor.slurm import (
@@ -58,6 +58,7 @@ from cycler.supervisor.slurm import (
     read_job,
     requeue_job,
 )
+from cycler.supervisor.store_link import StoreLink
 from cycler.supervisor.tier_end import TierEnd, sigint_came
 from cycler.supervisor.torchrun import (
     LaunchPlan,
@@ -117,6 +118,16 @@ def run_token(options: RunOptions) -> str | None:
     return None if options.rdzv_id is None else f"rdzv-{options.rdzv_id}"
 
 
+def store_host(options: RunOptions) -> str:
+    """Node 0's address as the other nodes reach it: the job's liveness store is there."""
+    if options.master_addr:
+        return options.master_addr
+    if options.rdzv_endpoint:
+        host = options.rdzv_endpoint.rsplit(":", 1)[0]
+        return host.strip("[]") or "127.0.0.1"
+    return "127.0.0.1"
+
+
 def stop_requested_elsewhere(layout: CheckpointLayout, node_rank: int, since: float) -> bool:
     """Whether another node's supervisor asked for ``checkpoint_and_exit`` at or after ``since``.
 
@@ -173,10 +184,13 @@ class Supervisor:
         self._foreign = finder_for(os.getcwd(), options)  # the workers' cwd, while it exists
         self._cut_short = False
         run = run_token(options)
-        self._heartbeat = Heartbeat(self.layout, options.node_rank, run)
+        self._link = None if options.nnodes == 1 else StoreLink(
+            self.layout.supervisor_dir / LIVENESS_STORE_FILENAME, options.node_rank,
+            options.nnodes, store_host(options), period=BEAT_SECONDS)
+        self._heartbeat = Heartbeat(self.layout, options.node_rank, run, self._link)
         self._peers = PeerWatch(self.layout, options.node_rank, options.nnodes,
                                 timeout=options.node_timeout, run=run,
-                                start_timeout=options.start_timeout)
+                                start_timeout=options.start_timeout, link=self._link)
         policy = None if not options.hang_detection else HangPolicy(
             floor=options.hang_timeout_min, factor=options.hang_factor,
             first_step=options.hang_first_step, pause=options.hang_pause_timeout)
@@ -212,6 +226,8 @@ class Supervisor:
             outcome = self._finish_memory_tier(outcome)
         if self.options.nnodes > 1:
             self._heartbeat.finish(outcome.exit_code)
+        if self._link is not None:
+            self._link.close()
         self._record("ended", code=outcome.exit_code)  # the run's last moment cycle can see
         return outcome
 

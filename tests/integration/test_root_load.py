@@ -55,12 +55,12 @@ def test_a_node_that_only_trains_touches_the_checkpoint_root_at_most_once_a_seco
         steps_before = _steps(progress)
         calls = _traced(tmp_path / "trace", [job.pid, *(p.pid for p in job_tree(job))], root)
         steps = _steps(progress) - steps_before
+        worker_threads = {t.id for w in workers for t in _threads(w)}
     finally:
         with contextlib.suppress(ProcessLookupError):
             job.send_signal(signal.SIGINT)
             job.send_signal(signal.SIGINT)
         job.wait(60)
-    worker_threads = {t.id for w in workers for t in _threads(w)}
     by_workers = [call for tid, call in calls if tid in worker_threads]
     assert steps > 10, f"the ranks made only {steps} steps while traced"
     assert by_workers == [], (f"the ranks touched the checkpoint root {len(by_workers)} times "
