@@ -43,7 +43,12 @@ VERDICT_NODE = -1
 BEAT_SECONDS = 1.0
 """How often a supervisor shows it is alive."""
 CHECK_SECONDS = 1.0
-"""How often a supervisor reads the other nodes' records."""
+"""How often a supervisor reads the other nodes' records (their files; what the store's link
+read last is looked at every time)."""
+FILE_BEAT_SECONDS = 10.0
+"""While the store is reached, how often a supervisor still beats in its file (the
+supervisor passes a third of ``--node-timeout``): what the other nodes go by where the store
+fails them."""
 START_TIMEOUT = 600.0
 """Seconds a node may stay unheard from the start before the job gives it up (torchrun's own
 default rendezvous join timeout)."""
@@ -56,9 +61,11 @@ class Heartbeat:
     the end (what the other nodes read where the store is gone)."""
 
     def __init__(self, layout: CheckpointLayout, node_rank: int,
-                 run: str | None = None, link: StoreLink | None = None) -> None:
+                 run: str | None = None, link: StoreLink | None = None,
+                 file_every: float = FILE_BEAT_SECONDS) -> None:
         self._path = layout.heartbeat_path(node_rank)
-        self._link = link
+        self._link, self._file_every = link, file_every
+        self._written: float | None = None
         self._record: dict[str, object] = {"node": node_rank, "host": socket.gethostname(),
                                            "pid": os.getpid(), "exit_code": None, "run": run}
         self._beat = 0
@@ -69,11 +76,15 @@ class Heartbeat:
         if self._last is not None and now - self._last < BEAT_SECONDS:
             return
         self._last = now
-        if self._link is not None and self._link.connected:
+        stored = self._link is not None and self._link.connected
+        if stored and self._written is not None and now - self._written < self._file_every:
             self._beat += 1
-            self._link.publish({**self._record, "beat": self._beat})
-        else:
-            self._write()
+            self._link.publish({**self._record, "beat": self._beat})  # type: ignore[union-attr]
+            return
+        self._written = now  # also while the store is reached, now and then: what a node 0
+        record = self._write()  # that cannot read its own store (overloaded) goes by
+        if stored:
+            self._link.publish(record)  # type: ignore[union-attr]
 
     def finish(self, exit_code: int) -> None:
         """Say how this supervisor ended: the others stop waiting for a failed node."""
@@ -139,9 +150,12 @@ class PeerWatch:
             self._started_at = now
         if stepping and self._stepping_since is None:
             self._stepping_since = now
-        if self._checked_at is not None and now - self._checked_at < CHECK_SECONDS:
+        first = self._checked_at is None
+        files_due = first or now - (self._checked_at or 0.0) >= CHECK_SECONDS
+        if not files_due and (self.link is None or not self.link.connected):
             return None
-        first, self._checked_at = self._checked_at is None, now
+        if files_due:
+            self._checked_at = now
         # The first look reads the files: a node of this run that failed before this one
         # started is found at once.
         records = None if self.link is None or first else self.link.records()
@@ -151,6 +165,8 @@ class PeerWatch:
         for node in self._watched():
             record = {} if records is None else records.get(node, {})
             if "beat" not in record:  # not in the store (yet, or any more): its file
+                if not files_due:
+                    continue
                 record = read_json_object(self.layout.heartbeat_path(node))
             loss = self._check(node, record, now) or self._never_heard(node, now)
             if loss is not None:

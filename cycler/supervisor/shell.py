@@ -47,7 +47,7 @@ from cycler.supervisor.failure_kinds import classify
 from cycler.supervisor.foreign import finder_for, requeue_on_foreign_checkpoint
 from cycler.supervisor.hangs import HangPolicy, WorkerProgress
 from cycler.supervisor.options import RunOptions
-from cycler.supervisor.peers import BEAT_SECONDS, Heartbeat, PeerWatch
+from cycler.supervisor.peers import Heartbeat, PeerWatch
 from cycler.supervisor.processes import Watchdog, WorkerTree, become_subreaper, start_torchrun
 from cycler.supervisor.replay_watch import ReplayWatch, fingerprint_dir
 from cycler.supervisor.slurm import (
@@ -58,7 +58,7 @@ from cycler.supervisor.slurm import (
     read_job,
     requeue_job,
 )
-from cycler.supervisor.store_link import StoreLink
+from cycler.supervisor.store_link import LINK_SECONDS, StoreLink
 from cycler.supervisor.tier_end import TierEnd, sigint_came
 from cycler.supervisor.torchrun import (
     LaunchPlan,
@@ -186,8 +186,9 @@ class Supervisor:
         run = run_token(options)
         self._link = None if options.nnodes == 1 else StoreLink(
             self.layout.supervisor_dir / LIVENESS_STORE_FILENAME, options.node_rank,
-            options.nnodes, store_host(options), period=BEAT_SECONDS)
-        self._heartbeat = Heartbeat(self.layout, options.node_rank, run, self._link)
+            options.nnodes, store_host(options), period=LINK_SECONDS)
+        self._heartbeat = Heartbeat(self.layout, options.node_rank, run, self._link,
+                                    file_every=options.node_timeout / 3)
         self._peers = PeerWatch(self.layout, options.node_rank, options.nnodes,
                                 timeout=options.node_timeout, run=run,
                                 start_timeout=options.start_timeout, link=self._link)

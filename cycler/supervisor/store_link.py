@@ -35,6 +35,8 @@ from cycler._fs import atomic_write_bytes, read_json_object
 
 log = logging.getLogger(__name__)
 
+LINK_SECONDS = 0.5
+"""How often the link beats and reads: what it read is at most this old."""
 STORE_TIMEOUT_SECONDS = 2.0
 """How long one call to the store may take before the store counts as unreachable."""
 VERDICT = "lost"

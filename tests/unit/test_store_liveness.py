@@ -109,20 +109,22 @@ def test_a_restarted_supervisor_counting_from_1_again_is_alive(tmp_path: Path) -
     assert peers.waiting(9.0) == [], "node 1 of this run was heard"
 
 
-def test_a_node_beats_in_its_file_until_it_reaches_the_store_then_only_there(
+def test_a_node_beats_in_its_file_until_it_reaches_the_store_then_there_and_seldom_in_it(
         tmp_path: Path) -> None:
     layout = CheckpointLayout(tmp_path)
     layout.supervisor_dir.mkdir()
     link = FakeLink()
-    heartbeat = Heartbeat(layout, 1, None, link)  # type: ignore[arg-type]
+    heartbeat = Heartbeat(layout, 1, None, link, file_every=10.0)  # type: ignore[arg-type]
     heartbeat.beat(0.0)
     heartbeat.beat(1.0)
     assert json.loads(layout.heartbeat_path(1).read_text())["beat"] == 2
     link.read = {}
     heartbeat.beat(2.0)
     heartbeat.beat(3.0)
-    assert json.loads(layout.heartbeat_path(1).read_text())["beat"] == 2, "no more files"
+    assert json.loads(layout.heartbeat_path(1).read_text())["beat"] == 2, "no file each second"
     assert [record["beat"] for record in link.published] == [3, 4]
+    heartbeat.beat(11.5)
+    assert json.loads(layout.heartbeat_path(1).read_text())["beat"] == 5, "now and then"
     heartbeat.finish(75)
     assert json.loads(layout.heartbeat_path(1).read_text())["exit_code"] == 75
     assert link.published[-1]["exit_code"] == 75
