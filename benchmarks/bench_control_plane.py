@@ -187,8 +187,8 @@ def run_nodes(nnodes: int, store: bool, window: float, timeout: float,
                                   "per_node_per_s": calls / window / nnodes, "kinds": kinds}
         if kill is not None:
             victim = nodes[kill]
+            killed_at = time.monotonic()  # its beats stop now: its threads are joined after
             victim.kill()
-            killed_at = time.monotonic()
             live = [n for n in nodes if n is not victim]
             give_up = killed_at + 3 * timeout + 30
             while any(n.lost is None for n in live) and time.monotonic() < give_up:
