@@ -184,6 +184,10 @@ class Supervisor:
         self._foreign = finder_for(os.getcwd(), options)  # the workers' cwd, while it exists
         self._cut_short = False
         run = run_token(options)
+        if options.nnodes > 1:
+            # torch's import before the first beat: in the link's thread it took the process's
+            # CPU from the beats for seconds on a loaded host (a node taken for gone).
+            import torch.distributed  # noqa: F401
         self._link = None if options.nnodes == 1 else StoreLink(
             self.layout.supervisor_dir / LIVENESS_STORE_FILENAME, options.node_rank,
             options.nnodes, store_host(options), period=LINK_SECONDS)
