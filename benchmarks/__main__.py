@@ -28,6 +28,8 @@ SMOKE: dict[str, list[str]] = {
                                   "--rates", "1"],
     "bench_commit_scaling": ["--kept", "20", "--repeats", "3"],
     "bench_compile_cache": ["--repeats", "1"],
+    "bench_control_plane": ["--nodes", "2", "4", "--window", "2", "--node-timeout", "3",
+                            "--ranks", "8"],
     "bench_control_call": ["--steps", "200", "--repeats", "1", "--size", "32"],
     "bench_cycle_run": ["--repeats", "1", "--size-mb", "1"],
     "bench_goodput": ["--samples", "2048", "--epochs", "3", "--every", "12",
