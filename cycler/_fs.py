@@ -160,6 +160,32 @@ def caused_by_full_disk(error: BaseException | None) -> bool:
     return False
 
 
+def full_disk_said_in_one_line() -> None:
+    """From now on, a process that dies of a full disk (:class:`DiskFull`, or what a full disk
+    caused) prints one line to stderr (``cycler: rank R: <where, what was written, what is
+    free>``) instead of its traceback, and still exits 1; any other error prints as before.
+
+    For workers under ``cycle run``: a stop's checkpoint on a full root fails in the script's
+    own save, and the supervisor already says what the next start resumes from. Installed
+    once per process, chaining whatever ``sys.excepthook`` was there."""
+    import sys
+
+    previous = sys.excepthook
+    if getattr(previous, "_cycler_full_disk", False):
+        return
+
+    def one_line(kind: type[BaseException], error: BaseException, trace: Any) -> None:
+        if isinstance(error, DiskFull) or caused_by_full_disk(error):
+            said = str(error) if isinstance(error, DiskFull) else \
+                f"{kind.__name__}: {error}: the disk is full (ENOSPC or a quota)"
+            sys.stderr.write(f"cycler: rank {os.environ.get('RANK', '?')}: {said}\n")
+            return
+        previous(kind, error, trace)
+
+    one_line._cycler_full_disk = True  # type: ignore[attr-defined]
+    sys.excepthook = one_line
+
+
 def _no_space_left(directory: Path) -> bool:
     try:
         stats = os.statvfs(directory)

@@ -92,6 +92,10 @@ MESSAGES = {
                         "node's memory ({newest})",
     "control_unwritable": "cannot write the control file ({error}): the workers are told by "
                           "SIGTERM instead, and the stop may end without a checkpoint",
+    "control_copy_unwritable": "cannot write the control file's copy in the checkpoint root "
+                               "({error}): this node's workers were told on the node and the "
+                               "stop goes on; the other nodes learn of it from the store, or "
+                               "from their workers' agreed stop",
     "checkpoint_interval": "checkpoint interval: every {steps:#step} (about {seconds:g} s) "
                            "from a save stall of {stall:g} s and a mean time between failures "
                            "of {mtbf_hours:g} h ({failures:#failure} in {wall_hours:g} h)",
@@ -118,6 +122,7 @@ HISTORY = frozenset({
     "persisted", "stop_copy", "stop_copy_landed",
     "memory_tier_removed",
     "persist_failed", "requeue_withheld", "control_unwritable",
+    "control_copy_unwritable",
     "checkpoint_committed", "checkpoint_interval", "compile_cache_not_carried",
     "replay_verified", "replay_diverged", "replay_unchecked",
 })

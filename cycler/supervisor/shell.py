@@ -530,18 +530,22 @@ class Supervisor:
         (for the other nodes and ``cycle status``). When the workers' cannot be written (a
         full tmpfs), they can only be told by a signal: the stop goes on as for a plain
         script, and the end says where the newest state is, instead of the supervisor dying
-        with the request unsent."""
+        with the request unsent. When only the root's copy cannot be written (a full root),
+        the workers were told all the same, and the record says so."""
+        told = True
         try:
             write_control(self._node.control_path, request)
         except OSError as error:
+            told = False
             self._record("control_unwritable", warning=True, error=str(error))
             if request.action is not Action.RUN:
                 self._signal_tree(signal.SIGTERM)
         try:
             write_control(self.layout.control_path(self.options.node_rank), request)
         except OSError as error:
-            self._record("control_unwritable", warning=True, error=str(error),
-                         path=str(self.layout.control_path(self.options.node_rank)))
+            if told:
+                self._record("control_copy_unwritable", warning=True, error=str(error),
+                             path=str(self.layout.control_path(self.options.node_rank)))
 
     # -- context ----------------------------------------------------------------------------
 

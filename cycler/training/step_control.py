@@ -53,6 +53,7 @@ from typing import Any
 import torch.distributed as dist
 
 from cycler._distributed import in_process_group, settle_gloo_threads_at_exit
+from cycler._fs import full_disk_said_in_one_line
 from cycler.checkpoint.in_flight import stop_decided, wait_for_saves
 from cycler.errors import ConfigError, CyclerError, StateMismatch
 from cycler.protocol.control import Action, ControlFileWatcher, ControlRequest
@@ -238,8 +239,9 @@ class StepControl:
         self._exchanges = 0
         self._clock = clock
         self._watcher = ControlFileWatcher(self.control_file)
-        if self.control_file is not None:
+        if self.control_file is not None:  # under cycle run
             shield_from_stray_signals()
+            full_disk_said_in_one_line()
         self._step = start_step
         self._steps_taken = 0
         self._last_checkpoint_step = start_step

@@ -1,6 +1,7 @@
 """A checkpoint root that is full (hostile review of issue 25): `cycle run` says so in one line
-at its start (exit 2), and a stop whose control file cannot be written goes on by signal
-instead of the supervisor dying with the request unsent. Real `cycle run` processes on a real
+at its start (exit 2), and a stop whose control file's copy in the root cannot be written
+still reaches the workers (through the node's file), is reported as such, and ends in 75
+from the last checkpoint with the workers' full disk said in one line, no traceback. Real `cycle run` processes on a real
 1 MB tmpfs root, filled with `dd` as a user's other files would fill it."""
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def test_a_root_full_before_the_start_is_one_line_and_exit_2(
     assert "free space" in output or "no space" in output.lower(), output
 
 
-def test_a_stop_on_a_full_root_goes_on_by_signal_instead_of_killing_the_supervisor(
+def test_a_stop_on_a_full_root_reaches_the_workers_and_is_reported_truthfully(
         tmp_path: Path, small_root: Path) -> None:
     process = cycle_run(tmp_path, small_root / "ck")
     assert process.stdout is not None
@@ -80,5 +81,9 @@ def test_a_stop_on_a_full_root_goes_on_by_signal_instead_of_killing_the_supervis
     rest, _ = process.communicate(timeout=120)
     output = "".join(lines) + rest
     assert "Traceback" not in output, output
-    assert "cannot write the control file" in output, output
-    assert process.returncode in (1, 75), output
+    assert "cannot write the control file's copy in the checkpoint root" in output, output
+    assert "workers were told on the node" in output, output
+    assert "SIGTERM instead" not in output, output
+    assert "cycler: rank 0: no space left" in output, output  # the stop's save, in one line
+    assert "resumes from checkpoint 0" in output, output
+    assert process.returncode == 75, output
