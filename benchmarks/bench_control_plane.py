@@ -10,9 +10,11 @@ counted (an audit hook for opens, renames, removals, listings; wrappers for ``st
 - the calls on the root per second, per node and in all, once every node is up (``--window``);
 - the time until every live node knows a killed node k (random, not 0) is gone, and then the
   same for node 0 (its store goes with it), against ``--node-timeout``;
+- the time for a stop said on a random node (``StoreLink.say_stop``, as the supervisor that
+  gets the signal does) to be read on every node (its link's ``stops``);
 - the calls one node makes on the root at its workers' exit to learn whether another node
-  asked for the stop (reading every other node's control file; a stop itself reaches every
-  rank through ``StepControl``'s all-reduce, not through the control plane).
+  asked for the stop (``stops_elsewhere``: a fresh read of the store; every other node's
+  control file with ``--mode files``).
 
 And the commit of one checkpoint of W ranks' files (one DCP shard each): every rank lists the
 checkpoint's directory and records its share (``checkpoint_files``, ``files_of_rank``,
@@ -162,7 +164,7 @@ def _all_seen(nodes: list[SimNode]) -> bool:
 
 
 def run_nodes(nnodes: int, store: bool, window: float, timeout: float,
-              kill: int | None) -> dict[str, Any]:
+              kill: int | None, stopper: int) -> dict[str, Any]:
     """One simulated job: the load once every node is up, then the time to find ``kill``
     gone on every live node (``None``: no kill)."""
     with tempfile.TemporaryDirectory(dir=".") as scratch:
@@ -185,6 +187,11 @@ def run_nodes(nnodes: int, store: bool, window: float, timeout: float,
         result: dict[str, Any] = {"nodes": nnodes, "mode": "store" if store else "files",
                                   "up_s": round(up_after, 1), "calls_per_s": calls / window,
                                   "per_node_per_s": calls / window / nnodes, "kinds": kinds}
+        if store:
+            result["stopper"] = stopper
+            result["stop_everywhere_s"] = stop_reach(nodes, stopper)
+        stop_calls = stop_relay_calls(layout, nnodes, nodes[0].link)
+        result["exit_reads_per_node"] = stop_calls
         if kill is not None:
             victim = nodes[kill]
             killed_at = time.monotonic()  # its beats stop now: its threads are joined after
@@ -199,22 +206,37 @@ def run_nodes(nnodes: int, store: bool, window: float, timeout: float,
                 max(at for _, at in found) - killed_at, 2)
             result["named"] = sorted({node for node, _ in found if node is not None}) \
                 if None not in found else None
-        stop_calls = stop_relay_calls(layout, nnodes)
-        result["exit_reads_per_node"] = stop_calls
         for node in nodes:
             node.kill()
         return result
 
 
-def stop_relay_calls(layout: CheckpointLayout, nnodes: int) -> int:
-    """What one node's supervisor reads on the root when its workers exit, to learn whether
-    another node asked for the stop: every other node's control file."""
+def stop_reach(nodes: list[SimNode], stopper: int) -> float | None:
+    """Seconds from a stop said on node ``stopper`` until every node's link read it."""
+    request = ControlRequest(sequence=1, action=Action.CHECKPOINT_AND_EXIT, reason="SIGTERM",
+                             requested_at=time.time(), deadline=None)
+    said_at = time.monotonic()
+    assert nodes[stopper].link is not None
+    nodes[stopper].link.say_stop(request.to_json())
+    while any(not (n.link and n.link.stops()) for n in nodes):
+        if time.monotonic() - said_at > 60:
+            return None
+        time.sleep(0.01)
+    return round(time.monotonic() - said_at, 2)
+
+
+def stop_relay_calls(layout: CheckpointLayout, nnodes: int, link: StoreLink | None) -> int:
+    """What node 0's supervisor reads on the root when its workers exit, to learn whether
+    another node asked for the stop: a fresh read of the store (no file), or every other
+    node's control file where there is no store."""
     request = ControlRequest(sequence=1, action=Action.CHECKPOINT_AND_EXIT, reason="SIGTERM",
                              requested_at=time.time(), deadline=None)
     for node in range(nnodes):
         write_control(layout.control_path(node), request)
     COUNTER.reset()
-    assert stops_elsewhere(layout, 0, since=0.0)
+    assert link is not None or stops_elsewhere(layout, 0, since=0.0, link=link)
+    if link is not None:
+        stops_elsewhere(layout, 0, since=0.0, link=link)
     return COUNTER.total()
 
 
@@ -267,7 +289,7 @@ def main() -> None:
     for nnodes in args.nodes:
         for victim in (rng.randrange(1, nnodes), 0):
             result = run_nodes(nnodes, args.mode == "store", args.window, args.node_timeout,
-                               victim)
+                               victim, rng.randrange(nnodes))
             print(json.dumps(result), flush=True)
     for ranks in args.ranks:
         print(json.dumps(commit_calls(ranks)), flush=True)

@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -139,10 +139,22 @@ def stop_requested_elsewhere(layout: CheckpointLayout, node_rank: int, since: fl
 
 
 def stops_elsewhere(layout: CheckpointLayout, node_rank: int, since: float,
-                    ) -> list[ControlRequest]:
-    """The stop requests since ``since`` in the other nodes' control files (read once)."""
-    own = layout.control_path(node_rank)
-    return stops_since([path for path in layout.control_paths() if path != own], since)
+                    link: StoreLink | None = None) -> list[ControlRequest]:
+    """The other nodes' stop requests since ``since``: from the liveness store (read by a
+    fresh beat of ``link``), or, where there is none or it does not answer, from the other
+    nodes' control files in the root (read once)."""
+    found = None if link is None else link.stops_now()
+    if found is None:
+        own = layout.control_path(node_rank)
+        return stops_since([path for path in layout.control_paths() if path != own], since)
+    requests = []
+    for entry in found:
+        with suppress(ValueError, TypeError, KeyError):
+            request = ControlRequest.from_json(str(entry["request"]))
+            if entry.get("node") != node_rank and request.requested_at >= since and \
+                    request.action is Action.CHECKPOINT_AND_EXIT:
+                requests.append(request)
+    return requests
 
 
 def newest_valid_index(layout: CheckpointLayout) -> int | None:
@@ -482,8 +494,8 @@ class Supervisor:
         failed = None if code == 0 else classify(tree.stderr.text())
         if code != 0:
             self._failure = failure_report(tree.stderr.text(), code)
-        stops = stops_elsewhere(self.layout, self.options.node_rank, self._started_at) \
-            if self.options.nnodes > 1 else []
+        stops = stops_elsewhere(self.layout, self.options.node_rank, self._started_at,
+                                self._link) if self.options.nnodes > 1 else []
         return core.WorkersExited(code, self._clock(), bool(stops),
                                   self._progress.before_first_step(), failed,
                                   earliest_deadline(stops))
@@ -540,6 +552,8 @@ class Supervisor:
             self._record("control_unwritable", warning=True, error=str(error))
             if request.action is not Action.RUN:
                 self._signal_tree(signal.SIGTERM)
+        if self._link is not None and request.action is Action.CHECKPOINT_AND_EXIT:
+            self._link.say_stop(request.to_json())  # every node reads it from the store
         try:
             write_control(self.layout.control_path(self.options.node_rank), request)
         except OSError as error:

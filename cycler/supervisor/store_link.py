@@ -15,6 +15,12 @@ the heartbeat files in the checkpoint root (:mod:`.peers`): node 0's, which says
 The store's address, with a token of this start of node 0, is in ``.cycler/`` of the root: the
 only file the other nodes read, once, to connect.
 
+Stop requests travel the same way: the supervisor that is asked to stop appends the request
+to one key (``stops``) at once, and every node reads that key at each beat with the records it
+reads anyway, so a stop from any node is known on every node within a beat, and a supervisor
+whose workers exit learns whether another node asked for the stop without reading the other
+nodes' control files (it reads them only while the store cannot be reached).
+
 Every call to the store runs in this module's thread, with a short timeout: a store that does
 not answer never holds up the supervisor's loop.
 """
@@ -41,6 +47,8 @@ STORE_TIMEOUT_SECONDS = 2.0
 """How long one call to the store may take before the store counts as unreachable."""
 VERDICT = "lost"
 """The key under which node 0 names the first node found gone (``{}``: none)."""
+STOPS = "stops"
+"""The key every node appends its stop requests to, one JSON line each."""
 
 
 class StoreLink:
@@ -55,9 +63,14 @@ class StoreLink:
         self._record = "{}"
         self._records: dict[int, dict[str, Any]] | None = None
         self._verdict: str | None = None
+        self._stops_out: list[str] = []
+        self._stops: list[dict[str, Any]] | None = None
+        self._begun = self._beats = 0
+        self._beaten = threading.Condition(self._lock)
         self._store: Any = None
         self._prefix = ""
         self._closed = threading.Event()
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cycle-liveness", daemon=True)
         self._thread.start()
 
@@ -79,6 +92,29 @@ class StoreLink:
         with self._lock:
             self._verdict = json.dumps(verdict)
 
+    def say_stop(self, request: str) -> None:
+        """Append this node's stop request (a control request's JSON) for every node to
+        read: sent at once, and again at each beat until the store took it."""
+        with self._lock:
+            self._stops_out.append(json.dumps({"node": self._node, "request": request}))
+        self._wake.set()
+
+    def stops(self) -> list[dict[str, Any]] | None:
+        """Every node's stop requests (``{"node": k, "request": json}``) read at the last beat;
+        ``None`` while the store cannot be reached."""
+        with self._lock:
+            return self._stops
+
+    def stops_now(self, wait: float = 2 * STORE_TIMEOUT_SECONDS) -> list[dict[str, Any]] | None:
+        """:meth:`stops` as read by a beat that begins after this call (waits up to ``wait``
+        seconds for it; ``None``: the store did not answer). Call it off the supervisor's
+        loop: it blocks."""
+        with self._beaten:
+            target = self._begun + 1  # the beat under way may have read before this call
+            self._wake.set()
+            self._beaten.wait_for(lambda: self._beats >= target or self._closed.is_set(), wait)
+            return self._stops if self._beats >= target else None
+
     def records(self) -> dict[int, dict[str, Any]] | None:
         """The records read last: every other node's on node 0, node 0's and the verdict
         (under ``-1``) elsewhere; ``None`` while the store cannot be reached."""
@@ -92,11 +128,14 @@ class StoreLink:
 
     def close(self) -> None:
         self._closed.set()
+        self._wake.set()
 
     # -- the thread -------------------------------------------------------------------------
 
     def _run(self) -> None:
         while not self._closed.is_set():
+            with self._lock:
+                self._begun += 1
             try:
                 if self._store is None:
                     self._store = self._connect()
@@ -105,26 +144,35 @@ class StoreLink:
             except Exception as error:  # noqa: BLE001 (any failure of the store: unreachable)
                 log.debug("liveness store: %s", error)
                 with self._lock:
-                    self._records = None
+                    self._records = self._stops = None
                 if self._node != 0:
                     self._store = None  # connect again, through the address file
-            self._closed.wait(self._period)
+            with self._beaten:
+                self._beats += 1
+                self._beaten.notify_all()
+            self._wake.wait(self._period)
+            self._wake.clear()
 
     def _beat(self, store: Any) -> None:
         with self._lock:
-            record, verdict = self._record, self._verdict
+            record, verdict, stops = self._record, self._verdict, list(self._stops_out)
+        for stop in stops:
+            store.append(self._key(STOPS), stop + "\n")
+            with self._lock:
+                self._stops_out.remove(stop)
         store.set(self._key(self._node), record)
         if self._node == 0:
             if verdict is not None:
                 store.set(self._key(VERDICT), verdict)
             nodes = list(range(1, self._nnodes))
-            values = store.multi_get([self._key(n) for n in nodes]) if nodes else []
         else:
             nodes = [0, -1]
-            values = store.multi_get([self._key(0), self._key(VERDICT)])
-        found = {node: _parsed(value) for node, value in zip(nodes, values, strict=True)}
+        values = store.multi_get([*(self._key(VERDICT if n == -1 else n) for n in nodes),
+                                  self._key(STOPS)])
+        found = {node: _parsed(value) for node, value in zip(nodes, values, strict=False)}
         with self._lock:
             self._records = found
+            self._stops = [_parsed(line) for line in values[-1].splitlines() if line.strip()]
 
     def _connect(self) -> Any:
         import torch.distributed as dist
@@ -138,6 +186,7 @@ class StoreLink:
             # Every key exists before anyone reads: a get never waits for a missing one.
             for key in [*range(self._nnodes), VERDICT]:
                 store.set(self._key(key), "{}")
+            store.set(self._key(STOPS), "")
             address = {"host": self._host, "port": store.port, "token": fresh,
                        "pid": os.getpid()}
             atomic_write_bytes(self._address_path, json.dumps(address).encode(),

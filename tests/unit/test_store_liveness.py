@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from cycler.checkpoint.layout import CheckpointLayout
+from cycler.protocol.control import Action, ControlRequest, write_control
 from cycler.supervisor.peers import VERDICT_NODE, Heartbeat, Loss, PeerWatch
+from cycler.supervisor.shell import stops_elsewhere
 
 
 class FakeLink:
@@ -128,3 +130,43 @@ def test_a_node_beats_in_its_file_until_it_reaches_the_store_then_there_and_seld
     heartbeat.finish(75)
     assert json.loads(layout.heartbeat_path(1).read_text())["exit_code"] == 75
     assert link.published[-1]["exit_code"] == 75
+
+
+class StopsLink(FakeLink):
+    """A link whose fresh read of the stops key gives ``found`` (``None``: no answer)."""
+
+    def __init__(self, found: list[dict[str, Any]] | None) -> None:
+        super().__init__()
+        self.found = found
+
+    def stops_now(self) -> list[dict[str, Any]] | None:
+        return self.found
+
+
+def stop(at: float, action: Action = Action.CHECKPOINT_AND_EXIT) -> str:
+    return ControlRequest(sequence=1, action=action, reason="SIGTERM", requested_at=at,
+                          deadline=at + 30).to_json()
+
+
+def test_a_stop_of_another_node_is_read_from_the_store_without_the_nodes_files(
+        tmp_path: Path) -> None:
+    layout = CheckpointLayout(tmp_path)
+    layout.supervisor_dir.mkdir()
+    write_control(layout.control_path(2), ControlRequest.from_json(stop(50.0)))  # the files'
+    link = StopsLink([{"node": 1, "request": stop(100.0)}, {"node": 0, "request": stop(100.0)},
+                      {"node": 2, "request": stop(10.0)}, {"node": 2, "request": "torn"},
+                      {"node": 2, "request": stop(100.0, Action.RUN)}])
+    found = stops_elsewhere(layout, 0, since=20.0, link=link)  # type: ignore[arg-type]
+    assert [(r.requested_at, r.deadline) for r in found] == [(100.0, 130.0)], \
+        "node 1's only: not its own, not an older one, nor a torn entry, nor a run request"
+    link.found = []
+    assert stops_elsewhere(layout, 0, since=20.0, link=link) == [], \
+        "the store answered: no file is read"  # type: ignore[arg-type]
+
+
+def test_where_the_store_does_not_answer_the_other_nodes_files_are_read(tmp_path: Path) -> None:
+    layout = CheckpointLayout(tmp_path)
+    layout.supervisor_dir.mkdir()
+    write_control(layout.control_path(2), ControlRequest.from_json(stop(50.0)))
+    found = stops_elsewhere(layout, 0, since=20.0, link=StopsLink(None))  # type: ignore[arg-type]
+    assert [r.requested_at for r in found] == [50.0]
