@@ -56,6 +56,7 @@ from cycler.protocol.progress import (
     start_up,
 )
 from cycler.supervisor.processes import descendants
+from cycler.supervisor.root_io import RootIO
 from cycler.supervisor.vocabulary import HangDetected
 
 log = logging.getLogger("cycler.supervisor")
@@ -323,8 +324,9 @@ class WorkerProgress:
     event: what a start cost) and, with a ``policy``, hangs (their stacks dumped first)."""
 
     def __init__(self, layout: CheckpointLayout, node_rank: int, node: NodeFiles,
-                 policy: HangPolicy | None, record: Callable[..., None]) -> None:
-        self._layout, self._node_rank = layout, node_rank
+                 policy: HangPolicy | None, record: Callable[..., None],
+                 root_io: RootIO | None = None) -> None:
+        self._layout, self._node_rank, self._root_io = layout, node_rank, root_io
         self._directory, self._control = node.progress_dir, node.control_path
         self._record = record
         self._saved_longest = load_longest(layout.hang_record_path(node_rank))
@@ -336,14 +338,19 @@ class WorkerProgress:
     def save_longest(self, now: float | None = None) -> None:
         """Record the longest step interval learned, if it changed: at once without ``now``
         (the workers are gone), else at most every :data:`SAVE_LONGEST_SECONDS` (it is in the
-        checkpoint root, where a restart on another host finds it)."""
+        checkpoint root, where a restart on another host finds it), in ``root_io``'s thread
+        where there is one."""
         longest = None if self._hangs is None else self._hangs.longest
         if longest is None or longest == self._saved_longest:
             return
         if now is not None and now - self._saved_at < SAVE_LONGEST_SECONDS:
             return
         self._saved_longest, self._saved_at = longest, now or 0.0
-        save_longest(self._layout.hang_record_path(self._node_rank), longest)
+        path = self._layout.hang_record_path(self._node_rank)
+        if now is not None and self._root_io is not None:
+            self._root_io.submit("longest", lambda: save_longest(path, longest))
+        else:
+            save_longest(path, longest)
 
     def new_start(self) -> None:
         """The workers are (re)started: the last ones' beacons and stacks must not count (how

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from cycler._fs import atomic_write_bytes, read_json_object
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.protocol.exit_codes import EXIT_REQUEUE, EXIT_SUCCESS
+from cycler.supervisor.root_io import RootIO
 from cycler.supervisor.store_link import StoreLink
 
 VERDICT_NODE = -1
@@ -58,13 +59,15 @@ class Heartbeat:
     """This node's record: beats while the supervisor runs, its exit code when it ends. With
     a ``link`` to the job's store, the beats go there while it is reached; the file is written
     at the other beats (before the store is reached: torch's import may take seconds) and at
-    the end (what the other nodes read where the store is gone)."""
+    the end (what the other nodes read where the store is gone). With ``root_io``, the beats'
+    file is written in its thread: a frozen root never holds up the caller (a beat whose
+    write is still under way is skipped); the end's, at once."""
 
     def __init__(self, layout: CheckpointLayout, node_rank: int,
                  run: str | None = None, link: StoreLink | None = None,
-                 file_every: float = FILE_BEAT_SECONDS) -> None:
+                 file_every: float = FILE_BEAT_SECONDS, root_io: RootIO | None = None) -> None:
         self._path = layout.heartbeat_path(node_rank)
-        self._link, self._file_every = link, file_every
+        self._link, self._file_every, self._root_io = link, file_every, root_io
         self._written: float | None = None
         self._record: dict[str, object] = {"node": node_rank, "host": socket.gethostname(),
                                            "pid": os.getpid(), "exit_code": None, "run": run}
@@ -82,24 +85,28 @@ class Heartbeat:
             self._link.publish({**self._record, "beat": self._beat})  # type: ignore[union-attr]
             return
         self._written = now  # also while the store is reached, now and then: what a node 0
-        record = self._write()  # that cannot read its own store (overloaded) goes by
+        self._beat += 1  # that cannot read its own store (overloaded) goes by
+        record = {**self._record, "beat": self._beat}
+        if self._root_io is None:
+            self._write(record)
+        elif not self._root_io.busy("heartbeat"):  # else the root is slow: the store beats
+            self._root_io.submit("heartbeat", lambda: self._write(record))
         if stored:
             self._link.publish(record)  # type: ignore[union-attr]
 
     def finish(self, exit_code: int) -> None:
         """Say how this supervisor ended: the others stop waiting for a failed node."""
         self._record["exit_code"] = exit_code
-        record = self._write()
+        self._beat += 1
+        record = {**self._record, "beat": self._beat}
+        self._write(record)
         if self._link is not None:
             self._link.send_now(record)
 
-    def _write(self) -> dict[str, object]:
-        self._beat += 1
-        record = {**self._record, "beat": self._beat}
+    def _write(self, record: dict[str, object]) -> None:
         # Not durable: a heartbeat that a crash loses only means the node looks silent.
         with contextlib.suppress(OSError):
             atomic_write_bytes(self._path, json.dumps(record).encode(), durable=False)
-        return record
 
 
 @dataclass

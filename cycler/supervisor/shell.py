@@ -50,6 +50,7 @@ from cycler.supervisor.options import RunOptions
 from cycler.supervisor.peers import Heartbeat, PeerWatch
 from cycler.supervisor.processes import Watchdog, WorkerTree, become_subreaper, start_torchrun
 from cycler.supervisor.replay_watch import ReplayWatch, fingerprint_dir
+from cycler.supervisor.root_io import RootIO
 from cycler.supervisor.slurm import (
     DEADLINE_MARGIN_SECONDS,
     RequeueResult,
@@ -192,6 +193,11 @@ class Supervisor:
         self._linked = self._links()
         self._commit_note = commit_note(self._node)
         self._next_link_look = 0.0
+        self._root_io = RootIO()  # the root's calls while the workers train, off the loop
+        self._looked: tuple[int, tuple[tuple[CheckpointName | None, ...], int | None]] | None \
+            = None
+        """The last look the root's thread took (its number), for the loop to take."""
+        self._look_number = 0
         self._started_at = clock()
         self._foreign = finder_for(os.getcwd(), options)  # the workers' cwd, while it exists
         self._cut_short = False
@@ -204,7 +210,8 @@ class Supervisor:
             self.layout.supervisor_dir / LIVENESS_STORE_FILENAME, options.node_rank,
             options.nnodes, store_host(options), period=LINK_SECONDS)
         self._heartbeat = Heartbeat(self.layout, options.node_rank, run, self._link,
-                                    file_every=options.node_timeout / 3)
+                                    file_every=options.node_timeout / 3,
+                                    root_io=self._root_io)
         self._peers = PeerWatch(self.layout, options.node_rank, options.nnodes,
                                 timeout=options.node_timeout, run=run,
                                 start_timeout=options.start_timeout, link=self._link)
@@ -212,7 +219,7 @@ class Supervisor:
             floor=options.hang_timeout_min, factor=options.hang_factor,
             first_step=options.hang_first_step, pause=options.hang_pause_timeout)
         self._progress = WorkerProgress(self.layout, options.node_rank, self._node, policy,
-                                        self._record)
+                                        self._record, self._root_io)
         self._carrier = CompileCacheCarrier(options, self._record)
         nproc = options.nproc_per_node
         self._replays = ReplayWatch(
@@ -245,6 +252,7 @@ class Supervisor:
             self._heartbeat.finish(outcome.exit_code)
         if self._link is not None:
             self._link.close()
+        self._root_io.close()
         self._record("ended", code=outcome.exit_code)  # the run's last moment cycle can see
         return outcome
 
@@ -410,20 +418,46 @@ class Supervisor:
         """The newest checkpoint committed since the last look, in either tier: a readlink
         per tier when the workers noted a commit on this node, at any event but a tick, at
         every tick of a stop and otherwise every :data:`LINK_LOOK_SECONDS`; the manifest
-        read only when a link moved."""
+        read only when a link moved. While the workers train (a tick), the look runs in the
+        root's thread and its result is taken at a later tick: a frozen root never holds up
+        the loop. Any other event looks at once (what it decides may hang on the answer)."""
         note, now = commit_note(self._node), time.monotonic()
-        if (note == self._commit_note and isinstance(event, core.Tick)
-                and phase is core.Phase.RUNNING and now < self._next_link_look):
+        if isinstance(event, core.Tick) and phase is core.Phase.RUNNING:
+            looked, self._looked = self._looked, None
+            if looked is not None and looked[0] == self._look_number:
+                yield from self._committed(looked[1])
+            if note == self._commit_note and now < self._next_link_look:
+                return
+            self._commit_note, self._next_link_look = note, now + LINK_LOOK_SECONDS
+            if not self._root_io.busy("links"):
+                number = self._look_number
+                self._root_io.submit("links", lambda: self._look_in_thread(number))
             return
         self._commit_note, self._next_link_look = note, now + LINK_LOOK_SECONDS
+        self._look_number += 1  # a look under way in the thread is older than this one
+        yield from self._committed(self._look())
+
+    def _look_in_thread(self, number: int) -> None:
+        self._looked = (number, self._look())
+
+    def _look(self) -> tuple[tuple[CheckpointName | None, ...], int | None]:
+        """The links, and the newest valid checkpoint they name if they moved since the last
+        look the loop took (``None``: they did not, or none is valid)."""
         linked = self._links()
+        if linked == self._linked:
+            return linked, None
+        valid = [name for tier, name in zip(self._tiers(), linked, strict=True)
+                 if name is not None and inspect_checkpoint(tier, name).valid]
+        return linked, max((n.index for n in valid), default=None)
+
+    def _committed(self, looked: tuple[tuple[CheckpointName | None, ...], int | None],
+                   ) -> Iterator[core.CheckpointCommitted]:
+        linked, index = looked
         if linked == self._linked:
             return
         self._linked = linked
-        valid = [name for tier, name in zip(self._tiers(), linked, strict=True)
-                 if name is not None and inspect_checkpoint(tier, name).valid]
-        if valid:
-            yield core.CheckpointCommitted(max(n.index for n in valid), self._clock())
+        if index is not None:
+            yield core.CheckpointCommitted(index, self._clock())
 
     def _links(self) -> tuple[CheckpointName | None, ...]:
         return tuple(tier.link_target_name() for tier in self._tiers())
