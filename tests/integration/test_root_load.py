@@ -62,6 +62,8 @@ def test_a_node_that_only_trains_touches_the_checkpoint_root_at_most_once_a_seco
             job.send_signal(signal.SIGINT)
         job.wait(60)
     by_workers = [call for tid, call in calls if tid in worker_threads]
+    print(f"calls on the root in {WINDOW_SECONDS:g} s: {len(calls)} "  # the figure, with -s
+          f"({len(by_workers)} by the ranks, in {steps} steps)")
     assert steps > 10, f"the ranks made only {steps} steps while traced"
     assert by_workers == [], (f"the ranks touched the checkpoint root {len(by_workers)} times "
                               f"in {steps} steps: {sorted(set(by_workers))[:10]}")
