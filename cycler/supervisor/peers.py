@@ -182,6 +182,12 @@ class PeerWatch:
                 return loss
         return None
 
+    def begin(self, now: float) -> None:
+        """Count the start timeout from ``now`` (this process's start), not from the first
+        look: what the supervisor does before it (torch's import) is no grace for the others."""
+        if self._started_at is None:
+            self._started_at = now
+
     def requeued(self) -> Loss | None:
         """A node seen alive in this run that has since ended the job with exit 75 (it gave
         this node up while this one was not heard from: frozen, or cut off), or ``None``."""

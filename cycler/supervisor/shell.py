@@ -158,6 +158,23 @@ def stops_elsewhere(layout: CheckpointLayout, node_rank: int, since: float,
     return requests
 
 
+def _import_torch_quietly() -> None:
+    """Import torch before the first beat (in the liveness link's thread the import took the
+    process's CPU from the beats for seconds on a loaded host, and a node was taken for gone),
+    with c10's own log off for this process only (``TORCH_CPP_LOG_LEVEL``, read once, at the
+    import; the workers get the user's): the liveness store's client prints a C++ trace at
+    every try once node 0 is gone, where the verdict alone must be on the terminal. A level
+    the user set is kept."""
+    if "TORCH_CPP_LOG_LEVEL" in os.environ:
+        import torch.distributed  # noqa: F401
+        return
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
+    try:
+        import torch.distributed  # noqa: F401
+    finally:
+        del os.environ["TORCH_CPP_LOG_LEVEL"]
+
+
 def newest_valid_index(layout: CheckpointLayout) -> int | None:
     """Index of the checkpoint a resume would load (the latest valid one), if any."""
     found = list_checkpoints(layout.root, layout.prefix)
@@ -202,10 +219,9 @@ class Supervisor:
         self._foreign = finder_for(os.getcwd(), options)  # the workers' cwd, while it exists
         self._cut_short = False
         run = run_token(options)
+        begun = time.monotonic()  # the other nodes have --start-timeout from here
         if options.nnodes > 1:
-            # torch's import before the first beat: in the link's thread it took the process's
-            # CPU from the beats for seconds on a loaded host (a node taken for gone).
-            import torch.distributed  # noqa: F401
+            _import_torch_quietly()
         self._link = None if options.nnodes == 1 else StoreLink(
             self.layout.supervisor_dir / LIVENESS_STORE_FILENAME, options.node_rank,
             options.nnodes, store_host(options), period=LINK_SECONDS)
@@ -215,6 +231,7 @@ class Supervisor:
         self._peers = PeerWatch(self.layout, options.node_rank, options.nnodes,
                                 timeout=options.node_timeout, run=run,
                                 start_timeout=options.start_timeout, link=self._link)
+        self._peers.begin(begun)
         policy = None if not options.hang_detection else HangPolicy(
             floor=options.hang_timeout_min, factor=options.hang_factor,
             first_step=options.hang_first_step, pause=options.hang_pause_timeout)

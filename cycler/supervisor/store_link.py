@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,8 @@ LINK_SECONDS = 0.5
 """How often the link beats and reads: what it read is at most this old."""
 STORE_TIMEOUT_SECONDS = 2.0
 """How long one call to the store may take before the store counts as unreachable."""
+STALE_SECONDS = STORE_TIMEOUT_SECONDS + 4 * LINK_SECONDS
+"""A read older than this is not used (a beat takes a period and at most a store timeout)."""
 VERDICT = "lost"
 """The key under which node 0 names the first node found gone (``{}``: none)."""
 STOPS = "stops"
@@ -66,6 +69,7 @@ class StoreLink:
         self._stops_out: list[str] = []
         self._stops: list[dict[str, Any]] | None = None
         self._begun = self._beats = 0
+        self._read_at = float("-inf")
         self._beaten = threading.Condition(self._lock)
         self._store: Any = None
         self._prefix = ""
@@ -103,7 +107,7 @@ class StoreLink:
         """Every node's stop requests (``{"node": k, "request": json}``) read at the last beat;
         ``None`` while the store cannot be reached."""
         with self._lock:
-            return self._stops
+            return None if self._stale() else self._stops
 
     def stops_now(self, wait: float = 2 * STORE_TIMEOUT_SECONDS) -> list[dict[str, Any]] | None:
         """:meth:`stops` as read by a beat that begins after this call (waits up to ``wait``
@@ -117,14 +121,19 @@ class StoreLink:
 
     def records(self) -> dict[int, dict[str, Any]] | None:
         """The records read last: every other node's on node 0, node 0's and the verdict
-        (under ``-1``) elsewhere; ``None`` while the store cannot be reached."""
+        (under ``-1``) elsewhere; ``None`` while the store cannot be reached, and where the
+        last read is older than :data:`STALE_SECONDS` (this process was frozen, or starved:
+        what it read then says nothing of now, and the caller reads the files)."""
         with self._lock:
-            return self._records
+            return None if self._stale() else self._records
 
     @property
     def connected(self) -> bool:
         """Whether the last beat reached the store."""
         return self.records() is not None
+
+    def _stale(self) -> bool:
+        return time.monotonic() - self._read_at > STALE_SECONDS
 
     def close(self) -> None:
         self._closed.set()
@@ -171,7 +180,7 @@ class StoreLink:
                                   self._key(STOPS)])
         found = {node: _parsed(value) for node, value in zip(nodes, values, strict=False)}
         with self._lock:
-            self._records = found
+            self._records, self._read_at = found, time.monotonic()
             self._stops = [_parsed(line) for line in values[-1].splitlines() if line.strip()]
 
     def _connect(self) -> Any:
