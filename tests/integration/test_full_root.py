@@ -1,8 +1,9 @@
 """A checkpoint root that is full (hostile review of issue 25): `cycle run` says so in one line
 at its start (exit 2), and a stop whose control file's copy in the root cannot be written
 still reaches the workers (through the node's file), is reported as such, and ends in 75
-from the last checkpoint with the workers' full disk said in one line, no traceback. Real `cycle run` processes on a real
-1 MB tmpfs root, filled with `dd` as a user's other files would fill it."""
+from the last checkpoint with the workers' full disk said in one line, no traceback. Real
+`cycle run` processes on a real 1 MB tmpfs root, filled with `dd` as a user's other files
+would fill it."""
 
 from __future__ import annotations
 
