@@ -215,6 +215,8 @@ class Supervisor:
             = None
         """The last look the root's thread took (its number), for the loop to take."""
         self._look_number = 0
+        self._summed_up: WorkerTree | None = None
+        """The workers whose echo of a lost node was summed up already."""
         self._started_at = clock()
         self._foreign = finder_for(os.getcwd(), options)  # the workers' cwd, while it exists
         self._cut_short = False
@@ -572,9 +574,11 @@ class Supervisor:
 
     def _sum_up_a_lost_nodes_echo(self, node: int) -> None:
         """Another node is lost: the tracebacks its loss causes here (workers' and torchrun's,
-        held back since the first) are one line on the terminal, kept whole in the log."""
-        if self._tree is None:
+        held back since the first) are one line on the terminal, kept whole in the log; said
+        once per start (the loss is found again at every look until the workers are gone)."""
+        if self._tree is None or self._summed_up is self._tree:
             return
+        self._summed_up = self._tree
         _, kept = self._tree.stderr.summarise()
         if kept is not None:
             log.warning("the tracebacks of this node's workers and torchrun, which fail for the "
