@@ -166,6 +166,13 @@ class SupervisorCore:
         reset = self._request(Action.RUN, "start", now, deadline=None)
         return [WriteControl(reset), *self._start_workers()]
 
+    def lost_before_start(self, event: PeerLost) -> list[SupervisorAction]:
+        """Another node of this run had ended (a failure, or a requeue) before this one started
+        its workers: end at once, without starting them."""
+        self._peer_lost = event
+        return [Log("peer_lost", {"node": event.node, "why": event.why}, warning=True),
+                *self._finish_peer_lost()]
+
     def handle(self, event: Event) -> list[SupervisorAction]:
         """The actions that follow ``event``; nothing once the core has decided to exit."""
         if self.phase is Phase.DONE:

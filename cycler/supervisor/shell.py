@@ -222,9 +222,14 @@ class Supervisor:
         self._cut_short = False
         run = run_token(options)
         begun = time.monotonic()  # the other nodes have --start-timeout from here
-        if options.nnodes > 1:
+        self._lost_before_start = None if options.nnodes == 1 else PeerWatch(
+            self.layout, options.node_rank, options.nnodes, timeout=options.node_timeout,
+            run=run, start_timeout=options.start_timeout).lost(begun)
+        """A node of this run that ended before this one started, found by a first look at the
+        records before torch's import (seconds on a loaded host): the job ends at once."""
+        if options.nnodes > 1 and self._lost_before_start is None:
             _import_torch_quietly()
-        self._link = None if options.nnodes == 1 else StoreLink(
+        self._link = None if options.nnodes == 1 or self._lost_before_start else StoreLink(
             self.layout.supervisor_dir / LIVENESS_STORE_FILENAME, options.node_rank,
             options.nnodes, store_host(options), period=LINK_SECONDS)
         self._heartbeat = Heartbeat(self.layout, options.node_rank, run, self._link,
@@ -281,7 +286,10 @@ class Supervisor:
                      node_rank=self.options.node_rank, grace=self.options.grace, **process_start())
         self._tier_end.announce()
         self._config = decisions.config
-        self._execute(decisions.start(self._clock()))
+        early = self._lost_before_start
+        self._execute(decisions.start(self._clock()) if early is None else
+                      decisions.lost_before_start(core.PeerLost(
+                          early.node, early.why, self._clock(), failed=early.failed)))
         while self._outcome is None:
             event = self._next_event(decisions.wake_at)
             for committed in self._new_checkpoints(event, decisions.phase):

@@ -101,6 +101,22 @@ def test_a_node_that_failed_fails_the_job_and_nothing_is_requeued():
     assert not any(isinstance(action, Requeue) for action in actions)
 
 
+def test_a_node_found_failed_before_the_start_ends_the_job_without_starting_workers():
+    core = SupervisorCore(MULTI_NODE)
+    actions = core.lost_before_start(PeerLost(1, "failed (its supervisor exited 1)", 100.0,
+                                              failed=True))
+    assert "StartWorkers" not in kinds(actions) and "SignalTree" not in kinds(actions)
+    assert exit_code(actions) == EXIT_FAILURE
+    assert core.handle(PeerLost(1, "is gone", 101.0)) == []
+
+
+def test_a_node_that_requeued_before_the_start_requeues_this_one_from_the_checkpoint():
+    core = SupervisorCore(MULTI_NODE)
+    actions = core.lost_before_start(PeerLost(0, "ended the job with exit 75", 100.0))
+    assert exit_code(actions) == EXIT_REQUEUE
+    assert any(isinstance(action, Requeue) for action in actions)
+
+
 def test_a_lost_node_without_any_checkpoint_ends_the_job_with_1():
     core = SupervisorCore(replace(MULTI_NODE, initial_checkpoint=None))
     core.start(100.0)
