@@ -31,7 +31,7 @@ class Said:
 
 def stopped_run(tmp_path: Path, persisted: bool) -> tuple[TierEnd, Said]:
     options = RunOptions(script=tmp_path / "t.py", checkpoint_dir=tmp_path / "ck",
-                         memory_tier=str(tmp_path / "shm"))
+                         memory_tier=True, memory_dir=tmp_path / "shm")
     assert options.memory_layout is not None
     options.layout.root.mkdir()
     saver = AtomicDirectory(options.memory_layout.root)
