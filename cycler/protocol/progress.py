@@ -43,7 +43,10 @@ TRAINING, SAVING, PAUSED = 0, 1, 2
 """What a worker is doing, as its beacon says."""
 PHASE_NAMES = {TRAINING: "training", SAVING: "saving", PAUSED: "paused"}
 AFTER_THE_LOOP = "after the loop"
-"""The name of the phase a worker is in for good once ``StepControl.close()`` ended its loop."""
+"""The name of the phase a worker is in for good once ``StepControl.close()`` ended a loop that
+ran to its end (no stop decided): its training is done."""
+AFTER_A_STOP = "after a stop"
+"""The same phase once ``StepControl.close()`` ended a loop that a stop decision ended."""
 MARKS = ("spawned", "imported", "ready", "loaded")
 """A worker's start-up, in order: its process started; its imports were done (cycler's, with
 torch: the first of cycler's names a script used that needed torch was imported); the
