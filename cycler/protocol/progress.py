@@ -150,6 +150,13 @@ class Beacon:
         self._phase, self._name = phase, name.encode()[:20]
         self._write(now)
 
+    def loop_begins(self) -> None:
+        """A training loop begins (a ``StepControl`` is built): a worker that had ended an
+        earlier loop trains again, so the supervisor must not take it for finished."""
+        if self._phase == PAUSED and self._name in (AFTER_THE_LOOP.encode(),
+                                                    AFTER_A_STOP.encode()):
+            self.mark(TRAINING)
+
     def _time_training(self, now: float) -> None:
         if self._training_since is not None:
             self._longest = max(self._longest, now - self._training_since)
@@ -177,6 +184,9 @@ class _NoBeacon(Beacon):
         pass
 
     def note(self, mark: str, step: int | None = None) -> None:
+        pass
+
+    def loop_begins(self) -> None:
         pass
 
 

@@ -252,6 +252,7 @@ class StepControl:
         """The latest live request this rank read itself (other ranks may have seen none)."""
         self._fingerprints = fingerprint_log()
         self._beacon = beacon()
+        self._beacon.loop_begins()
         self._beacon.note("ready")  # the process group (if any) is joined: start-up is over
 
     @property
