@@ -57,7 +57,7 @@ from cycler.checkpoint.in_flight import stop_decided, wait_for_saves
 from cycler.errors import ConfigError, CyclerError, StateMismatch
 from cycler.protocol.control import Action, ControlFileWatcher, ControlRequest
 from cycler.protocol.environment import ENV_CONTROL_FILE, under_verify, verify_wants_checkpoint
-from cycler.protocol.progress import AFTER_THE_LOOP, PAUSED, beacon
+from cycler.protocol.progress import AFTER_A_STOP, AFTER_THE_LOOP, PAUSED, beacon
 from cycler.protocol.stop_signals import shield_from_stray_signals
 from cycler.training.auto_interval import (
     EverySteps,
@@ -252,6 +252,7 @@ class StepControl:
         """The latest live request this rank read itself (other ranks may have seen none)."""
         self._fingerprints = fingerprint_log()
         self._beacon = beacon()
+        self._beacon.loop_begins()
         self._beacon.note("ready")  # the process group (if any) is joined: start-up is over
 
     @property
@@ -314,8 +315,10 @@ class StepControl:
 
     def close(self) -> None:
         """Wait for the exchange and the asynchronous saves in flight, if any. Call it on every
-        rank, or on none."""
-        self._beacon.mark(PAUSED, AFTER_THE_LOOP)
+        rank, or on none. Under ``cycle run`` it tells whether the loop ran to its end: a stop
+        requested after that finds the training done (exit 0, no requeue) once the workers
+        exit 0."""
+        self._beacon.mark(PAUSED, AFTER_A_STOP if self._last_decision.stop else AFTER_THE_LOOP)
         self._fingerprints.flush()
         wait_for_saves()
         if self._pending is not None:
