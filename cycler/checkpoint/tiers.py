@@ -25,7 +25,7 @@ import os
 import sys
 import time
 import weakref
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,8 +36,7 @@ from cycler.checkpoint.layout import MANIFEST_NAME, CheckpointLayout, Checkpoint
 from cycler.checkpoint.listing import Checkpoint, inspect_checkpoint, list_checkpoints
 from cycler.checkpoint.manifest import check_files, read_manifest
 from cycler.checkpoint.memory_roots import is_private, prepare_memory_root
-from cycler.checkpoint.retainer import reclaim_leftovers
-from cycler.checkpoint.retention import retention_decisions
+from cycler.checkpoint.retainer import discard
 from cycler.errors import CheckpointDirectoryError, CorruptCheckpoint, CyclerError, DiskFull
 from cycler.protocol.environment import (
     ENV_CHECKPOINT_DIR,
@@ -51,9 +50,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PERSIST_EVERY = 5
 """Persist every 5th checkpoint (and every stop's and pinned one) by default."""
-
-MEMORY_KEEP = 2
-"""Committed checkpoints a memory root keeps per saver (besides one being persisted)."""
 
 TMPFS_SHARE = 0.5
 """The most of its filesystem a memory root may fill; past it, saves go to the durable root."""
@@ -204,7 +200,7 @@ def never_abandon() -> bool:
 
 def persist(memory: CheckpointLayout, durable: CheckpointLayout, name: CheckpointName,
             abandon: Abandon = never_abandon,
-            unfinished: Callable[[Path], object] = _fs.discard_directory) -> Path:
+            unfinished: Callable[[Path], object] = discard) -> Path:
     """Copy the committed memory checkpoint ``name`` into the durable root and commit it there
     once the copy verifies; return the durable directory.
 
@@ -224,7 +220,7 @@ def persist(memory: CheckpointLayout, durable: CheckpointLayout, name: Checkpoin
         if inspect_checkpoint(durable, name).valid:  # persisted before (a stop's, then the
             link_forward(durable)  # job's end), or killed between manifest and link
             return target
-        _fs.discard_directory(target)  # a copy cut short by a kill
+        discard(target)  # a copy cut short by a kill
     durable.record_index(name.index)
     target.mkdir()
     try:
@@ -284,43 +280,6 @@ def copy_durably(source: Path, target: Path, abandon: Abandon = never_abandon) -
         os.fsync(writing.fileno())
 
 
-def retain_durable(durable: CheckpointLayout, keep_last: int) -> None:
-    """Retention in the durable root after a persisted commit (docs/design.md's rules); failures
-    are logged, never raised."""
-    try:
-        checkpoints = list_checkpoints(durable.root, durable.prefix, commit_state_only=True)
-    except OSError as error:
-        log.warning("retention skipped in %s (%s)", durable.root, error)
-        return
-    for decision in retention_decisions(checkpoints, keep_last=keep_last, remove_torn=True,
-                                        writer_active=True):
-        if not decision.keep:
-            _fs.remove_logged(_fs.discard_directory, decision.checkpoint.path, "checkpoint")
-    reclaim_leftovers(durable, everyone=False)
-
-
-def retain_memory(memory: CheckpointLayout, busy: Collection[int], keep: int = MEMORY_KEEP,
-                  ) -> None:
-    """Keep the newest ``keep`` committed checkpoints of a memory root and those in ``busy``
-    (being persisted); remove the rest, pinned ones too (they were persisted), torn ones
-    older than the newest, and what writers on this host left when they died (a removal cut
-    by a kill: up to a whole checkpoint in RAM each). Failures are logged, never raised."""
-    try:
-        checkpoints = list_checkpoints(memory.root, memory.prefix, commit_state_only=True)
-    except OSError as error:
-        log.warning("retention skipped in %s (%s)", memory.root, error)
-        return
-    committed = sorted(c.index for c in checkpoints if c.valid)
-    kept = set(committed[-keep:]) | set(busy)
-    newest = committed[-1] if committed else -1
-    for checkpoint in checkpoints:
-        if checkpoint.index in kept or (not checkpoint.valid and checkpoint.index > newest):
-            continue
-        if checkpoint.is_directory:
-            _fs.remove_logged(_fs.discard_directory, checkpoint.path, "memory checkpoint")
-    reclaim_leftovers(memory, everyone=False)
-
-
 def remove_memory_root(root: Path) -> None:
     """Remove a job's memory root (the job ended for good); logged, never raised."""
-    _fs.remove_logged(_fs.discard_directory, root, "memory tier")
+    _fs.remove_logged(discard, root, "memory tier")
