@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_coordinator import FakeCoordinator, on_every_rank
+from saver_fakes import FakeCoordinator, on_every_rank
 
 from cycler.checkpoint import commit
 from cycler.checkpoint.commit import CommitRounds

@@ -7,12 +7,11 @@ import ast
 from pathlib import Path
 
 import pytest
+from saver_fakes import checkpoint, indices
 
 import cycler
-from cycler.checkpoint.commit import finalize
-from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
+from cycler.checkpoint.layout import CheckpointLayout
 from cycler.checkpoint.listing import list_checkpoints
-from cycler.checkpoint.manifest import sealed
 from cycler.checkpoint.persisting import Persister
 from cycler.checkpoint.retainer import (
     Retainer,
@@ -81,26 +80,6 @@ def test_the_scan_sees_a_removal_called_passed_on_or_imported(tmp_path: Path) ->
     source.write_text("from cycler._fs import set_aside\nimport shutil\n"
                       "remove_logged(_fs.discard_directory, p, 'x')\nshutil.rmtree(p)\n")
     assert removals_in(source) == {"set_aside", "discard_directory", "rmtree"}
-
-
-def checkpoint(layout: CheckpointLayout, index: int, *, pinned: bool = False,
-               committed: bool = True) -> Path:
-    """A checkpoint directory of ``layout`` with one file, committed (the link moved to it) or
-    torn (no manifest)."""
-    layout.root.mkdir(parents=True, exist_ok=True)
-    layout.adopt()  # cycler prepares here from index 0: a directory without a manifest is torn
-    name = CheckpointName(layout.prefix, index, pinned)
-    path = layout.path_of(name)
-    path.mkdir()
-    (path / "model.pt").write_bytes(b"weights %d" % index)
-    if committed:
-        finalize(layout, name, sealed(path, index=index))
-    return path
-
-
-def indices(root: Path) -> list[str]:
-    return [f"{c.index}{'P' if c.pinned else ''}{'' if c.valid else 'T'}"
-            for c in list_checkpoints(root, commit_state_only=True)]
 
 
 def test_a_memory_root_keeps_its_newest_two_and_those_being_persisted(tmp_path: Path) -> None:

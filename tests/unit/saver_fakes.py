@@ -1,14 +1,20 @@
-"""A fake :class:`~cycler.checkpoint.coordination.Coordinator` for the saver's parts: the real
-rounds over an in-process store, the ranks as threads of one process (no process group)."""
+"""Fakes and makers for the saver's parts: a fake ``Coordinator`` (the real rounds over an
+in-process store, the ranks as threads of one process, no process group) and checkpoints made
+by hand."""
 
 from __future__ import annotations
 
 import datetime
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from cycler.checkpoint.commit import finalize
 from cycler.checkpoint.coordination import Coordinator
+from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
+from cycler.checkpoint.listing import list_checkpoints
+from cycler.checkpoint.manifest import sealed
 
 WAIT = datetime.timedelta(seconds=30)
 """How long a rank waits for another: long enough never to be reached by a test that passes."""
@@ -82,3 +88,24 @@ def on_every_rank(world_size: int, work: Callable[[FakeCoordinator], Any],
         thread.join(2 * WAIT.total_seconds())
         assert not thread.is_alive(), f"{thread.name} still waits"
     return outcomes
+
+
+def checkpoint(layout: CheckpointLayout, index: int, *, pinned: bool = False,
+               committed: bool = True) -> Path:
+    """A checkpoint directory of ``layout`` with one file, committed (the link moved to it) or
+    torn (no manifest)."""
+    layout.root.mkdir(parents=True, exist_ok=True)
+    layout.adopt()  # cycler prepares here from index 0: a directory without a manifest is torn
+    name = CheckpointName(layout.prefix, index, pinned)
+    path = layout.path_of(name)
+    path.mkdir()
+    (path / "model.pt").write_bytes(b"weights %d" % index)
+    if committed:
+        finalize(layout, name, sealed(path, index=index))
+    return path
+
+
+def indices(root: Path) -> list[str]:
+    """The checkpoints of ``root`` as ``"3"`` (committed), ``"3P"`` (pinned), ``"3T"`` (torn)."""
+    return [f"{c.index}{'P' if c.pinned else ''}{'' if c.valid else 'T'}"
+            for c in list_checkpoints(root, commit_state_only=True)]
