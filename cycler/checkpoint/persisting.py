@@ -22,6 +22,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from cycler.checkpoint.durable_copy import PersistAbandoned, persist
 from cycler.checkpoint.in_flight import (
     remember_in_flight,
     stopping,
@@ -33,7 +34,7 @@ from cycler.checkpoint.nodes.partner_copy import REPLICAS, replicate
 from cycler.checkpoint.nodes.topology import Nodes
 from cycler.checkpoint.retainer import retain_durable, retain_memory, retain_replicas
 from cycler.checkpoint.retention import checked_keep_last
-from cycler.checkpoint.tiers import MemoryTier, PersistAbandoned, persist
+from cycler.checkpoint.tiers import MemoryTier
 from cycler.protocol.control import stop_requested_of_this_job
 
 log = logging.getLogger(__name__)

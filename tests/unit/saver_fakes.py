@@ -10,9 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cycler.checkpoint.commit import finalize
 from cycler.checkpoint.coordination import Coordinator
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
+from cycler.checkpoint.linking import finalize
 from cycler.checkpoint.listing import list_checkpoints
 from cycler.checkpoint.manifest import sealed
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from saver_fakes import checkpoint, indices
 
-from cycler.checkpoint import tiers
+from cycler.checkpoint import durable_copy
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.persisting import Persister
 from cycler.checkpoint.tiers import MemoryTier
@@ -46,16 +46,16 @@ def hold_first_copy(monkeypatch: pytest.MonkeyPatch,
     """Hold the persisting thread in its first file copy until the returned ``release`` is set
     (``entered`` is set once it is held); ``while_held`` runs on that thread then."""
     entered, release = threading.Event(), threading.Event()
-    real = tiers.copy_durably
+    real = durable_copy.copy_durably
 
-    def copy_durably(source: Path, target: Path, abandon: Any = tiers.never_abandon) -> None:
+    def copy_durably(source: Path, target: Path, abandon: Any = durable_copy.never_abandon) -> None:
         if not entered.is_set():
             entered.set()
             while_held()
             assert release.wait(HELD)
         real(source, target, abandon)
 
-    monkeypatch.setattr(tiers, "copy_durably", copy_durably)
+    monkeypatch.setattr(durable_copy, "copy_durably", copy_durably)
     return entered, release
 
 
