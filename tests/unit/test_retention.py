@@ -226,3 +226,14 @@ def test_a_running_saver_drops_the_oldest_beyond_keep_last_and_none_with_minus_o
 def test_partner_copies_of_checkpoints_no_longer_kept_go_but_not_temporaries() -> None:
     copies = ["AD_checkpoint_1", "AD_checkpoint_2", ".AD_checkpoint_0.cycler-tmp-h-1-x"]
     assert stale_replicas(copies, {"AD_checkpoint_2"}) == ["AD_checkpoint_1"]
+
+
+@pytest.mark.parametrize("keep_last", [2.5, "2", None])
+def test_a_keep_last_that_is_no_whole_number_is_refused_before_any_commit(
+        tmp_path: Path, keep_last: object) -> None:
+    from cycler import AtomicDirectory
+    from cycler.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="is not a whole number"):
+        AtomicDirectory(str(tmp_path), keep_last=keep_last)  # type: ignore[arg-type]
+    assert not any(tmp_path.iterdir()), "nothing was prepared"
