@@ -39,7 +39,7 @@ def stopped_run(tmp_path: Path, persisted: bool) -> tuple[TierEnd, Said]:
     atomic_torch_save({"step": 1}, f"{directory}/train.pt")
     saver.symlink_latest(directory)
     if persisted:
-        from cycler.checkpoint.tiers import persist
+        from cycler.checkpoint.durable_copy import persist
 
         persist(options.memory_layout, options.layout,
                 options.memory_layout.parse(Path(directory).name))
