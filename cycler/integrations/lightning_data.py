@@ -194,16 +194,6 @@ class _SkippingBatchSampler:
 
     def __init__(self, batches: Any, generator: torch.Generator, seed: int) -> None:
         self.batches, self.generator, self.seed = batches, generator, seed
-        sampler: Any = getattr(batches, "sampler", None)
-        if sampler is not None and isinstance(getattr(sampler, "generator", 0),
-                                              torch.Generator | None):
-            # A shuffling sampler draws every epoch's order from a generator of its own
-            # (DataLoader(shuffle=True, generator=g)), which no checkpoint holds, or from a
-            # seed drawn from torch's global generator when its iterator starts, which a
-            # resume in the middle of the epoch has moved on: either way a resume in a later
-            # epoch would not continue that epoch's order. It draws from this generator,
-            # reseeded with the epoch, instead.
-            sampler.generator = generator
         self.epoch = 0
         self.resume_at: tuple[int, int] | None = None
         """(epoch, batches done in it) of a resume, until that epoch's iteration starts."""

@@ -80,27 +80,3 @@ def test_at_the_end_of_its_stream_the_position_is_the_stream_ended(tmp_path: Pat
     lightning_data.save_position(loader, tmp_path, rank=0)
     saved = torch.load(tmp_path / lightning_data.loader_file(0), weights_only=True)
     assert saved["state"] == {"position": 0}  # where the next pass starts, as uninterrupted
-
-
-@pytest.mark.parametrize("own_generator", [False, True])
-def test_a_resume_in_a_later_epoch_continues_that_epochs_order_whoever_owns_the_generator(
-        own_generator: bool) -> None:
-    # DataLoader(shuffle=True, generator=g): the sampler drew every epoch's order from g,
-    # which no checkpoint holds, so a resume in epoch 1 drew epoch 0's order again.
-    def loader() -> lightning_data.ResumableLoader:
-        generator = torch.Generator().manual_seed(5) if own_generator else None
-        plain = DataLoader(TensorDataset(torch.arange(20)), batch_size=4, shuffle=True,
-                           generator=generator)
-        return lightning_data.ResumableLoader.around(plain, seed=7)
-
-    def epoch(batches: lightning_data.ResumableLoader) -> list[list[int]]:
-        return [batch.tolist() for (batch,) in batches]
-
-    uninterrupted = loader()
-    first = epoch(uninterrupted)
-    uninterrupted.batch_sampler.set_epoch(1)  # type: ignore[union-attr]
-    second = epoch(uninterrupted)
-    resumed = loader()
-    resumed.load_state_dict({"version": lightning_data.LOADER_STATE_VERSION, "epoch": 1,
-                             "batches_done": 2})
-    assert first != second and epoch(resumed) == second[2:]
