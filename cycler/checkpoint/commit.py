@@ -208,3 +208,15 @@ def _shares(shares: list[str]) -> dict[str, tuple[FileRecord, int | None]]:
         for file, (size, digest, *node) in records.items():
             merged[file] = (FileRecord(size, digest), node[0] if node else None)
     return merged
+
+
+_MOVED = {"finalize": "linking", "link_forward": "linking"}
+"""Names this module had, now in the module named (their old import paths still work)."""
+
+
+def __getattr__(name: str) -> object:
+    if name in _MOVED:
+        import importlib
+
+        return getattr(importlib.import_module(f"cycler.checkpoint.{_MOVED[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -185,3 +185,26 @@ def newest_of(layout: CheckpointLayout, found: list[Path | None]) -> Path | None
 def remove_memory_root(root: Path) -> None:
     """Remove a job's memory root (the job ended for good); logged, never raised."""
     _fs.remove_logged(discard, root, "memory tier")
+
+
+_MOVED = {
+    "MEMORY_KEEP": "retention",
+    "PersistAbandoned": "durable_copy",
+    "never_abandon": "durable_copy",
+    "persist": "durable_copy",
+    "persist_newest": "durable_copy",
+    "newer_than_persisted": "durable_copy",
+    "COPY_CHUNK": "durable_copy",
+    "copy_durably": "durable_copy",
+    "retain_durable": "retainer",
+    "retain_memory": "retainer",
+}
+"""Names this module had, now in the module named (their old import paths still work)."""
+
+
+def __getattr__(name: str) -> object:
+    if name in _MOVED:
+        import importlib
+
+        return getattr(importlib.import_module(f"cycler.checkpoint.{_MOVED[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -73,3 +73,15 @@ def replicate(memory: CheckpointLayout, name: CheckpointName, nodes: Nodes, grou
     except BaseException:
         _fs.remove_logged(discard, target, "unfinished partner copy")
         raise
+
+
+_MOVED = {"retain_replicas": "retainer"}
+"""Names this module had, now in the module named (their old import paths still work)."""
+
+
+def __getattr__(name: str) -> object:
+    if name in _MOVED:
+        import importlib
+
+        return getattr(importlib.import_module(f"cycler.checkpoint.{_MOVED[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
