@@ -222,10 +222,12 @@ class StepControl:
         )
         self._group = _distributed_group(process_group)
         self._auto = as_auto_interval(every_steps)
-        self._for_verify = every_steps is None and every_seconds is None and \
-            under_verify(environ)
-        """``cycle verify`` runs this script and it has no schedule of its own: checkpoint at
-        verify's steps (:func:`~cycler.protocol.environment.verify_wants_checkpoint`)."""
+        self._for_verify = (every_steps is None or self._auto is not None) and \
+            every_seconds is None and under_verify(environ)
+        """``cycle verify`` runs this script and it has no fixed schedule of its own (none, or
+        ``"auto"``, whose steps follow the clock and so differ between runs): checkpoint at
+        verify's steps (:func:`~cycler.protocol.environment.verify_wants_checkpoint`), the same
+        in every run."""
         self._interval: int | None = None
         """The auto interval every rank uses now (steps), once rank 0 chose one."""
         self._chooser = None if self._auto is None or (
@@ -441,11 +443,11 @@ class StepControl:
                 self._chooser.adopt(interval, self._clock())
 
     def _scheduled(self) -> bool:
+        if self._for_verify:
+            return verify_wants_checkpoint(self._step)
         if self._auto is not None:
             return (self._interval is not None
                     and self._step - self._last_checkpoint_step >= self._interval)
-        if self._for_verify:
-            return verify_wants_checkpoint(self._step)
         return isinstance(self.every_steps, int) and self._step % self.every_steps == 0
 
     def _decide(self, signals: _Signals) -> StepDecision:
