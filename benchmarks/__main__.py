@@ -39,6 +39,7 @@ SMOKE: dict[str, list[str]] = {
     "bench_integrations": ["--repeats", "1", "--stop-at", "30"],
     "bench_memory_tier": ["--sizes-mb", "10", "--repeats", "1", "--crashes", "1"],
     "bench_multinode_restart": ["--repeats", "1"],
+    "bench_restart_cost": ["--rounds", "1", "--kills", "1"],
     "bench_resume_verify": ["--size-mb", "10", "--repeats", "2"],
     "bench_sampler_resume": ["--smoke"],
     "bench_saving": ["--sizes", "10MB", "--repeats", "2"],

@@ -5,7 +5,9 @@ An unadopted DDP script (gloo, 2 ranks, a few steps; every other start calls
 ``cycle run`` ``--starts`` times, forked workers (the default) or ``--cycle-args
 --no-fork-workers``. A start that has not ended ``--timeout`` seconds after it began is a hang:
 its workers' stacks are dumped (py-spy, where installed) into the work directory, its tree is
-killed, and it is counted. Each start's wall time is printed at the end (median, worst).
+killed, and it is counted where it stopped: before both ranks' first step (a start that hung),
+in training, or past both ranks' last line (an exit that hung). Each start's wall time is
+printed at the end (median, worst).
 
     python benchmarks/bench_worker_exit.py [--starts 200] [--timeout 90] [--cycle-args ...]
 """
@@ -39,6 +41,8 @@ for step in range(20):
     optimizer.zero_grad()
     model(torch.randn(32, 64)).sum().backward()
     optimizer.step()
+    if step == 0:
+        print(f"rank {os.environ['RANK']} stepped", flush=True)
 if sys.argv[1] == "destroy":
     dist.destroy_process_group()
 print(f"rank {os.environ['RANK']} done", flush=True)
@@ -88,14 +92,16 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="cycler-exit-"))
     (work / "ddp.py").write_text(DDP_SCRIPT)
-    walls, hangs, slow, failures = [], [], [], []
+    walls, hangs, slow, unstarted, failures = [], [], [], [], []
     for number in range(args.starts):
         wall, code = start_once(work, number, args)
         walls.append(wall)
         if code is None:
             said = (work / "last.log").read_text(errors="replace")
             finished = all(f"rank {rank} done" in said for rank in (0, 1))
-            (hangs if finished else slow).append(number)
+            stepped = all(f"rank {rank} stepped" in said for rank in (0, 1))
+            (hangs if finished else slow if stepped else unstarted).append(number)
+            os.replace(work / "last.log", work / f"hung-{number}.log")
         elif code != 0:
             failures.append((number, code))
             os.replace(work / "last.log", work / f"failed-{number}.log")
@@ -105,11 +111,12 @@ def main() -> None:
     import torch
 
     print(f"torch {torch.__version__}, {args.starts} starts ({args.cycle_args or 'forked'}): "
-          f"{len(hangs)} hung at their exit {hangs}, {len(slow)} past the timeout before their "
-          f"last line {slow}, {len(failures)} failed {failures}; wall median "
+          f"{len(unstarted)} hung before their first step {unstarted}, {len(slow)} in training "
+          f"{slow}, {len(hangs)} at their exit {hangs}, {len(failures)} failed {failures}; "
+          f"wall median "
           f"{statistics.median(walls):.1f} s, worst {max(walls):.1f} s; load "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; work {work}")
-    if not args.keep and not hangs and not failures:
+    if not args.keep and not hangs and not slow and not unstarted and not failures:
         shutil.rmtree(work, ignore_errors=True)
 
 

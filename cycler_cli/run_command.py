@@ -13,7 +13,6 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from cycler.checkpoint.memory_roots import DEFAULT_MEMORY_DIR
 from cycler.errors import ConfigError
 from cycler.protocol.exit_codes import EXIT_FAILURE, MEANINGS
 from cycler.supervisor.flags import declared, help_line
@@ -52,16 +51,6 @@ def register(app: typer.Typer) -> None:
 _TORCHRUN = "torchrun options (passed to torchrun unchanged)"
 
 
-def _memory_tier(on: bool | None, directory: str | None) -> str | bool | None:
-    """``--memory-tier``/``--memory-dir`` as the option's value (``None``: not given)."""
-    if on is False or directory is None:
-        return on
-    if not directory.strip():  # Path("") would be the current directory
-        raise ConfigError(f"memory-dir is empty: give a directory in node memory such as "
-                          f"{DEFAULT_MEMORY_DIR}, or leave it out")
-    return directory
-
-
 def _dashes(name: str) -> str:
     """An option's name (click passes it without its leading dashes) spelled with dashes."""
     return name.replace("_", "-")
@@ -93,10 +82,6 @@ def _undeclared(
                                    "not with python."),
     run_path: bool = typer.Option(False, "--run-path", help="Run SCRIPT (an absolute "
                                   "path) with runpy.run_path in torchrun's worker."),
-    memory_dir: str = typer.Option(None, "--memory-dir", help="The tmpfs where "
-                                   "--memory-tier keeps them, in a private cycler-UID "
-                                   "directory (implies it; default: $XDG_RUNTIME_DIR, "
-                                   f"else {DEFAULT_MEMORY_DIR})."),
     config: Path = typer.Option(None, "--config", help="YAML file with any of these options; "
                                 "flags win."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the torchrun "
@@ -185,7 +170,6 @@ run.__signature__ = _signature()  # type: ignore[attr-defined]
 def _flags(passed: dict[str, Any]) -> dict[str, Any]:
     """The command line as RunOptions' fields (``None``: not given)."""
     flags = {field.name: passed[field.name] for field, _ in declared(RunOptions)}
-    flags["memory_tier"] = _memory_tier(passed["memory_tier"], passed["memory_dir"])
     flags["launch_mode"] = _launch_mode(passed["module"], passed["no_python"], passed["run_path"])
     flags["torchrun_args"] = _torchrun_arguments(passed)
     return flags

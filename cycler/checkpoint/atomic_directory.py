@@ -88,8 +88,7 @@ class AtomicDirectory:
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, "
                              f"not {strategy!r}")
         keep_last = checked_keep_last(keep_last)
-        self.strategy, self.keep_last, self.is_master, self.device = (strategy, keep_last,
-                                                                      is_master, device)
+        self.strategy, self.is_master, self.device = strategy, is_master, device
         name = name or default_checkpoint_name()
         self._coordinator = Coordinator(name, timeout, strategy in COORDINATED)
         self.name = name if strategy != "async" else f"{name}_rank_{global_rank() or 0}"
@@ -119,6 +118,19 @@ class AtomicDirectory:
             shield_from_stray_signals()
         settle_gloo_threads_at_exit()
         self._placement.ensure_roots()
+
+    @property
+    def keep_last(self) -> int:
+        """Committed checkpoints kept, counting the latest (``-1``: all). Set on a running saver
+        it applies from the next commit on, in every tier; a value that would keep nothing is
+        refused as at construction (:class:`~cycler.errors.ConfigError`)."""
+        return self._retainer.keep_last
+
+    @keep_last.setter
+    def keep_last(self, keep_last: int) -> None:
+        self._retainer.keep_last = checked_keep_last(keep_last)
+        if self._persister is not None:
+            self._persister.keep_last = keep_last
 
     @property
     def layout(self) -> CheckpointLayout:

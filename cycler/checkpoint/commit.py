@@ -4,8 +4,8 @@
 and commit round (every rank records its share of the files, rank 0 writes the manifest from
 the records and moves the link; on several nodes in memory each node's leader does, under the
 job's manifest). Errors of any rank are announced through the store, so the others fail at once
-with the same text. :func:`finalize` is the last step of every commit: the manifest, then the
-link.
+with the same text. The last step, the manifest and then the link, is
+:func:`cycler.checkpoint.linking.finalize`.
 """
 
 from __future__ import annotations
@@ -16,11 +16,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cycler import _fs
-from cycler._private import restrict_tree
 from cycler._version import __version__
-from cycler.checkpoint.layout import MANIFEST_NAME, CheckpointLayout, CheckpointName
-from cycler.checkpoint.listing import list_checkpoints
+from cycler.checkpoint.layout import CheckpointName
+from cycler.checkpoint.linking import finalize
 from cycler.checkpoint.manifest import (
     FileRecord,
     Manifest,
@@ -35,43 +33,9 @@ from cycler.errors import CheckpointDirectoryError, CyclerError, RankFailed
 from cycler.protocol.node_local import note_commit
 from cycler.protocol.progress import beacon
 
-if TYPE_CHECKING:  # the supervisor persists through finalize() without importing torch
+if TYPE_CHECKING:  # imported for their types only: coordination imports torch
     from cycler.checkpoint.coordination import Coordinator
     from cycler.checkpoint.placement import Placement
-
-
-def finalize(layout: CheckpointLayout, name: CheckpointName, manifest: Manifest, *,
-             forward: bool = False, private: bool = False) -> None:
-    """The last step of every commit in ``layout``: write the manifest of ``name``'s directory,
-    whose files and subdirectories are durable already, and then point the latest link at it;
-    with ``forward`` (writers that commit in one root concurrently or out of order: persisting,
-    the nodes' contributions), see :func:`link_forward`. With ``private`` (a memory root), the
-    directory's files are made 0600 and its directories 0700 before the link, and the records
-    beside them too, whatever the umask they were written with."""
-    directory = layout.path_of(name)
-    _fs.atomic_write_bytes(directory / MANIFEST_NAME, manifest.to_json().encode())
-    if private:
-        restrict_tree(directory)
-        restrict_tree(layout.supervisor_dir)
-    if forward:
-        link_forward(layout)
-    else:  # a saver's own commit: indices only grow, so it is the newest
-        _fs.atomic_symlink(directory, layout.link_path)
-    note_commit()
-
-
-def link_forward(layout: CheckpointLayout) -> None:
-    """Point the latest link at the newest committed checkpoint if it names an older one (or
-    none). Each writer calls it after its own commit, so whichever swaps last leaves the link
-    on the newest: it never moves back."""
-    linked = layout.link_target_name()
-    for checkpoint in reversed(list_checkpoints(layout.root, layout.prefix,
-                                                commit_state_only=True)):
-        if linked is not None and checkpoint.index <= linked.index:
-            return
-        if checkpoint.valid:
-            _fs.atomic_symlink(checkpoint.path, layout.link_path)
-            return
 
 
 class CommitRounds:
@@ -247,3 +211,15 @@ def _shares(shares: list[str]) -> dict[str, tuple[FileRecord, int | None]]:
         for file, (size, digest, *node) in records.items():
             merged[file] = (FileRecord(size, digest), node[0] if node else None)
     return merged
+
+
+_MOVED = {"finalize": "linking", "link_forward": "linking"}
+"""Names this module had, now in the module named (their old import paths still work)."""
+
+
+def __getattr__(name: str) -> object:
+    if name in _MOVED:
+        import importlib
+
+        return getattr(importlib.import_module(f"cycler.checkpoint.{_MOVED[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

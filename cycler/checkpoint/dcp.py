@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cycler._distributed import in_process_group
-from cycler._fs import discard_directory, remove_logged
+from cycler._fs import remove_logged
 from cycler.checkpoint.coordination import COORDINATED, Coordinator
 from cycler.checkpoint.in_flight import (
     InFlight,
@@ -39,6 +39,7 @@ from cycler.checkpoint.in_flight import (
     wait_before_destroying_process_groups,
 )
 from cycler.checkpoint.manifest import read_manifest
+from cycler.checkpoint.retainer import discard
 from cycler.errors import DiskFull, StateMismatch
 from cycler.protocol.progress import SAVING, beacon
 
@@ -225,7 +226,7 @@ class DcpSaves:
                 write()
         except BaseException as error:
             if self._coordinator.is_creator:
-                remove_logged(discard_directory, Path(directory), "failed save")
+                remove_logged(discard, Path(directory), "failed save")
             raise disk_full_or(error, directory) from error
 
     def settle(self) -> None:

@@ -25,6 +25,7 @@ from cycler.checkpoint.listing import (
 )
 from cycler.checkpoint.lock import lock_holder
 from cycler.checkpoint.memory_roots import is_private, memory_base, memory_root
+from cycler.checkpoint.retainer import carry_out
 from cycler.checkpoint.retention import Decision, checked_keep_last, retention_decisions
 from cycler.errors import CheckpointDirectoryError, DirectoryInUse
 from cycler.protocol.events import history_counts, job_history, read_events
@@ -268,21 +269,17 @@ def prune(root: str | os.PathLike[str], *, keep_last: int = -1, dry_run: bool = 
         decisions, temporaries = decisions + in_memory, temporaries + memory_temporaries
     if dry_run:
         return PruneResult(decisions, temporaries, [], True)
-    doomed = [d.checkpoint.path for d in decisions if not d.keep]
     try:
         for tier in {d.checkpoint.path.parent for d in decisions if not d.keep}:
             _remember_indices(tier, [d.checkpoint for d in decisions
                                      if not d.keep and d.checkpoint.path.parent == tier])
-        for target in doomed:
-            _fs.discard_directory(target)
-        for temporary in temporaries:
-            _fs.remove_leftover(temporary)
+        removed = carry_out(decisions, temporaries)
     except OSError as error:
         raise CheckpointDirectoryError(
             f"cannot prune {path}: {error.strerror or error} at {error.filename or path}; "
             "nothing that was kept is affected: make the directory writable and run it again"
         ) from None
-    return PruneResult(decisions, temporaries, doomed + temporaries, False)
+    return PruneResult(decisions, temporaries, removed, False)
 
 
 def _remember_indices(root: Path, removed: list[Checkpoint]) -> None:

@@ -13,18 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cycler import _fs
-from cycler.checkpoint.commit import link_forward
-from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
-from cycler.checkpoint.listing import inspect_checkpoint
-from cycler.checkpoint.tiers import (
+from cycler.checkpoint.durable_copy import (
     Abandon,
     PersistAbandoned,
     never_abandon,
     newer_than_persisted,
     persist,
     persist_newest,
-    remove_memory_root,
 )
+from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
+from cycler.checkpoint.linking import link_forward
+from cycler.checkpoint.listing import inspect_checkpoint
+from cycler.checkpoint.tiers import remove_memory_root
 from cycler.errors import CyclerError
 from cycler.protocol.exit_codes import EXIT_NOT_PERSISTED, EXIT_REQUEUE, EXIT_SUCCESS
 

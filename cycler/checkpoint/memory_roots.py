@@ -42,6 +42,7 @@ from cycler._private import (
 )
 from cycler.checkpoint.layout import CheckpointLayout, saver_prefixes
 from cycler.checkpoint.listing import list_checkpoints
+from cycler.checkpoint.retainer import discard
 from cycler.errors import CheckpointDirectoryError
 from cycler.protocol.names import JOB_ID_FILENAME, MEMORY_OWNER_FILENAME, SUPERVISOR_DIRNAME
 
@@ -208,7 +209,7 @@ def prepare_memory_root(root: Path, durable: CheckpointLayout, *, supervisor: bo
         if os.path.lexists(owner_path) and not _belongs_to(owner, identity, durable):
             removed = (f"removed the memory tier {root}: it belonged to another job of "
                        f"{owner.get('durable_root') or 'an unknown checkpoint root'}")
-            _refused_unless_done(_fs.discard_directory, root)
+            _refused_unless_done(discard, root)
     make_private(root, "the memory root")
     make_private(root / SUPERVISOR_DIRNAME, "the memory root's record directory")
     if supervisor or not os.path.lexists(owner_path):
@@ -257,7 +258,7 @@ def sweep_stale_roots(base: Path, keep: Path) -> list[str]:
         if path == keep or _fs.is_temporary(path.name) or not is_private(path):
             continue
         why = _stale(path)
-        if why is not None and _fs.remove_logged(_fs.discard_directory, path, "memory tier"):
+        if why is not None and _fs.remove_logged(discard, path, "memory tier"):
             said.append(f"removed the memory tier {path}: {why}")
     return said
 

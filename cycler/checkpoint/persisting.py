@@ -22,6 +22,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from cycler.checkpoint.durable_copy import PersistAbandoned, persist
 from cycler.checkpoint.in_flight import (
     remember_in_flight,
     stopping,
@@ -29,15 +30,11 @@ from cycler.checkpoint.in_flight import (
 )
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.nodes.contribution import contribute
-from cycler.checkpoint.nodes.partner_copy import replicate, retain_replicas
+from cycler.checkpoint.nodes.partner_copy import REPLICAS, replicate
 from cycler.checkpoint.nodes.topology import Nodes
-from cycler.checkpoint.tiers import (
-    MemoryTier,
-    PersistAbandoned,
-    persist,
-    retain_durable,
-    retain_memory,
-)
+from cycler.checkpoint.retainer import retain_durable, retain_memory, retain_replicas
+from cycler.checkpoint.retention import checked_keep_last
+from cycler.checkpoint.tiers import MemoryTier
 from cycler.protocol.control import stop_requested_of_this_job
 
 log = logging.getLogger(__name__)
@@ -45,13 +42,14 @@ log = logging.getLogger(__name__)
 
 class Persister:
     """Persisting from ``memory`` to ``durable`` for one saver (``nodes``: this rank's place
-    among several nodes, whose leaders exchange partner copies over ``node_group``)."""
+    among several nodes, whose leaders exchange partner copies over ``node_group``). A
+    ``keep_last`` (the checkpoint root's retention) that would keep nothing is refused."""
 
     def __init__(self, tier: MemoryTier, memory: CheckpointLayout, durable: CheckpointLayout,
                  nodes: Nodes | None, keep_last: int) -> None:
         self._tier, self._memory, self._durable = tier, memory, durable
         self._nodes = nodes
-        self._keep_last = keep_last
+        self.keep_last = checked_keep_last(keep_last)
         self.node_group: Any = None
         """The gloo group of the nodes' leaders, once the saver has made it."""
         self._thread: ThreadPoolExecutor | None = None
@@ -96,7 +94,7 @@ class Persister:
                 busy = set(self.busy)
             retain_memory(self._memory, busy)
             if self._nodes is not None:
-                retain_replicas(self._memory)
+                retain_replicas(self._memory, self._memory.root / REPLICAS)
         except Exception as error:  # noqa: BLE001 (training goes on from memory)
             log.warning("checkpoint %d was not persisted to %s: %s", name.index,
                         self._durable.root, error)
@@ -120,10 +118,10 @@ class Persister:
         memory, durable = self._memory, self._durable
         if self._nodes is not None:  # every node gives what it holds; the last seals
             if contribute(memory, durable, name, lambda: self._gives_way(name)):
-                retain_durable(durable, self._keep_last)
+                retain_durable(durable, self.keep_last)
         else:
             persist(memory, durable, name, lambda: self._gives_way(name))
-            retain_durable(durable, self._keep_last)
+            retain_durable(durable, self.keep_last)
 
     def _gives_way(self, name: CheckpointName) -> bool:
         """Whether the copy of ``name`` stops for a newer stop's checkpoint (pinned ones never

@@ -4,9 +4,10 @@ them persisted to the checkpoint root.
 Under ``cycle run --memory-tier`` a saver commits every checkpoint in this job's memory root on
 this node (a tmpfs: the same layout, commit protocol and checksums as the checkpoint root), and
 copies every K-th one, every pinned one and every one taken for a stop to the checkpoint root
-(the durable tier) in the background. A copy is committed there only once its files read back
-with the memory manifest's checksums; a kill during the copy leaves a directory without a
-manifest (torn: the next writer removes it) and the durable link where it was.
+(the durable tier) in the background (:mod:`cycler.checkpoint.persisting`). A copy is committed
+there only once its files read back with the memory manifest's checksums
+(:mod:`cycler.checkpoint.durable_copy`). This module holds the tier itself: where its root is,
+whether a checkpoint fits, and whether it was found too small for the job.
 
 Indices are shared by the tiers: checkpoint 7 in memory is checkpoint 7 on disk, so "the newest
 checkpoint" means the same in both, and a resume takes the newest valid one of either (memory
@@ -25,20 +26,16 @@ import os
 import sys
 import time
 import weakref
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cycler import _fs
-from cycler.checkpoint.commit import finalize, link_forward
-from cycler.checkpoint.layout import MANIFEST_NAME, CheckpointLayout, CheckpointName
-from cycler.checkpoint.listing import Checkpoint, inspect_checkpoint, list_checkpoints
-from cycler.checkpoint.manifest import check_files, read_manifest
+from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.memory_roots import is_private, prepare_memory_root
-from cycler.checkpoint.retainer import reclaim_leftovers
-from cycler.checkpoint.retention import retention_decisions
-from cycler.errors import CheckpointDirectoryError, CorruptCheckpoint, CyclerError, DiskFull
+from cycler.checkpoint.retainer import discard
+from cycler.errors import CheckpointDirectoryError, DiskFull
 from cycler.protocol.environment import (
     ENV_CHECKPOINT_DIR,
     ENV_CONTROL_FILE,
@@ -51,9 +48,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PERSIST_EVERY = 5
 """Persist every 5th checkpoint (and every stop's and pinned one) by default."""
-
-MEMORY_KEEP = 2
-"""Committed checkpoints a memory root keeps per saver (besides one being persisted)."""
 
 TMPFS_SHARE = 0.5
 """The most of its filesystem a memory root may fill; past it, saves go to the durable root."""
@@ -188,139 +182,29 @@ def newest_of(layout: CheckpointLayout, found: list[Path | None]) -> Path | None
     return max(ranked)[2] if ranked else None
 
 
-class PersistAbandoned(CyclerError):
-    """A persist given up for a newer one that must start at once (a stop's); its unfinished
-    copy is removed."""
-
-
-Abandon = Callable[[], bool]
-"""Asked between chunks of a copy: whether to give the persist up (:class:`PersistAbandoned`)."""
-
-
-def never_abandon() -> bool:
-    """The default :data:`Abandon`: a persist runs to its end."""
-    return False
-
-
-def persist(memory: CheckpointLayout, durable: CheckpointLayout, name: CheckpointName,
-            abandon: Abandon = never_abandon,
-            unfinished: Callable[[Path], object] = _fs.discard_directory) -> Path:
-    """Copy the committed memory checkpoint ``name`` into the durable root and commit it there
-    once the copy verifies; return the durable directory.
-
-    The durable link moves only forward. Raises :class:`CorruptCheckpoint` (the copy removed)
-    when the memory copy does not match its own manifest, and :class:`PersistAbandoned` (the
-    copy removed) when ``abandon()`` says so before the commit. ``unfinished`` removes a copy
-    that did not commit (:func:`_fs.set_aside` where deleting its files takes time it has not).
-    """
-    source = memory.path_of(name)
-    manifest = read_manifest(source)
-    # Names outside the checkpoint, symlinks, missing files: refused before anything is copied.
-    problem = check_files(source, manifest)
-    if problem is not None:
-        raise CorruptCheckpoint(f"{source} cannot be persisted: {problem}")
-    target = durable.path_of(name)
-    if os.path.lexists(target):
-        if inspect_checkpoint(durable, name).valid:  # persisted before (a stop's, then the
-            link_forward(durable)  # job's end), or killed between manifest and link
-            return target
-        _fs.discard_directory(target)  # a copy cut short by a kill
-    durable.record_index(name.index)
-    target.mkdir()
-    try:
-        for file in sorted(manifest.files):
-            (target / file).parent.mkdir(parents=True, exist_ok=True)
-            copy_durably(source / file, target / file, abandon)
-        problem = check_files(target, manifest, checksums=True)
-        if problem is not None:
-            raise CorruptCheckpoint(f"{source} cannot be persisted: its copy's {problem}")
-        for parent in {(target / file).parent for file in manifest.files} - {target}:
-            _fs.fsync_directory(parent)
-        finalize(durable, name, manifest, forward=True)
-    except BaseException:
-        if not os.path.lexists(target / MANIFEST_NAME):  # committed, only the link may lag
-            _fs.remove_logged(unfinished, target, "unfinished persisted copy")
-        raise
-    return target
-
-
-def persist_newest(memory: CheckpointLayout, durable: CheckpointLayout,
-                   ) -> CheckpointName | None:
-    """At the job's end or stop, with no writer left: persist the newest memory checkpoint that
-    is newer than the durable root's latest and copies intact (an older one where the newest
-    does not); return its name, ``None`` when nothing needed persisting."""
-    for checkpoint in newer_than_persisted(memory, durable):
-        try:
-            persist(memory, durable, checkpoint.name)
-        except CorruptCheckpoint as error:
-            log.warning("%s; trying an older memory checkpoint", error)
-            continue
-        return checkpoint.name
-    return None
-
-
-def newer_than_persisted(memory: CheckpointLayout, durable: CheckpointLayout,
-                         ) -> list[Checkpoint]:
-    """The valid memory checkpoints newer than the one the durable link names, newest first."""
-    if not memory.root.is_dir():
-        return []
-    linked = durable.link_target_name()
-    return [c for c in reversed(list_checkpoints(memory.root, memory.prefix))
-            if c.valid and (linked is None or c.index > linked.index)]
-
-
-COPY_CHUNK = 8 << 20
-
-
-def copy_durably(source: Path, target: Path, abandon: Abandon = never_abandon) -> None:
-    """Copy ``source`` to the new file ``target`` and fsync it; :class:`PersistAbandoned`
-    between two chunks once ``abandon()`` says so (the caller removes what it made)."""
-    with open(source, "rb") as reading, open(target, "xb") as writing:
-        while chunk := reading.read(COPY_CHUNK):
-            if abandon():
-                raise PersistAbandoned(f"the copy of {source} was given up for a newer one")
-            writing.write(chunk)
-        writing.flush()
-        os.fsync(writing.fileno())
-
-
-def retain_durable(durable: CheckpointLayout, keep_last: int) -> None:
-    """Retention in the durable root after a persisted commit (docs/design.md's rules); failures
-    are logged, never raised."""
-    try:
-        checkpoints = list_checkpoints(durable.root, durable.prefix, commit_state_only=True)
-    except OSError as error:
-        log.warning("retention skipped in %s (%s)", durable.root, error)
-        return
-    for decision in retention_decisions(checkpoints, keep_last=keep_last, remove_torn=True,
-                                        writer_active=True):
-        if not decision.keep:
-            _fs.remove_logged(_fs.discard_directory, decision.checkpoint.path, "checkpoint")
-    reclaim_leftovers(durable, everyone=False)
-
-
-def retain_memory(memory: CheckpointLayout, busy: Collection[int], keep: int = MEMORY_KEEP,
-                  ) -> None:
-    """Keep the newest ``keep`` committed checkpoints of a memory root and those in ``busy``
-    (being persisted); remove the rest, pinned ones too (they were persisted), torn ones
-    older than the newest, and what writers on this host left when they died (a removal cut
-    by a kill: up to a whole checkpoint in RAM each). Failures are logged, never raised."""
-    try:
-        checkpoints = list_checkpoints(memory.root, memory.prefix, commit_state_only=True)
-    except OSError as error:
-        log.warning("retention skipped in %s (%s)", memory.root, error)
-        return
-    committed = sorted(c.index for c in checkpoints if c.valid)
-    kept = set(committed[-keep:]) | set(busy)
-    newest = committed[-1] if committed else -1
-    for checkpoint in checkpoints:
-        if checkpoint.index in kept or (not checkpoint.valid and checkpoint.index > newest):
-            continue
-        if checkpoint.is_directory:
-            _fs.remove_logged(_fs.discard_directory, checkpoint.path, "memory checkpoint")
-    reclaim_leftovers(memory, everyone=False)
-
-
 def remove_memory_root(root: Path) -> None:
     """Remove a job's memory root (the job ended for good); logged, never raised."""
-    _fs.remove_logged(_fs.discard_directory, root, "memory tier")
+    _fs.remove_logged(discard, root, "memory tier")
+
+
+_MOVED = {
+    "MEMORY_KEEP": "retention",
+    "PersistAbandoned": "durable_copy",
+    "never_abandon": "durable_copy",
+    "persist": "durable_copy",
+    "persist_newest": "durable_copy",
+    "newer_than_persisted": "durable_copy",
+    "COPY_CHUNK": "durable_copy",
+    "copy_durably": "durable_copy",
+    "retain_durable": "retainer",
+    "retain_memory": "retainer",
+}
+"""Names this module had, now in the module named (their old import paths still work)."""
+
+
+def __getattr__(name: str) -> object:
+    if name in _MOVED:
+        import importlib
+
+        return getattr(importlib.import_module(f"cycler.checkpoint.{_MOVED[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -36,6 +36,8 @@ MESSAGES = {
                                 "yet: waiting a few seconds for them to",
     "deadline": "the stop must be over in {seconds_left:g} s, not the {grace:g} s grace: {why}",
     "stop_after_commit": "checkpoint {index} is the stop's checkpoint: SIGTERM to the workers",
+    "stop_after_training": "the workers had ended their training loop before the stop reached "
+                           "them: the job finished, nothing to stop or requeue",
     "stop_handled_by_script": "the script handled the signal and exited 0; cycle sees no "
                               "checkpoint of its own to name",
     "checkpoint_committed": "checkpoint {index} committed",
@@ -114,6 +116,7 @@ MESSAGES = {
 
 HISTORY = frozenset({
     "start", "signal", "stop_requested", "deadline", "stop_after_commit", "stop_handled_by_script",
+    "stop_after_training",
     "stop_without_new_checkpoint", "stopped_by_another_node", "grace_expired", "kill",
     "restart_scheduled", "restart_together", "no_restart_during_stop", "peer_lost",
     "failed_after_training", "requeue",

@@ -264,7 +264,10 @@ class _Walk:
 
     def take(self, figures: Goodput, event: dict[str, Any], when: float) -> None:
         name, pending = event.get("event"), self.pending
-        if name == "checkpoint_committed":
+        if name == "stop_after_training" and pending is not None and pending.kind == "stop":
+            figures.interruptions.remove(pending)  # it found the training done: no downtime
+            self.pending = None
+        elif name == "checkpoint_committed":
             self.progress_since = when
         elif name == "first_step" and pending is not None:
             self._first_step(figures, pending, event, when)

@@ -44,7 +44,10 @@ TRAINING, SAVING, PAUSED = 0, 1, 2
 """What a worker is doing, as its beacon says."""
 PHASE_NAMES = {TRAINING: "training", SAVING: "saving", PAUSED: "paused"}
 AFTER_THE_LOOP = "after the loop"
-"""The name of the phase a worker is in for good once ``StepControl.close()`` ended its loop."""
+"""The name of the phase a worker is in for good once ``StepControl.close()`` ended a loop that
+ran to its end (no stop decided): its training is done."""
+AFTER_A_STOP = "after a stop"
+"""The same phase once ``StepControl.close()`` ended a loop that a stop decision ended."""
 MARKS = ("spawned", "imported", "ready", "loaded")
 """A worker's start-up, in order: its process started; its imports were done (cycler's, with
 torch: the first of cycler's names a script used that needed torch was imported); the
@@ -148,6 +151,13 @@ class Beacon:
         self._phase, self._name = phase, name.encode()[:20]
         self._write(now)
 
+    def loop_begins(self) -> None:
+        """A training loop begins (a ``StepControl`` is built): a worker that had ended an
+        earlier loop trains again, so the supervisor must not take it for finished."""
+        if self._phase == PAUSED and self._name in (AFTER_THE_LOOP.encode(),
+                                                    AFTER_A_STOP.encode()):
+            self.mark(TRAINING)
+
     def _time_training(self, now: float) -> None:
         if self._training_since is not None:
             self._longest = max(self._longest, now - self._training_since)
@@ -175,6 +185,9 @@ class _NoBeacon(Beacon):
         pass
 
     def note(self, mark: str, step: int | None = None) -> None:
+        pass
+
+    def loop_begins(self) -> None:
         pass
 
 

@@ -27,11 +27,13 @@ that uses neither, or has its own SIGTERM handler, gets the signal at once, as t
 forward it, and has the grace to exit. A script that imported cycler but has built neither yet
 is given a few seconds (``undecided_wait``) to do so before it is treated as plain.
 
-Exit rule after a stop request: ``75`` whenever a valid checkpoint exists, because a requeued job
-resumes from it, or when a plain script handled the forwarded signal and exited 0 (its own
-checkpoint is out of cycle's sight); a warning is logged when the stop made no new checkpoint.
-Otherwise the stop ends with ``1``: there is nothing to resume, and requeueing would silently
-start over.
+Exit rule after a stop request: ``0`` when the workers exited 0 before the stop reached them
+(their loops had run to their end, or a script that only commits exited before its next
+commit): the training is done, and a requeue would train its last steps again. Otherwise
+``75`` whenever a valid checkpoint exists, because a requeued job resumes from it, or when a
+plain script handled the forwarded signal and exited 0 (its own checkpoint is out of cycle's
+sight); a warning is logged when the stop made no new checkpoint. Otherwise the stop ends with
+``1``: there is nothing to resume, and requeueing would silently start over.
 """
 
 from __future__ import annotations
@@ -407,6 +409,9 @@ class SupervisorCore:
             self._checkpoint_at_stop = self.config.initial_checkpoint
             self._stop_deadline = event.deadline_elsewhere or 0.0
             return [log, Log("stopped_by_another_node", {}), *self._finish_stop()]
+        if self.stop_requested and self._stop_never_reached(event):
+            return [log, Log("stop_after_training", {}),
+                    *self._exit(EXIT_SUCCESS, "the training script finished")]
         if self.stop_requested:
             handled = (self._stop_path is StopPath.SIGNAL and self.phase is Phase.STOPPING
                        and event.code == 0)
@@ -418,6 +423,15 @@ class SupervisorCore:
         if event.code == 0:
             return [log, *self._exit(EXIT_SUCCESS, "the training script finished")]
         return [log, *self._on_failure(event)]
+
+    def _stop_never_reached(self, event: WorkersExited) -> bool:
+        """Whether the workers exited 0 of their own accord, the stop requested meanwhile
+        never reaching them: no signal went to them (the grace is not over), and their loops
+        ran to their end (their beacons say so) or, on the next-commit path, they exited
+        before the commit that was to end them. The job finished: no 75, no requeue."""
+        if event.code != 0 or self.phase is not Phase.STOPPING:
+            return False
+        return event.training_ended or self._stop_path is StopPath.NEXT_COMMIT
 
     def _on_failure(self, event: WorkersExited) -> list[SupervisorAction]:
         self._failures += 1

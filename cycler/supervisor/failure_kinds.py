@@ -68,7 +68,11 @@ _ANY_QUOTED = re.compile(r""": ['"]([^'"]+)['"]\s*$""")
 _ADDRESS_IN_USE = re.compile(r"EADDRINUSE|[Aa]ddress already in use")
 _PORT = re.compile(r"\bport:? (\d+)")
 _HOST_PORT = re.compile(r"(\[[^\]\s]+\]|[\w.-]+):(\d{2,5})\b")
-_OUT_OF_MEMORY = re.compile(r"out of memory", re.IGNORECASE)
+_OUT_OF_MEMORY = re.compile(r"out of memory|not enough memory|can't allocate memory",
+                            re.IGNORECASE)
+"""torch's words for an allocation refused: CUDA's, and the CPU allocator's (``DefaultCPUAllocator:
+can't allocate memory: ... (Cannot allocate memory)`` on torch 2.13, ``not enough memory`` in
+older releases)."""
 
 
 def classify(stderr: str) -> WorkerFailure | None:

@@ -205,12 +205,19 @@ def run_worker(script: str, *arguments: str) -> NoReturn:
     # Python makes the script's path absolute (3.9 and newer) for __file__ and its frames, as
     # it is (no normalising): a script that changes directory still finds itself.
     path = os.path.join(os.getcwd(), script)
-    # A directory or a zip application with a __main__.py runs as python runs it: runpy's.
-    code = compile(f"import runpy\nrunpy.run_path({path!r}, run_name='__main__')\n",
-                   "<runpy>", "exec") if _is_application(path) else _compiled(path)
+    application = _is_application(path)
+    if application:
+        # A directory or a zip application with a __main__.py runs as python runs it: the
+        # application itself first on sys.path (the path as given, made absolute), then
+        # runpy's _run_module_as_main, which leaves sys.argv[0] as given.
+        sys.path[0] = path
+        code = _RUN_APPLICATION
+    else:
+        code = _compiled(path)
     probe: dict[str, Any] = {}
     exec(_DEPTH_PROBE, probe)  # from where the script's code runs, as deep as it will be
-    _recursion_as_fresh(probe["reached"])
+    # An application's own frame, _RUN_APPLICATION's, is one below python's start of it.
+    _recursion_as_fresh(probe["reached"] - application)
     try:
         exec(code, _main_module(path).__dict__)  # only sys.modules holds it: see _finish
     except SystemExit as stop:
@@ -228,6 +235,11 @@ def run_worker(script: str, *arguments: str) -> NoReturn:
         _print_uncaught(error, path)
         _exit(1)
     _exit(0)
+
+
+_RUN_APPLICATION = compile("import runpy\nrunpy._run_module_as_main('__main__', False)\n",
+                           "<run application>", "exec")
+"""What ``python DIRECTORY`` and ``python APP.zip`` run (CPython's ``pymain_run_module``)."""
 
 
 def _is_application(path: str) -> bool:
@@ -289,9 +301,13 @@ def _main_module(path: str) -> types.ModuleType:
 
 
 def _print_uncaught(error: BaseException, script: str) -> None:
-    """The traceback Python prints, from the script's frame on (without ours)."""
+    """The traceback Python prints, from the script's frame on (without ours); for an
+    application, from runpy's frames below it, as Python prints them."""
     frames = error.__traceback__
     while frames is not None and frames.tb_frame.f_code.co_filename != script:
+        if frames.tb_frame.f_code is _RUN_APPLICATION:
+            frames = frames.tb_next
+            break
         frames = frames.tb_next
     error = error.with_traceback(frames or error.__traceback__)
     sys.excepthook(type(error), error, error.__traceback__)

@@ -45,6 +45,7 @@ from cycler.checkpoint.layout import CheckpointLayout
 from cycler.protocol.features import USES_CONTROL, announced
 from cycler.protocol.node_local import NodeFiles
 from cycler.protocol.progress import (
+    AFTER_THE_LOOP,
     DUMP_SIGNAL,
     PAUSED,
     PHASE_NAMES,
@@ -397,6 +398,12 @@ class WorkerProgress:
         watch.restarted(time.monotonic())
         return HangDetected(f"{summary}; stacks in {dump}", wall, {**fields, "dump": str(dump)},
                             repeated=repeated(hang))
+
+    def training_ended(self) -> bool:
+        """Whether every worker ended its training loop without a stop (``StepControl.close()``
+        after its loop ran to its end): the training is done, whatever was requested since."""
+        readings = read_beacons(self._directory)
+        return bool(readings) and all(r.name == AFTER_THE_LOOP for r in readings)
 
     def before_first_step(self) -> bool | None:
         """Whether no worker made a step (or commit) in this start; ``None``: the workers

@@ -118,13 +118,20 @@ class RunOptions:
              "shared on purpose); without it, a root of another user or open to others' "
              "writes is refused")
     """Whose checkpoint root this job may use: :func:`cycler._private.user_trust`."""
-    memory_tier: Path | None = option(
-        None, "--memory-tier/--no-memory-tier", kind=bool, yaml=(str, bool), shown="off",
+    memory_tier: bool = option(
+        False, "--memory-tier/--no-memory-tier", kind=bool, yaml=(bool, str), shown="off",
         help="Commit every checkpoint in node memory first and persist some to the checkpoint "
              "root, on one node or several")
-    """The tmpfs where jobs keep checkpoints in node memory (``None``: no memory tier). This
-    job's memory root is in the user's private base inside it (``memory_roots.memory_base``:
-    ``<dir>/cycler-<uid>``)."""
+    """Whether checkpoints go to node memory first (a YAML string is a ``memory_dir``)."""
+    memory_dir: Path | None = option(
+        None, "--memory-dir", yaml=(str,),
+        shown=f"$XDG_RUNTIME_DIR where it is private, else {DEFAULT_MEMORY_DIR}",
+        help="The tmpfs where --memory-tier keeps them, in a private cycler-UID directory "
+             "(implies it)")
+    """The tmpfs for the memory tier as given (``None``: not given, then
+    ``memory_roots.memory_base`` picks it); a given directory is used as it is, ``/dev/shm``
+    included. This job's memory root is in the user's private base inside it
+    (``<dir>/cycler-<uid>``)."""
     persist_every: int = option(
         DEFAULT_PERSIST_EVERY, "--persist-every", yaml=(int,),
         help="With --memory-tier: persist every K-th checkpoint (and every stop's)")
@@ -205,18 +212,16 @@ class RunOptions:
     @functools.cached_property
     def memory_layout(self) -> CheckpointLayout | None:
         """This job's memory root on this node (with ``--memory-tier``)."""
-        if self.memory_tier is None:
+        if not self.memory_tier:
             return None
-        given = None if self.memory_tier == DEFAULT_MEMORY_DIR else self.memory_tier
-        return CheckpointLayout(memory_root(memory_base(given), self.layout.root),
+        return CheckpointLayout(memory_root(memory_base(self.memory_dir), self.layout.root),
                                 self.checkpoint_name)
 
     @functools.cached_property
     def runtime_dir(self) -> Path:
         """This job's private directory on this node: the files its ranks and supervisor
         exchange while training (:mod:`cycler.protocol.node_local`)."""
-        given = None if self.memory_tier in (None, DEFAULT_MEMORY_DIR) else self.memory_tier
-        return runtime_dir(self.layout.root, self.node_rank, given)
+        return runtime_dir(self.layout.root, self.node_rank, self.memory_dir)
 
     @property
     def node_files(self) -> NodeFiles:
@@ -242,14 +247,14 @@ class RunOptions:
     def _normalise(self) -> None:
         """The values as the rest of cycle uses them: paths, tuples, signal names, counts."""
         for name, example in (("checkpoint_dir", "./checkpoints"),
-                              ("memory_tier", str(DEFAULT_MEMORY_DIR)),
+                              ("memory_dir", str(DEFAULT_MEMORY_DIR)),
                               ("resumable_if", "'output/checkpoint-*'")):
             # Path("") is Path("."): an empty value would quietly mean the current directory.
             _require(getattr(self, name) is None or bool(str(getattr(self, name)).strip()), name,
                      f"is empty: give a value such as {example}, or leave it out")
         object.__setattr__(self, "checkpoint_dir", Path(self.checkpoint_dir))
-        if self.memory_tier is not None:
-            object.__setattr__(self, "memory_tier", Path(self.memory_tier))
+        if self.memory_dir is not None:
+            object.__setattr__(self, "memory_dir", Path(self.memory_dir))
         object.__setattr__(self, "signals", parse_signals(self.signals))
         object.__setattr__(self, "script", os.fspath(self.script))
         object.__setattr__(self, "script_args", tuple(self.script_args))
@@ -398,8 +403,13 @@ def resolve_run_options(*, script: str | Path, script_args: Sequence[str] = (),
         merged["signals"] = parse_signals(merged["signals"])
     if merged.get("resume_from") is not None:
         merged["resume_from"] = str(merged["resume_from"])
-    if isinstance(merged.get("memory_tier"), bool):  # --memory-tier, or YAML's true / false
-        merged["memory_tier"] = DEFAULT_MEMORY_DIR if merged["memory_tier"] else None
+    if isinstance(merged.get("memory_tier"), str):  # YAML's memory_tier: /mnt/ram
+        _require(bool(merged["memory_tier"].strip()), "memory_tier",
+                 f"is empty: give a value such as {DEFAULT_MEMORY_DIR}, or leave it out")
+        merged["memory_dir"] = merged.get("memory_dir") or merged["memory_tier"]
+        merged["memory_tier"] = True
+    if merged.get("memory_dir") is not None and merged.get("memory_tier") is not False:
+        merged["memory_tier"] = True  # --memory-dir implies --memory-tier
     return RunOptions(script=os.fspath(script), script_args=tuple(script_args), **merged)
 
 

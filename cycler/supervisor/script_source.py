@@ -13,6 +13,7 @@ write of the environment counts, whatever its name.
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,14 +59,39 @@ def environment_writes(source: bytes) -> list[EnvironmentWrite]:
 
 def first_torch_import(source: bytes) -> int | None:
     """The first line that imports torch or one of its modules (``import torch``, ``from
-    torch.nn import ...``), anywhere in the script; ``None`` where none does."""
+    torch.nn import ...``) as the script's module code runs: in its body or its blocks (``if``,
+    ``try``, ``with``, loops), not in a function or a class, whose code runs when called,
+    perhaps after a write below it, nor under ``if TYPE_CHECKING:``, which never runs; ``None``
+    where none does."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return None
-    lines = [node.lineno for node in ast.walk(tree)
+    lines = [node.lineno for node in _module_code(tree.body)
              if isinstance(node, (ast.Import, ast.ImportFrom)) and _imports_torch(node)]
     return min(lines, default=None)
+
+
+def _module_code(statements: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements that run with the module's code, blocks included, functions' and
+    classes' bodies and ``if TYPE_CHECKING:`` bodies left out."""
+    for statement in statements:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        yield statement
+        if isinstance(statement, ast.If) and _is_type_checking(statement.test):
+            yield from _module_code(statement.orelse)
+            continue
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            for block in getattr(statement, field, []):
+                inner = block.body if isinstance(block, (ast.ExceptHandler, ast.match_case)) \
+                    else [block]
+                yield from _module_code(inner)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def environment_set_before_torch(source: bytes) -> EnvironmentWrite | None:

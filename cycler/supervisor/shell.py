@@ -559,7 +559,8 @@ class Supervisor:
                                 self._link) if self.options.nnodes > 1 else []
         return core.WorkersExited(code, self._clock(), bool(stops),
                                   self._progress.before_first_step(), failed,
-                                  earliest_deadline(stops))
+                                  training_ended=self._progress.training_ended(),
+                                  deadline_elsewhere=earliest_deadline(stops))
 
     def _signal_tree(self, number: signal.Signals) -> None:
         if self._tree is not None:

@@ -126,6 +126,9 @@ class WorkersExited:
     failure: WorkerFailure | None = None
     """How the failing worker failed, as its output says (``None``: it says nothing, as when
     a worker was killed by SIGTERM)."""
+    training_ended: bool = False
+    """Every worker had ended its training loop without a stop (``StepControl.close()`` after
+    its last step): a stop requested since found the training done."""
     deadline_elsewhere: float | None = None
     """With ``stopped_elsewhere``: the earliest deadline the other nodes' stop requests set
     (wall-clock), which bounds this node's copy of its share of the stop's checkpoint."""

@@ -59,7 +59,7 @@ from cycler.errors import ConfigError, CyclerError, StateMismatch
 from cycler.protocol.control import Action, ControlFileWatcher, ControlRequest
 from cycler.protocol.environment import ENV_CONTROL_FILE, under_verify, verify_wants_checkpoint
 from cycler.protocol.node_local import refused_node_dir
-from cycler.protocol.progress import AFTER_THE_LOOP, PAUSED, beacon
+from cycler.protocol.progress import AFTER_A_STOP, AFTER_THE_LOOP, PAUSED, beacon
 from cycler.protocol.stop_signals import shield_from_stray_signals
 from cycler.training.auto_interval import (
     EverySteps,
@@ -225,10 +225,12 @@ class StepControl:
         )
         self._group = _distributed_group(process_group)
         self._auto = as_auto_interval(every_steps)
-        self._for_verify = every_steps is None and every_seconds is None and \
-            under_verify(environ)
-        """``cycle verify`` runs this script and it has no schedule of its own: checkpoint at
-        verify's steps (:func:`~cycler.protocol.environment.verify_wants_checkpoint`)."""
+        self._for_verify = (every_steps is None or self._auto is not None) and \
+            every_seconds is None and under_verify(environ)
+        """``cycle verify`` runs this script and it has no fixed schedule of its own (none, or
+        ``"auto"``, whose steps follow the clock and so differ between runs): checkpoint at
+        verify's steps (:func:`~cycler.protocol.environment.verify_wants_checkpoint`), the same
+        in every run."""
         self._interval: int | None = None
         """The auto interval every rank uses now (steps), once rank 0 chose one."""
         self._chooser = None if self._auto is None or (
@@ -256,6 +258,7 @@ class StepControl:
         """The latest live request this rank read itself (other ranks may have seen none)."""
         self._fingerprints = fingerprint_log()
         self._beacon = beacon()
+        self._beacon.loop_begins()
         self._beacon.note("ready")  # the process group (if any) is joined: start-up is over
 
     @property
@@ -318,8 +321,10 @@ class StepControl:
 
     def close(self) -> None:
         """Wait for the exchange and the asynchronous saves in flight, if any. Call it on every
-        rank, or on none."""
-        self._beacon.mark(PAUSED, AFTER_THE_LOOP)
+        rank, or on none. Under ``cycle run`` it tells whether the loop ran to its end: a stop
+        requested after that finds the training done (exit 0, no requeue) once the workers
+        exit 0."""
+        self._beacon.mark(PAUSED, AFTER_A_STOP if self._last_decision.stop else AFTER_THE_LOOP)
         self._fingerprints.flush()
         wait_for_saves()
         if self._pending is not None:
@@ -442,11 +447,11 @@ class StepControl:
                 self._chooser.adopt(interval, self._clock())
 
     def _scheduled(self) -> bool:
+        if self._for_verify:
+            return verify_wants_checkpoint(self._step)
         if self._auto is not None:
             return (self._interval is not None
                     and self._step - self._last_checkpoint_step >= self._interval)
-        if self._for_verify:
-            return verify_wants_checkpoint(self._step)
         return isinstance(self.every_steps, int) and self._step % self.every_steps == 0
 
     def _decide(self, signals: _Signals) -> StepDecision:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from cycler.verify.compare import CheckpointDiff, Difference
 
@@ -48,6 +49,11 @@ CAUSES: dict[str, tuple[str, str]] = {
     "data": ("the data position", "save sampler.state_dict() (InterruptableDistributedSampler, "
              "advanced per batch) and load it on resume "
              f"({DOCS}#the-data-position)"),
+    "data_order": ("the data order", "a sampler or DataLoader with a torch.Generator of its "
+                   "own draws each epoch's order from a state no checkpoint holds: give the "
+                   "sampler a seed it reseeds per epoch (InterruptableDistributedSampler(seed="
+                   "...), set_epoch) or save generator.get_state() and restore it "
+                   f"({DOCS}#the-data-order)"),
     "scheduler": ("the learning-rate scheduler", "save scheduler.state_dict() and load it on "
                   f"resume ({DOCS}#the-scheduler)"),
     "scaler": ("the gradient scaler", "save scaler.state_dict() (torch.amp.GradScaler) and load "
@@ -107,7 +113,8 @@ def name_cause(diff: CheckpointDiff, *, world_size: int, files: Iterable[str],
                "checkpoint does not hold acted after it, and it holds no scheduler (whose "
                "learning rate changes with the step)")
     else:
-        (name, why), evidence = _unsaved(differing, saved, world_size, list(files)), None
+        (name, why), evidence = _unsaved(differing, saved, world_size, list(files),
+                                         (checkpoint or diff).keys), None
     part, fix = CAUSES[name]
     return Cause(name, part, why, fix, evidence)
 
@@ -142,8 +149,20 @@ def _upstream(differences: list[Difference],
     return None
 
 
+def _framework_restores_optimizer(keys: Iterable[tuple[str, tuple[str, ...]]]) -> bool:
+    """A checkpoint whose optimizer the framework loads itself, not the script: Lightning's
+    (``optimizer_states`` beside its ``loops``), HF Trainer's (``optimizer.pt`` beside
+    ``trainer_state.json``), Accelerate's ``save_state`` (``optimizer.bin``)."""
+    tops = {(Path(file).name, key[0] if key else "") for file, key in keys}
+    names = {name for name, _ in tops}
+    return {"optimizer_states", "loops"} <= {top for _, top in tops} or (
+        "optimizer.pt" in names and "trainer_state.json" in names) or any(
+        re.fullmatch(r"optimizer(_\d+)?\.bin", name) for name in names)
+
+
 def _unsaved(differing: set[str], saved: set[str], world_size: int,
-             files: list[str]) -> tuple[str, str]:
+             files: list[str], saved_keys: Iterable[tuple[str, tuple[str, ...]]] = ()
+             ) -> tuple[str, str]:
     """With nothing upstream differing: the part the checkpoint does not save at all."""
     if "rng" not in saved:
         return "rng", "the checkpoint holds no RNG state, so dropout and augmentation draw " \
@@ -156,6 +175,11 @@ def _unsaved(differing: set[str], saved: set[str], world_size: int,
         return "data", "the checkpoint holds no sampler or data position"
     if "optimizer" not in saved:
         return "optimizer", "the checkpoint holds no optimizer state"
+    if differing & {"optimizer"} and _framework_restores_optimizer(saved_keys):
+        return "data_order", ("the model and optimizer differ with the RNG, the loader's "
+                              "position, the learning rate and the counters equal, and the "
+                              "framework restores its optimizer itself: the batches differed, "
+                              "drawn in an order the checkpoint does not hold")
     if differing & {"optimizer"}:
         return "optimizer", ("the optimizer's state differs with every input to it (RNG, data "
                              "position, learning rate) equal")

@@ -51,6 +51,8 @@ class Difference:
     """A CPU generator state that is the reference's advanced by exactly one int64 draw."""
     record: str | None = None
     """Why the value is a record of the run rather than its state (:mod:`.records`)."""
+    scalar: bool = False
+    """Both values are plain numbers or strings (not tensors, arrays or containers)."""
 
     @property
     def is_tensor(self) -> bool:
@@ -251,7 +253,7 @@ def diff_objects(file: str, left: Any, right: Any,
             yield Difference(file, key, "type", record=record)
         elif not _same_value(left, right):
             yield Difference(file, key, "values", largest=_number_gap(left, right),
-                             record=record)
+                             record=record, scalar=_scalar(left) and _scalar(right))
         return
     inner = (difference for name in [*mine, *(k for k in theirs if k not in mine)]
              for difference in diff_objects(file, mine.get(name, MISSING),
@@ -270,6 +272,10 @@ def _same_value(left: Any, right: Any) -> bool:
         return bool(left == right) and type(left) is type(right)
     except Exception:  # noqa: BLE001 (an object without a usable ==: compared by its repr)
         return repr(left) == repr(right)
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (int, float, str)) and not isinstance(value, bool)
 
 
 def _number_gap(left: Any, right: Any) -> float | None:

@@ -14,11 +14,19 @@ compared bit for bit. A pure function of names and values: the stacks' files are
   ``TrainingArguments`` (``training_args.bin``: the configuration, with paths and a
   time-stamped logging directory).
 - Values inside a state file: a run's log history (HF's ``log_history``: a resume averages
-  its logged loss over fewer steps), wall-clock times (``train_runtime``, ``*_per_second``,
-  ``time_elapsed``, ``created_at``...), and paths (an absolute or ``./`` string, or a field
+  its logged loss over fewer steps), wall-clock times (a float or a string named as one:
+  ``train_runtime``, ``*_per_second``, ``time_elapsed``, ``created_at``...; an integer under
+  such a name is a counter, state), and paths (an absolute or ``./`` string, or a field
   named as one: ``best_model_checkpoint``, ``dirpath``, ``*_path``, ``*_dir``), and the
   flags of the moment of a save (HF's ``TrainerControl.should_training_stop``: a stop's
   checkpoint says stop, a periodic one at the same step does not).
+
+- Values that differ between two uninterrupted runs of the script (verify's determinism check
+  runs it twice before the first interruption), by observation rather than by name: a number
+  or a string outside the RNG and the data position that differs there is a record (a
+  wall-clock time under any name, ``t`` included; a pid; a host) and is left out of every
+  later comparison (``session.seen_to_vary``). A counter named ``t`` is equal in both runs
+  and stays state. A tensor, an RNG state or a data position that differs there is nondeterminism.
 
 State files are never records, whatever their names: HF's ``rng_state_N.pth``,
 ``optimizer.pt``, ``scheduler.pt``, ``scaler.pt``, ``trainer_state.json`` (but for the values
@@ -86,7 +94,7 @@ def record_value(key: tuple[str, ...], left: Any, right: Any) -> str | None:
     if words and _FLAGS.match(words[-1]):
         return ("a flag of the moment of the save (HF's TrainerControl: a stop's checkpoint "
                 "says stop)")
-    if words and _TIMES.search(words[-1]):
+    if words and _TIMES.search(words[-1]) and not _counts(left, right):
         return "a wall-clock time"
     if any(_is_path(word) for word in key) or any(
             isinstance(v, str) and _is_path(v) for v in (left, right)) or (
@@ -96,8 +104,17 @@ def record_value(key: tuple[str, ...], left: Any, right: Any) -> str | None:
     return None
 
 
+def _counts(*values: Any) -> bool:
+    """Integers (a step counter named ``time`` is state; a time stamp in integers differs
+    between two uninterrupted runs and is seen as a record there)."""
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
 def _is_path(text: str) -> bool:
     return text.startswith(("/", "./", "../")) and len(text) > 1
 
 
 ONLY_ONE_RUN = "a file only one run wrote (its name holds a time, a pid, a host or a start count)"
+
+VARIES = ("differs between two uninterrupted runs of the script (a wall-clock time, a pid, a "
+          "host under a name of the script's own)")

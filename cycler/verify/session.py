@@ -6,6 +6,8 @@
 3. Its first segment, before any interruption, is the script run twice: a checkpoint that
    differs there means the script is not deterministic, and no resume is blamed (checked as
    soon as that segment ends, so a nondeterministic script costs one segment more, not a run).
+   A number or string that differs there outside the RNG and the data position is a record
+   of the run (a wall-clock time under a name of the script's own), left out from then on.
 4. Every step both runs committed is compared, oldest first; the first that differs is
    reported relative to the resume before it, with the part most likely not restored.
 """
@@ -23,10 +25,17 @@ from cycler.errors import ConfigError, CyclerError
 from cycler.protocol.exit_codes import EXIT_USAGE
 from cycler.verify.capture import Captured
 from cycler.verify.causes import CAUSES, Cause, mid_accumulation, name_cause, part_of
-from cycler.verify.compare import CheckpointDiff, compare_checkpoints, leaves, load_unit, units
+from cycler.verify.compare import (
+    CheckpointDiff,
+    Difference,
+    compare_checkpoints,
+    leaves,
+    load_unit,
+    units,
+)
 from cycler.verify.matching import Pair, pair_checkpoints
 from cycler.verify.plan import Interruption, ReferenceShape, plan_interruptions
-from cycler.verify.records import ONLY_ONE_RUN, Skipped, record_file
+from cycler.verify.records import ONLY_ONE_RUN, VARIES, Skipped, record_file
 from cycler.verify.result import (
     DIFFERENT,
     IDENTICAL,
@@ -125,21 +134,21 @@ def _verify(options: VerifyOptions, runner: Runner, seed: int,
     plan, count_delay = _plan(reference, options, seed)
     result = VerifyResult(IDENTICAL, [reference], seed, runner.scratch,
                           determinism_check=options.determinism_check)
-    idle = idle_streams(kept[0], kept[-1])
+    ignored = idle_streams(kept[0], kept[-1])
 
     def deterministic_so_far(interrupted: RunRecord) -> bool:
         if not options.determinism_check or interrupted.capture.segment != 1:
             return True
-        _compare(reference, interrupted, result, compared, idle, segments=1)
+        _compare(reference, interrupted, result, compared, ignored, segments=1)
         return result.verdict == IDENTICAL
 
     interrupted = runner.run("interrupted", plan, count_delay=count_delay,
                              go_on=deterministic_so_far)
     result.runs.append(interrupted)
     if result.verdict == IDENTICAL:
-        last = _compare(reference, interrupted, result, compared, idle)
+        last = _compare(reference, interrupted, result, compared, ignored)
         if result.verdict == IDENTICAL and interrupted.finished:
-            _compare_ends(reference, interrupted, result, last)
+            _compare_ends(reference, interrupted, result, last, {key for _, key in ignored})
     if result.verdict == IDENTICAL and not any(segment > 0 for _, segment, _ in result.compared):
         raise NothingToVerify("no checkpoint after a resume could be compared with the "
                               "reference's: commit more often or run longer (the runs are in "
@@ -172,11 +181,20 @@ def idle_streams(first: Captured, last: Captured) -> set[tuple[str, tuple[str, .
             if part_of(file, key) == "rng" and (file, key) not in changed}
 
 
+def seen_to_vary(diff: CheckpointDiff) -> list[Difference]:
+    """The leaves of a comparison of two uninterrupted runs that are records of the run: plain
+    numbers or strings outside the RNG and the data position (a wall-clock time, whatever its
+    name). A tensor, an RNG state or a data position differing there is nondeterminism."""
+    return [d for d in diff.differences
+            if d.scalar and part_of(d.file, d.key) not in ("rng", "data")]
+
+
 def _compare(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
-             compared: Compared, idle: set[tuple[str, tuple[str, ...]]],
+             compared: Compared, ignored: set[tuple[str, tuple[str, ...]]],
              segments: int | None = None) -> CheckpointDiff | None:
     """Compare the pairs not compared yet (of the first ``segments`` only), oldest first,
-    until the first difference; returns the last comparison."""
+    until the first difference; returns the last comparison. ``ignored`` (idle RNG streams)
+    grows by what two uninterrupted runs are seen to vary in (:func:`seen_to_vary`)."""
     diff = None
     done = len(result.compared)
     pairs = pair_checkpoints(reference.capture.kept, interrupted.capture.kept)[done:]
@@ -186,7 +204,12 @@ def _compare(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
         compared(number, done + len(pairs))
         mine, theirs = pair.reference, pair.interrupted
         files = sorted({*mine.manifest.files, *theirs.manifest.files})
-        diff = compare_checkpoints(mine.path, theirs.path, files, trusted=True).without(idle)
+        diff = compare_checkpoints(mine.path, theirs.path, files, trusted=True).without(ignored)
+        if theirs.segment == 0:
+            varies = seen_to_vary(diff)
+            ignored |= {(d.file, d.key) for d in varies}
+            diff = diff.without(ignored)
+            result.note_skipped([Skipped(d.where(), VARIES) for d in varies])
         result.compared.append((pair.moment, theirs.segment, diff.identical))
         result.note_skipped(diff.skipped)
         if theirs.step is not None:
@@ -200,9 +223,10 @@ def _compare(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
 
 
 def _compare_ends(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
-                  last: CheckpointDiff | None) -> None:
+                  last: CheckpointDiff | None, varying: set[tuple[str, ...]]) -> None:
     """Compare what the two runs left in their working directories at the end of training
-    (the files a script writes after its loop, ``final.pt``), when they left anything."""
+    (the files a script writes after its loop, ``final.pt``), when they left anything; the
+    ``varying`` key paths (records in the checkpoints) are records there too."""
     mine, theirs = set(_files_in(reference.workdir)), set(_files_in(interrupted.workdir))
     # Only in one run, with a number in its name (a time, a pid, a start count): a record.
     # Without one (final.pt), its absence from the other run is a difference.
@@ -214,6 +238,7 @@ def _compare_ends(reference: RunRecord, interrupted: RunRecord, result: VerifyRe
         return
     diff = compare_checkpoints(reference.workdir, interrupted.workdir, files, trusted=True,
                                workdirs=True)
+    diff = diff.without({(d.file, d.key) for d in diff.differences if d.key in varying})
     result.note_skipped(diff.skipped)
     end = interrupted.last_step if interrupted.last_step >= 0 else None
     result.compared.append(("the end of training", interrupted.capture.segment, diff.identical))

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cycler import EXIT_REQUEUE, EXIT_SUCCESS, list_checkpoints
+from cycler import EXIT_REQUEUE, EXIT_SUCCESS
 from cycler.protocol.events import read_events
 
 pytestmark = pytest.mark.e2e  # heavy: .ci/run runs them after README's command
@@ -71,13 +71,15 @@ def run_to_the_end(script: str, root: Path, final: Path) -> str:
 
 
 def first_commit_after(root: Path, moment: float) -> tuple[int, float] | None:
-    """The index and time stamp of the first checkpoint committed after `moment`."""
-    commits = [(c.manifest.created_at, c.index) for c in list_checkpoints(root)
-               if c.valid and c.manifest is not None and c.manifest.created_at > moment]
+    """The index and time of the first checkpoint committed after `moment`, by `cycle run`'s
+    own `checkpoint_committed` event: a manifest's `created_at` is stamped when its save
+    begins, which may be before `moment` for a checkpoint that commits after it."""
+    commits = [(e["time"], e["index"]) for e in events_since(root, moment)
+               if e["event"] == "checkpoint_committed"]
     if not commits:
         return None
-    created_at, index = min(commits)
-    return index, created_at
+    committed_at, index = min(commits)
+    return index, committed_at
 
 
 def events_since(root: Path, moment: float) -> list[dict]:
@@ -99,12 +101,12 @@ def stop_once(script: str, root: Path, final: Path, rng: random.Random) -> tuple
     assert "Traceback" not in output, output
     committed = first_commit_after(root, sent)
     if committed is not None:
-        index, created_at = committed
+        index, committed_at = committed
         timeline = [(round(e["time"] - sent, 3), e["event"], e.get("index"))
                     for e in events_since(root, sent)]
         assert ("stop_after_commit", index) in [(e[1], e[2]) for e in timeline], timeline
-        assert ended - created_at < STOP_AFTER_COMMIT, (
-            f"ended {ended - created_at:.2f} s after the commit that followed the request; "
+        assert ended - committed_at < STOP_AFTER_COMMIT, (
+            f"ended {ended - committed_at:.2f} s after the commit that followed the request; "
             f"events (seconds after the request): {timeline}")
     elif process.returncode == EXIT_REQUEUE:
         # The request came after the script's last commit: it finished meanwhile, and the

@@ -1,4 +1,8 @@
-"""Fixtures shared by the real-process tests."""
+"""Fixtures shared by the real-process tests, and their marker: every test here that names
+no lane of its own (e2e, integrations, verify, benchmarks, slow, ...) is marked ``processes``,
+which README's test command leaves out (they start real ``cycle run`` and torchrun processes,
+send signals and wait through graces: minutes in all) and ``.ci/run`` runs in a lane of its
+own."""
 
 from __future__ import annotations
 
@@ -10,6 +14,16 @@ import psutil
 import pytest
 from cycle_jobs import Job
 from tmpfs import mounted_tmpfs
+
+
+LANES = ("slow", "slurm", "netns", "e2e", "gpu", "integrations", "verify", "benchmarks")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents and not any(item.get_closest_marker(m) for m in LANES):
+            item.add_marker(pytest.mark.processes)
 
 
 @pytest.fixture

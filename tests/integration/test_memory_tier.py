@@ -24,9 +24,9 @@ import pytest
 import torch
 
 from cycler import AtomicDirectory, CheckpointWarning, _fs, list_checkpoints, read_manifest
+from cycler.checkpoint.durable_copy import persist, persist_newest
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.memory_roots import memory_base, memory_root
-from cycler.checkpoint.tiers import persist, persist_newest
 from cycler.errors import CorruptCheckpoint
 from cycler.protocol.environment import ENV_MEMORY_TIER, ENV_PERSIST_EVERY, ENV_RESUME_FROM
 
@@ -244,7 +244,7 @@ def test_a_persist_killed_between_its_manifest_and_the_link_moves_the_link_when_
 PERSISTER = """
 import sys
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
-from cycler.checkpoint.tiers import persist
+from cycler.checkpoint.durable_copy import persist
 memory, durable, index = sys.argv[1], sys.argv[2], int(sys.argv[3])
 print("copying", flush=True)
 name = CheckpointName("AtomicDirectory", index, False)

@@ -300,7 +300,7 @@ contribute(CheckpointLayout(memory), CheckpointLayout(durable),
 def _node_checkpoints(memories: list[CheckpointLayout], index: int, mb: int) -> None:
     """Checkpoint ``index`` as two nodes commit it: each node's memory root holds its own
     files (four of ``mb`` MB each) under its node manifest, with the job's manifest."""
-    from cycler.checkpoint.commit import finalize
+    from cycler.checkpoint.linking import finalize
     from cycler.checkpoint.manifest import make_manifest, record_files
     from cycler.checkpoint.nodes.node_commit import node_manifest
 

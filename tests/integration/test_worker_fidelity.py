@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,7 +237,7 @@ def python_report(stderr: str) -> str:
     start = next(index for index, line in enumerate(lines)
                  if line.startswith(("Traceback (most recent", '  File "')))
     end = next(index for index, line in enumerate(lines[start:], start)
-               if line.startswith(("SyntaxError", "ModuleNotFoundError")))
+               if line.startswith(("SyntaxError", "ModuleNotFoundError", "NameError")))
     return "\n".join(lines[start:end + 1])
 
 
@@ -255,3 +256,41 @@ def test_a_worker_exit_code_is_the_same_in_every_way(tmp_path: Path) -> None:
         code, stdout, stderr = run(tmp_path, way, "probe.py", "exit", nproc=1)
         assert code == 1 and "exitcode  : 3" in stderr, (way, stderr[-2000:])
         assert observations(stdout)["order"] == ["'last line' 'thread' 'atexit'"], way
+
+
+APPLICATION = r'''
+import os, sys
+def say(key, value):
+    sys.stdout.write(f"rank {os.environ['RANK']}: {key} = {value!r}\n")
+say("argv", sys.argv)
+say("path", [entry.replace(os.getcwd(), "CWD") for entry in sys.path[:2]])
+say("main", (__file__, __name__, __package__, __spec__.name, __spec__.origin))
+def deepest(level=0):
+    try:
+        return deepest(level + 1)
+    except RecursionError:
+        return level
+say("recursion depth", deepest())
+if sys.argv[1:] == ["fail"]:
+    a_name_never_defined
+'''
+
+
+@pytest.mark.parametrize("kind", ["directory", "zip"])
+def test_a_directory_or_zip_application_runs_as_python_runs_it_in_every_way(
+        tmp_path: Path, kind: str) -> None:
+    name = "app" if kind == "directory" else "app.zip"
+    if kind == "directory":
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__main__.py").write_text(APPLICATION)
+    else:
+        with zipfile.ZipFile(tmp_path / name, "w") as application:
+            application.writestr("__main__.py", APPLICATION)
+    runs = {way: run(tmp_path, way, name) for way in WAYS}
+    for key in ("argv", "path", "main", "recursion depth"):
+        by_way = {way: observations(stdout).get(key, []) for way, (_, stdout, _) in runs.items()}
+        assert equal(by_way), (key, by_way)
+    reports = {way: python_report(run(tmp_path, way, name, "fail", nproc=1)[2])
+               for way in WAYS}
+    assert reports["forked"] == reports["torchrun"] == reports["fresh"], reports
+    assert "a_name_never_defined" in reports["forked"] and "cycler" not in reports["forked"]

@@ -98,11 +98,22 @@ def test_an_error_in_the_scripts_code_is_the_scripts(stderr: str, error: str) ->
     (raised("MemoryError"), "out of memory (MemoryError)"),
     (raised("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"),
      "out of memory (torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB)"),
+    (raised("RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: "
+            "can't allocate memory: you tried to allocate 4096 bytes. Error code 12 (Cannot "
+            "allocate memory)"),
+     "out of memory (RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. "
+     "DefaultCPUAllocator: can't allocate memory: you tried to allocate 4096 bytes. Error code "
+     "12 (Cannot allocate memory))"),
+    (raised("RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: "
+            "not enough memory: you tried to allocate 4096 bytes."),
+     "out of memory (RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. "
+     "DefaultCPUAllocator: not enough memory: you tried to allocate 4096 bytes.)"),
     (raised("PermissionError: [Errno 13] Permission denied: '/data/locked'"),
      "/data/locked: PermissionError: [Errno 13] Permission denied: '/data/locked'"),
     (worker_failed("", code=-9), "killed by SIGKILL, as the kernel's out-of-memory killer does"),
 ], ids=["missing file", "connection refused", "store unreachable", "address in use",
-        "store port in use", "memory", "cuda memory", "permission", "oom kill"])
+        "store port in use", "memory", "cuda memory", "cpu memory", "cpu memory before 2.13",
+        "permission", "oom kill"])
 def test_what_the_os_refused_is_a_resource_named_in_one_phrase(stderr: str,
                                                                 resource: str) -> None:
     failed = classify(stderr)

@@ -94,3 +94,14 @@ def test_cycle_status_says_what_preemption_cost_and_json_carries_the_figures(tmp
     assert "stop: 18.0 s, most stop 9.0 s" in text, text
     assert figures["goodput"]["preemptions"] == 1 and figures["goodput"]["failures"] == 1
     assert figures["goodput"]["interruptions"][2]["parts"]["cycle_start"] == 8.0
+
+
+def test_a_stop_that_came_after_the_training_ended_is_no_interruption() -> None:
+    finished = [event("start", 0.0), event("first_step", 5.0, at=5.0),
+                event("checkpoint_committed", 20.0, index=0),
+                event("signal", 30.0, signal="SIGTERM", effect="checkpoint_and_exit"),
+                event("stop_requested", 30.0), event("workers_exited", 31.0, code=0),
+                event("stop_after_training", 31.0), event("exit", 31.0, code=0)]
+    figures = goodput(finished)
+    assert figures.interruptions == [] and figures.stops == 0.0
+    assert figures.wall == pytest.approx(31.0)

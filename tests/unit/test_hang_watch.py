@@ -240,3 +240,25 @@ def test_each_hang_at_the_same_step_after_the_first_doubles_the_allowance_there(
         allowances.append((hang.allowance, hang.step, hang.times))
     assert allowances == [(10.0, 17, 1), (10.0, 17, 2), (20.0, 17, 3), (40.0, 17, 4)]
     assert watch.widened(18) == 1.0
+
+
+def test_workers_count_as_done_training_only_while_every_loop_ran_to_its_end(tmp_path) -> None:
+    from cycler.checkpoint.layout import CheckpointLayout
+    from cycler.protocol.node_local import NodeFiles
+    from cycler.protocol.progress import AFTER_A_STOP, AFTER_THE_LOOP, Beacon
+    from cycler.supervisor.hangs import WorkerProgress
+
+    node = NodeFiles.in_directory(tmp_path / "node", 0)
+    node.progress_dir.mkdir(parents=True)
+    progress = WorkerProgress(CheckpointLayout(tmp_path / "ck"), 0, node, None,
+                              lambda *_, **__: None)
+    assert not progress.training_ended(), "no beacon: nothing is known"
+    ranks = [Beacon(node.progress_dir / f"rank-{rank}.beacon") for rank in range(2)]
+    ranks[0].mark(PAUSED, AFTER_THE_LOOP)
+    assert not progress.training_ended(), "rank 1 still trains"
+    ranks[1].mark(PAUSED, AFTER_A_STOP)
+    assert not progress.training_ended(), "rank 1's loop was ended by a stop"
+    ranks[1].mark(PAUSED, AFTER_THE_LOOP)
+    assert progress.training_ended()
+    ranks[0].loop_begins()  # a second StepControl: another loop trains
+    assert not progress.training_ended()

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from cycler import AtomicDirectory, atomic_torch_save, list_checkpoints
+from cycler.checkpoint.durable_copy import persist
 from cycler.checkpoint.job_end import finish_job
 from cycler.checkpoint.layout import CheckpointLayout
-from cycler.checkpoint.tiers import persist
 from cycler.protocol.exit_codes import (
     EXIT_FAILURE,
     EXIT_NOT_PERSISTED,

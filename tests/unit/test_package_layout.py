@@ -108,8 +108,8 @@ def test_the_helpers_import_no_part_but_the_exit_codes() -> None:
     assert not imports_of(PACKAGE / "protocol" / "exit_codes.py", top_level_only=False)
 
 
-def test_module_level_imports_have_no_cycle() -> None:
-    graph = {m: imports_of(p, top_level_only=True) - {m} for m, p in all_modules().items()}
+def assert_no_cycle(graph: dict[str, set[str]]) -> None:
+    """Fails naming the first circle of ``graph`` (module -> the modules it imports)."""
     state: dict[str, int] = {}
 
     def visit(module: str, trail: list[str]) -> None:
@@ -123,6 +123,11 @@ def test_module_level_imports_have_no_cycle() -> None:
 
     for module in sorted(graph):
         visit(module, [])
+
+
+def test_module_level_imports_have_no_cycle() -> None:
+    assert_no_cycle({m: imports_of(p, top_level_only=True) - {m}
+                     for m, p in all_modules().items()})
 
 
 def test_the_protocol_never_imports_torch_at_import_time() -> None:
@@ -159,3 +164,13 @@ def test_the_library_never_names_the_cli_nor_typer() -> None:
                 and len(node.value) < 40 else []
             wrong += [f"{module}: {n}" for n in names if n.split(".")[0] in ("cycler_cli", "typer")]
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_checkpoint_part_has_no_cycle_even_through_imports_for_types_or_in_functions(
+        ) -> None:
+    """A circle through ``TYPE_CHECKING`` or a function's import is a circle of the design too
+    (commit -> placement -> tiers -> commit was one: the commit's last step now has a module
+    of its own, :mod:`cycler.checkpoint.linking`)."""
+    modules = {m: p for m, p in all_modules().items() if part_of(m) == "checkpoint"}
+    assert_no_cycle({m: {i for i in imports_of(p, top_level_only=False) if i in modules} - {m}
+                     for m, p in modules.items()})

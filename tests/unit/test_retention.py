@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 from cycler.checkpoint.layout import CheckpointName
 from cycler.checkpoint.listing import Checkpoint, CheckpointState
 from cycler.checkpoint.manifest import FileRecord, Manifest
-from cycler.checkpoint.retention import checked_keep_last, retention_decisions
+from cycler.checkpoint.retention import (
+    beyond_keep_last,
+    checked_keep_last,
+    memory_decisions,
+    retention_decisions,
+    stale_replicas,
+)
 
 ROOT = Path("/nowhere/root")
 
@@ -191,3 +197,43 @@ def test_a_keep_last_that_would_keep_nothing_is_refused_the_same_everywhere(
         with pytest.raises(ConfigError, match=f"keep_last={keep_last} would keep no checkpoint"):
             refused()
     assert checked_keep_last(-1) == -1 and checked_keep_last(1) == 1
+
+
+def _removed_in_memory(specs: str, busy: set[int], keep: int = 2) -> str:
+    checkpoints = [_checkpoint(spec) for spec in specs.split()]
+    decisions = memory_decisions(checkpoints, busy=busy, keep=keep)
+    return " ".join(spec for spec, d in zip(specs.split(), decisions, strict=True) if not d.keep)
+
+
+def test_a_memory_root_keeps_its_newest_committed_and_the_busy_and_drops_pinned_ones() -> None:
+    assert _removed_in_memory("1P 2 3T 4 5 6T", busy={2}) == "1P 3T"
+    assert _removed_in_memory("1 2 3 4 5", busy=set(), keep=3) == "1 2"
+
+
+def test_a_memory_root_keeps_a_torn_checkpoint_newer_than_its_newest_and_what_is_no_directory(
+        ) -> None:
+    assert _removed_in_memory("1 2T 3 4T", busy=set(), keep=1) == "1 2T"
+    assert _removed_in_memory("1S 2F 3 4", busy=set(), keep=1) == "3"
+    assert _removed_in_memory("1T 2T", busy=set()) == ""
+
+
+def test_a_running_saver_drops_the_oldest_beyond_keep_last_and_none_with_minus_one() -> None:
+    assert beyond_keep_last([1, 2, 3, 4], 2) == 2
+    assert beyond_keep_last([4], 2) == 0
+    assert beyond_keep_last([1, 2, 3, 4], -1) == 0
+
+
+def test_partner_copies_of_checkpoints_no_longer_kept_go_but_not_temporaries() -> None:
+    copies = ["AD_checkpoint_1", "AD_checkpoint_2", ".AD_checkpoint_0.cycler-tmp-h-1-x"]
+    assert stale_replicas(copies, {"AD_checkpoint_2"}) == ["AD_checkpoint_1"]
+
+
+@pytest.mark.parametrize("keep_last", [2.5, "2", None])
+def test_a_keep_last_that_is_no_whole_number_is_refused_before_any_commit(
+        tmp_path: Path, keep_last: object) -> None:
+    from cycler import AtomicDirectory
+    from cycler.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="is not a whole number"):
+        AtomicDirectory(str(tmp_path), keep_last=keep_last)  # type: ignore[arg-type]
+    assert not any(tmp_path.iterdir()), "nothing was prepared"

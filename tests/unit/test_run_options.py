@@ -247,7 +247,7 @@ def test_workers_get_the_control_file_on_the_node_an_absolute_root_and_the_resta
         tmp_path: Path):
     options = RunOptions(script=Path("t.py"), checkpoint_dir=Path("rel/ck"), node_rank=1,
                          nnodes=2, master_addr="h", requeue_count=3, grace=45.5,
-                         memory_tier=tmp_path / "shm")
+                         memory_tier=True, memory_dir=tmp_path / "shm")
     environment = worker_environment(options, start_number=2, resume_from=None)
     root = Path.cwd() / "rel" / "ck"
     assert environment[ENV_CHECKPOINT_DIR] == str(root)
@@ -292,13 +292,13 @@ def test_standalone_ignores_the_schedulers_node_count_but_not_a_given_one():
 
 def test_the_memory_tier_reaches_one_nodes_workers_with_its_persist_interval(
         tmp_path: Path) -> None:
-    from cycler.checkpoint.memory_roots import DEFAULT_MEMORY_DIR, memory_base, memory_root
+    from cycler.checkpoint.memory_roots import memory_base, memory_root
     from cycler.protocol.environment import ENV_MEMORY_TIER, ENV_PERSIST_EVERY
 
     options = resolve_run_options(script="train.py", environ={},
                                   flags={"memory_tier": True, "persist_every": 7,
                                          "checkpoint_dir": tmp_path / "ck"})
-    assert options.memory_tier == DEFAULT_MEMORY_DIR
+    assert options.memory_tier and options.memory_dir is None
     assert options.memory_layout is not None
     assert options.memory_layout.root == memory_root(memory_base(), tmp_path / "ck")
     env = worker_environment(options, start_number=0, resume_from=None, environ={})
@@ -319,14 +319,34 @@ def test_the_memory_tier_reaches_the_workers_of_every_node() -> None:
     assert env[ENV_MEMORY_TIER] == str(options.memory_layout.root)
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("memory_tier: true", "/dev/shm"), ("memory-tier: /mnt/ram", "/mnt/ram"),
-    ("memory_tier: false", None)])
+@pytest.mark.parametrize(("text", "on", "directory"), [
+    ("memory_tier: true", True, None), ("memory-tier: /mnt/ram", True, "/mnt/ram"),
+    ("memory_dir: /mnt/ram", True, "/mnt/ram"), ("memory_tier: false", False, None),
+    ("memory_tier: false\nmemory_dir: /mnt/ram", False, "/mnt/ram")])
 def test_the_config_file_turns_the_memory_tier_on_or_points_it(
-        tmp_path: Path, text: str, expected: str | None) -> None:
+        tmp_path: Path, text: str, on: bool, directory: str | None) -> None:
     options = resolve_run_options(script="train.py", environ={},
                                   config_file=write_config(tmp_path, text))
-    assert options.memory_tier == (None if expected is None else Path(expected))
+    assert options.memory_tier is on and (options.memory_layout is not None) is on
+    assert options.memory_dir == (None if directory is None else Path(directory))
+
+
+def test_a_memory_dir_given_is_used_as_it_is_even_the_default_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 37: --memory-dir /dev/shm was taken for "not given" and replaced by a private
+    # $XDG_RUNTIME_DIR, contrary to docs/memory-tier.md.
+    from cycler.checkpoint.memory_roots import DEFAULT_MEMORY_DIR
+
+    runtime = tmp_path / "run-user"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    for given in (str(DEFAULT_MEMORY_DIR), str(tmp_path / "ram")):
+        options = resolve_run_options(script="train.py", environ={},
+                                      flags={"memory_dir": given})
+        assert options.memory_tier and options.memory_layout is not None
+        assert Path(given) in options.memory_layout.root.parents, options.memory_layout.root
+    unsaid = resolve_run_options(script="train.py", environ={}, flags={"memory_tier": True})
+    assert unsaid.memory_layout is not None and runtime in unsaid.memory_layout.root.parents
 
 
 @pytest.mark.parametrize("every", [0, -3, True])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cycler.checkpoint.commit import finalize
 from cycler.checkpoint.layout import CheckpointLayout
+from cycler.checkpoint.linking import finalize
 from cycler.checkpoint.listing import list_checkpoints
 from cycler.checkpoint.manifest import sealed
 from cycler.checkpoint.placement import Placement

@@ -90,3 +90,24 @@ def test_the_agent_leaves_dynamo_to_a_script_that_sets_what_dynamo_reads(tmp_pat
     assert fork_preloads(script) == "1"
     script.write_text(ddp + "os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')\n")
     assert fork_preloads(script) == "torch._dynamo"
+
+
+def test_an_import_under_type_checking_is_not_torch_imported() -> None:
+    source = (b"from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n"
+              b"import os\nos.environ['OMP_NUM_THREADS'] = '2'\nimport torch\n")
+    assert first_torch_import(source) == 6
+    assert environment_set_before_torch(source) is not None
+
+
+def test_an_import_in_a_function_runs_when_called_perhaps_after_a_write_below_it() -> None:
+    source = (b"import os\ndef main():\n    import torch\n"
+              b"if __name__ == '__main__':\n    os.environ['TORCH_LOGS'] = '+dynamo'\n    main()\n")
+    assert first_torch_import(source) is None
+    assert environment_set_before_torch(source) is not None
+
+
+def test_imports_in_the_module_blocks_run_with_it() -> None:
+    source = (b"import os\ntry:\n    import numpy\nexcept ImportError:\n    pass\n"
+              b"with open(__file__):\n    if True:\n        import torch\n")
+    assert first_torch_import(source) == 8
+    assert first_torch_import(b"try:\n    pass\nexcept ImportError:\n    import torch\n") == 4

@@ -298,3 +298,33 @@ def test_adaptive_exchange_period_is_about_two_tenths_of_a_second_of_steps(
 ) -> None:
     assert DEFAULT_SYNC_SECONDS == 0.2
     assert adaptive_sync_every(step_seconds) == sync_every
+
+
+@pytest.mark.parametrize("every_steps", [None, "auto"])
+def test_under_cycle_verify_a_script_without_a_fixed_schedule_checkpoints_at_verifys_steps(
+        tmp_path: Path, every_steps: object) -> None:
+    # "auto" chooses its steps from the clock: two runs of one script would commit at other
+    # steps (and a short run once, 30 s in), and verify compares checkpoints at equal steps.
+    clock = FakeClock()
+    control = StepControl(control_file=tmp_path / "control.json", poll_interval=0.0,
+                          ignore_requests_before=STARTED, clock=clock, every_steps=every_steps,
+                          environ={"CYCLER_VERIFY": "1"})  # type: ignore[arg-type]
+    decisions = []
+    for _ in range(20):
+        clock.now += 10.0  # 200 s in all: "auto" alone would have chosen its own steps
+        decisions.append(control.step())
+    assert checkpoint_steps(decisions) == [2, 4, 8, 16]
+    assert all(d.reason == "cycle verify's schedule" for d in decisions if d.checkpoint)
+
+
+def test_outside_cycle_verify_auto_keeps_its_own_schedule(tmp_path: Path) -> None:
+    clock = FakeClock()
+    control = StepControl(control_file=tmp_path / "control.json", poll_interval=0.0,
+                          ignore_requests_before=STARTED, clock=clock, every_steps="auto",
+                          environ={})
+    decisions = []
+    for _ in range(20):
+        clock.now += 10.0
+        decisions.append(control.step())
+    assert checkpoint_steps(decisions) not in ([], [2, 4, 8, 16])
+    assert all("(auto)" in d.reason for d in decisions if d.checkpoint)

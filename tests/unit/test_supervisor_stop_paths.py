@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE
+from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS
 from cycler.protocol.features import USES_CONTROL, USES_CYCLER, USES_OWN_HANDLER, USES_SAVER
 from cycler.supervisor.core import (
     Announced,
@@ -18,6 +18,7 @@ from cycler.supervisor.core import (
     Exit,
     Log,
     Phase,
+    Requeue,
     SignalReceived,
     SignalTree,
     SignalWorkers,
@@ -164,3 +165,39 @@ def test_a_handler_announced_while_a_stop_waits_for_a_commit_gets_the_signal_the
     assert of_type(actions, SignalWorkers) == [SignalWorkers(signal.SIGTERM)]
     assert not core.listening and core.wake_at == 180.0
     assert core.handle(Announced(SAVER_WITH_HANDLER, 152.0)) == []
+
+
+# --- a stop that finds the training done --------------------------------------------------------
+
+
+def test_a_stop_after_the_loops_ran_to_their_end_finishes_the_job_without_a_requeue():
+    core = started()
+    core.handle(SignalReceived("SIGTERM", 150.0, frozenset({USES_CYCLER, USES_CONTROL})))
+    end = core.handle(WorkersExited(0, 151.0, training_ended=True))
+    (done,) = of_type(end, Exit)
+    assert done.code == EXIT_SUCCESS and done.reason == "the training script finished"
+    assert "stop_after_training" in logged(end) and not of_type(end, Requeue)
+    assert not core.stopped
+
+
+def test_a_saver_only_script_that_exits_0_before_its_next_commit_had_finished():
+    core = started()
+    core.handle(SignalReceived("SIGTERM", 150.0, frozenset({USES_CYCLER, USES_SAVER})))
+    (done,) = of_type(core.handle(WorkersExited(0, 151.0)), Exit)
+    assert done.code == EXIT_SUCCESS
+
+
+@pytest.mark.parametrize("features", [frozenset({USES_CYCLER, USES_CONTROL}), PLAIN])
+def test_workers_the_stop_reached_still_exit_75(features: frozenset[str]):
+    core = started(CoreConfig(grace=30.0, initial_checkpoint=3, requeue=True))
+    core.handle(SignalReceived("SIGTERM", 150.0, features))
+    end = core.handle(WorkersExited(0, 151.0))  # loops a stop ended, or a handler's exit 0
+    assert of_type(end, Exit)[0].code == EXIT_REQUEUE and of_type(end, Requeue)
+
+
+def test_workers_that_exit_0_after_the_grace_sent_them_sigterm_were_stopped():
+    core = started()
+    core.handle(SignalReceived("SIGTERM", 150.0, frozenset({USES_CYCLER, USES_CONTROL})))
+    core.handle(Tick(180.0))  # the grace is over: SIGTERM to the tree
+    end = core.handle(WorkersExited(0, 181.0, training_ended=True))
+    assert of_type(end, Exit)[0].code == EXIT_REQUEUE

@@ -31,7 +31,7 @@ class Said:
 
 def stopped_run(tmp_path: Path, persisted: bool) -> tuple[TierEnd, Said]:
     options = RunOptions(script=tmp_path / "t.py", checkpoint_dir=tmp_path / "ck",
-                         memory_tier=str(tmp_path / "shm"))
+                         memory_tier=True, memory_dir=tmp_path / "shm")
     assert options.memory_layout is not None
     options.layout.root.mkdir()
     saver = AtomicDirectory(options.memory_layout.root)
@@ -39,7 +39,7 @@ def stopped_run(tmp_path: Path, persisted: bool) -> tuple[TierEnd, Said]:
     atomic_torch_save({"step": 1}, f"{directory}/train.pt")
     saver.symlink_latest(directory)
     if persisted:
-        from cycler.checkpoint.tiers import persist
+        from cycler.checkpoint.durable_copy import persist
 
         persist(options.memory_layout, options.layout,
                 options.memory_layout.parse(Path(directory).name))

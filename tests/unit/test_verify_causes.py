@@ -148,3 +148,28 @@ def test_two_uninterrupted_runs_that_differ_are_told_apart_by_what_differs(
     kernels = compare_checkpoints(tmp_path / "a", tmp_path / "c", ["all.pt"])
     assert nondeterminism(unseeded).name == "unseeded"
     assert nondeterminism(kernels).name == "kernels"
+
+
+def lightning_checkpoint(model: float, momentum: float) -> dict[str, Any]:
+    return {"state_dict": {"layer.weight": torch.full((3, 2), model)},
+            "optimizer_states": [{"state": {0: {"momentum_buffer": torch.full((3, 2), momentum)}},
+                                  "param_groups": [{"lr": 0.1, "params": [0]}]}],
+            "loops": {"fit_loop": {"state_dict": {"combined_loader": [
+                {"epoch": 1, "batches_done": 4}]}}}, "global_step": 36}
+
+
+def test_lightning_weights_that_differ_with_every_input_equal_point_at_the_data_order(
+        tmp_path: Path) -> None:
+    # A DataLoader with a generator of its own: the order is in no checkpoint, and Lightning
+    # restores the optimizer itself, so "the optimizer" would be a wrong cause.
+    rng = {"rng": {"torch": rng_state()}}
+    assert cause_of(tmp_path, {"lightning.ckpt": lightning_checkpoint(1.0, 0.5), "rng-0.pt": rng},
+                    {"lightning.ckpt": lightning_checkpoint(1.5, 0.7),
+                     "rng-0.pt": rng}) == "data_order"
+
+
+def test_a_script_s_own_optimizer_that_differs_with_every_input_equal_is_still_named(
+        tmp_path: Path) -> None:
+    assert cause_of(tmp_path, {"train.pt": train_state(), "rank-0.pt": rank_state()},
+                    {"train.pt": train_state(model=1.5, momentum=0.7),
+                     "rank-0.pt": rank_state()}) == "optimizer"

@@ -13,6 +13,7 @@ import torch
 from cycler.verify.causes import mid_accumulation, name_cause
 from cycler.verify.compare import compare_checkpoints
 from cycler.verify.records import record_file, record_value
+from cycler.verify.session import seen_to_vary
 
 
 def hf_checkpoint(directory: Path, *, runtime: float, loss: float, stop: bool,
@@ -96,3 +97,22 @@ def test_a_resume_from_the_middle_of_a_gradient_accumulation_is_named() -> None:
     assert mid_accumulation(counters(12, 6)) is None  # after an optimizer step
     assert mid_accumulation(counters(13, 13)) is None  # no accumulation
     assert mid_accumulation({}) is None
+
+
+def test_an_integer_under_a_time_name_is_a_counter_and_a_float_there_a_wall_clock_time() -> None:
+    assert record_value(("time",), 5, 6) is None
+    assert record_value(("optimizer", "timestamp"), 7, 8) is None
+    assert record_value(("time",), 1.5, 2.5)
+    assert record_value(("created_at",), "2026-11-27", "2026-11-28")
+
+
+def test_what_two_uninterrupted_runs_differ_in_is_a_record_unless_rng_data_or_a_tensor(
+        tmp_path: Path) -> None:
+    for name, clock in (("a", 1.0), ("b", 2.0)):
+        (tmp_path / name).mkdir()
+        torch.save({"t": clock, "host": f"node{clock}", "optimizer": {"t": 3},
+                    "sampler": {"position": int(clock)}, "rng": {"python": [int(clock)]},
+                    "w": torch.ones(2) * clock}, tmp_path / name / "train.pt")
+    diff = compare_checkpoints(tmp_path / "a", tmp_path / "b", ["train.pt"], trusted=True)
+    varies = {".".join(d.key) for d in seen_to_vary(diff)}
+    assert varies == {"t", "host"}

@@ -104,3 +104,21 @@ def test_verify_refuses_a_checkpoint_dir_of_its_own_before_starting_anything(
     assert done.returncode == 2
     assert "leave out --checkpoint-dir" in done.stderr
     assert not (tmp_path / "mine").exists() and not any(tmp_path.glob("cycler-verify-*"))
+
+
+def test_a_wall_clock_time_under_a_name_like_t_is_a_record_and_an_exact_resume_identical(
+        tmp_path: Path) -> None:
+    done = cycle_verify(tmp_path, "--json", "--stops", "1", "--seed", "1", str(FORGETFUL),
+                        "--stamp", "t", *SMALL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout)
+    assert result["verdict"] == "identical"
+    assert any("train.pt: t" in places for places in result["skipped"].values()), result
+
+
+def test_a_step_counter_named_t_that_a_resume_loses_is_different_and_the_optimizer_named(
+        tmp_path: Path) -> None:
+    done = cycle_verify(tmp_path, "--stops", "1", "--seed", "1", str(FORGETFUL),
+                        "--forget", "optimizer-t", "--stamp", "time", *SMALL)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "optimizer.t" in done.stdout and "likely cause: the optimizer:" in done.stdout

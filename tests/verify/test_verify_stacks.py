@@ -72,6 +72,18 @@ def test_lightning_adopted_with_the_documented_one_line_callback_is_identical(
     assert any("version_N" in why or "logger" in why for why in result["skipped"])
 
 
+def test_lightning_whose_loader_has_a_generator_of_its_own_is_different_and_the_data_order_named(
+        tmp_path: Path) -> None:
+    # The RandomSampler draws each epoch's order from the DataLoader's own generator, which no
+    # checkpoint holds: a resume in the second epoch draws the first epoch's order again. Only
+    # the weights and the momentum differ; Lightning restores its optimizer itself.
+    done, result = cycle_verify(tmp_path, "--stops", "2", "--seed", "2",
+                                str(SCRIPTS / "lightning_tiny.py"), "--seeded-loader",
+                                "--every-steps", "8")
+    assert done.returncode == 1, result
+    assert cause(result) == "the data order"
+
+
 def test_a_loop_adopted_with_loop_state_is_identical_to_its_end(tmp_path: Path) -> None:
     done, result = cycle_verify(tmp_path, "--stops", "2", "--seed", "3",
                                 str(SCRIPTS / "loop_tiny.py"))

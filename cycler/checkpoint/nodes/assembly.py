@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from cycler import _fs
-from cycler.checkpoint.commit import finalize
 from cycler.checkpoint.coordination import Coordinator
 from cycler.checkpoint.layout import CheckpointLayout
+from cycler.checkpoint.linking import finalize
 from cycler.checkpoint.manifest import Manifest
 from cycler.checkpoint.nodes.node_commit import JOB_MANIFEST_NAME, check_names, node_files
 from cycler.checkpoint.nodes.partner_copy import REPLICAS, replica_path

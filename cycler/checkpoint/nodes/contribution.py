@@ -9,8 +9,14 @@ from pathlib import Path
 
 from cycler import _fs
 from cycler.checkpoint.checksum import file_checksum
-from cycler.checkpoint.commit import finalize, link_forward
+from cycler.checkpoint.durable_copy import (
+    Abandon,
+    copy_durably,
+    never_abandon,
+    newer_than_persisted,
+)
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
+from cycler.checkpoint.linking import finalize, link_forward
 from cycler.checkpoint.listing import inspect_checkpoint
 from cycler.checkpoint.manifest import FileRecord
 from cycler.checkpoint.nodes.node_commit import (
@@ -20,12 +26,6 @@ from cycler.checkpoint.nodes.node_commit import (
     node_files,
 )
 from cycler.checkpoint.nodes.partner_copy import replica_path
-from cycler.checkpoint.tiers import (
-    Abandon,
-    copy_durably,
-    never_abandon,
-    newer_than_persisted,
-)
 from cycler.errors import CorruptCheckpoint
 
 

@@ -1,6 +1,7 @@
 """The partner copy: after each commit every leader sends its node's files to the next node's
 leader (a ring), which keeps them under ``.replicas/<checkpoint>/``, verified, the sender's node
-manifest written last."""
+manifest written last. The copies of checkpoints the node no longer keeps go by
+:func:`cycler.checkpoint.retainer.retain_replicas`."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from cycler.checkpoint.manifest import Manifest, check_files
 from cycler.checkpoint.nodes.node_commit import check_names
 from cycler.checkpoint.nodes.topology import Nodes
 from cycler.checkpoint.nodes.transport import swap_bytes, swap_files
+from cycler.checkpoint.retainer import discard
 from cycler.errors import CorruptCheckpoint, CyclerError
 
 log = logging.getLogger(__name__)
@@ -51,7 +53,7 @@ def replicate(memory: CheckpointLayout, name: CheckpointName, nodes: Nodes, grou
         try:
             check_names(target, theirs)
             if os.path.lexists(target):
-                _fs.discard_directory(target)
+                discard(target)
             # 0700 whatever the umask: restrict_tree below makes the copy's own tree private.
             target.parent.mkdir(mode=PRIVATE_DIRECTORY_MODE, exist_ok=True)
             target.mkdir(mode=PRIVATE_DIRECTORY_MODE)
@@ -69,17 +71,17 @@ def replicate(memory: CheckpointLayout, name: CheckpointName, nodes: Nodes, grou
         _fs.atomic_write_bytes(target / MANIFEST_NAME, theirs_bytes)
         restrict_tree(target)
     except BaseException:
-        _fs.remove_logged(_fs.discard_directory, target, "unfinished partner copy")
+        _fs.remove_logged(discard, target, "unfinished partner copy")
         raise
 
 
-def retain_replicas(memory: CheckpointLayout) -> None:
-    """Remove the partner copies of checkpoints this node no longer keeps itself."""
-    kept = {str(name) for name in memory.checkpoint_names()}
-    try:
-        copies = list((memory.root / REPLICAS).iterdir())
-    except OSError:
-        return
-    for copy in copies:
-        if copy.name not in kept and not _fs.is_temporary(copy.name):
-            _fs.remove_logged(_fs.discard_directory, copy, "partner copy")
+_MOVED = {"retain_replicas": "retainer"}
+"""Names this module had, now in the module named (their old import paths still work)."""
+
+
+def __getattr__(name: str) -> object:
+    if name in _MOVED:
+        import importlib
+
+        return getattr(importlib.import_module(f"cycler.checkpoint.{_MOVED[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

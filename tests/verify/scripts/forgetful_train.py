@@ -12,12 +12,17 @@ catch and name.
 --forget loader-seed  the DataLoader has no generator of its own (iter() draws from the
                       global RNG after the resume), with one worker process
 --forget determinism  not a resume bug: dropout is reseeded from the OS, so no two runs agree
+--forget optimizer-t  the optimizer counts its steps in ``t`` (a name a wall-clock time could
+                      have), saved in its state_dict but not restored
+
+--stamp KEY           not a resume bug: train.pt also holds the wall-clock time under KEY
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -96,12 +101,47 @@ def forget_determinism() -> None:
     train.make_model = reseeded_from_the_os
 
 
+class _CountingSGD(torch.optim.SGD):
+    """SGD that counts its steps in ``t``, saved in its state_dict and never restored."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.t = 0
+
+    def step(self, closure: Any = None) -> Any:
+        self.t += 1
+        return super().step(closure)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "t": self.t}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict({k: v for k, v in state_dict.items() if k != "t"})
+
+
+def forget_optimizer_t() -> None:
+    train.torch.optim.SGD = _CountingSGD  # type: ignore[misc]
+
+
+def stamp(key: str) -> None:
+    save = train.atomic_torch_save
+
+    def with_the_time(obj: Any, path: Path) -> None:
+        save({**obj, key: time.time()} if Path(path).name == "train.pt" else obj, path)
+
+    train.atomic_torch_save = with_the_time
+
+
 FORGET = {"rng": forget_rng, "sampler": forget_sampler, "optimizer": forget_optimizer,
           "scheduler": forget_scheduler, "rank-state": forget_rank_state,
-          "loader-seed": forget_loader_seed, "determinism": forget_determinism}
+          "loader-seed": forget_loader_seed, "determinism": forget_determinism,
+          "optimizer-t": forget_optimizer_t}
 
 if __name__ == "__main__":
-    what = sys.argv.pop(sys.argv.index("--forget") + 1)
-    sys.argv.remove("--forget")
-    FORGET[what]()
+    if "--stamp" in sys.argv:
+        stamp(sys.argv.pop(sys.argv.index("--stamp") + 1))
+        sys.argv.remove("--stamp")
+    if "--forget" in sys.argv:
+        FORGET[sys.argv.pop(sys.argv.index("--forget") + 1)]()
+        sys.argv.remove("--forget")
     train.main()
