@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import json
 import logging
 import os
@@ -179,6 +180,13 @@ def full_disk_said_in_one_line() -> None:
             said = str(error) if isinstance(error, DiskFull) else \
                 f"{kind.__name__}: {error}: the disk is full (ENOSPC or a quota)"
             sys.stderr.write(f"cycler: rank {os.environ.get('RANK', '?')}: {said}\n")
+            # The hooks it chains still act (the memory tier's overflow record: the next start
+            # saves to the root); only what they print is dropped.
+            shown, sys.stderr = sys.stderr, io.StringIO()
+            try:
+                previous(kind, error, trace)
+            finally:
+                sys.stderr = shown
             return
         previous(kind, error, trace)
 
