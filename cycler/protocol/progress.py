@@ -271,9 +271,14 @@ class Reading:
 
 
 def read_beacons(directory: Path) -> list[Reading]:
-    """Every beacon in ``directory`` (a torn or foreign file is skipped)."""
+    """Every beacon in ``directory`` (a torn or foreign file is skipped; none while the
+    directory is missing, or removed and made again by a new start as it is read)."""
     readings = []
-    for path in sorted(directory.glob(f"rank-*{BEACON_SUFFIX}")):
+    try:
+        paths = sorted(directory.glob(f"rank-*{BEACON_SUFFIX}"))
+    except OSError:  # FileNotFoundError from the scan of a directory removed since its check
+        return []
+    for path in paths:
         try:
             rank = int(path.name[len("rank-"):-len(BEACON_SUFFIX)])
             with open(path, "rb") as handle:

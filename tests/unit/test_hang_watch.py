@@ -260,3 +260,17 @@ def test_workers_count_as_done_training_only_while_every_loop_ran_to_its_end(tmp
     assert progress.training_ended()
     ranks[0].loop_begins()  # a second StepControl: another loop trains
     assert not progress.training_ended()
+
+
+def test_beacons_of_a_directory_removed_while_it_is_scanned_are_none(
+        tmp_path, monkeypatch) -> None:
+    # cycle verify's watcher read the progress directory while a new start of the run removed
+    # and made it again: pathlib's scan raised FileNotFoundError and verify ended in a traceback.
+    from cycler.protocol import progress
+
+    def vanished(self, pattern):
+        raise FileNotFoundError(2, "No such file or directory", str(self))
+
+    monkeypatch.setattr(progress.Path, "glob", vanished)
+    assert progress.read_beacons(tmp_path) == []
+    assert progress.read_beacons(tmp_path / "never-made") == []
