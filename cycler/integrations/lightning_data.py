@@ -194,6 +194,20 @@ class _SkippingBatchSampler:
 
     def __init__(self, batches: Any, generator: torch.Generator, seed: int) -> None:
         self.batches, self.generator, self.seed = batches, generator, seed
+        self.order = torch.Generator()
+        """The shuffling sampler's generator, reseeded with the epoch: not the loader's, from
+        which each iterator draws its workers' base seed when it is made. Lightning makes the
+        iterator of a later epoch after ``set_epoch``, but a resumed epoch's before it (in
+        ``setup_data``), so one shared generator gave a resume in a later epoch another order."""
+        sampler: Any = getattr(batches, "sampler", None)
+        if sampler is not None and isinstance(getattr(sampler, "generator", 0),
+                                              torch.Generator | None):
+            # A shuffling sampler draws every epoch's order from a generator of its own
+            # (DataLoader(shuffle=True, generator=g)), which no checkpoint holds, or from a
+            # seed drawn from torch's global generator when its iterator starts, which a
+            # resume in the middle of the epoch has moved on: either way a resume in a later
+            # epoch would not continue that epoch's order.
+            sampler.generator = self.order
         self.epoch = 0
         self.resume_at: tuple[int, int] | None = None
         """(epoch, batches done in it) of a resume, until that epoch's iteration starts."""
@@ -202,6 +216,7 @@ class _SkippingBatchSampler:
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
         self.generator.manual_seed(self.seed * 1_000_003 + epoch)
+        self.order.manual_seed((self.seed * 1_000_003 + epoch) ^ 0x5EED_0DE5)
         for inner in (self.batches, getattr(self.batches, "sampler", None)):
             set_epoch = getattr(inner, "set_epoch", None)
             if callable(set_epoch):

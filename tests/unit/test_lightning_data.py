@@ -80,3 +80,36 @@ def test_at_the_end_of_its_stream_the_position_is_the_stream_ended(tmp_path: Pat
     lightning_data.save_position(loader, tmp_path, rank=0)
     saved = torch.load(tmp_path / lightning_data.loader_file(0), weights_only=True)
     assert saved["state"] == {"position": 0}  # where the next pass starts, as uninterrupted
+
+
+@pytest.mark.parametrize("own_generator", [False, True])
+def test_a_resume_in_a_later_epoch_continues_that_epochs_order_in_lightnings_call_order(
+        own_generator: bool) -> None:
+    # DataLoader(shuffle=True, generator=g): the sampler drew every epoch's order from g, which
+    # no checkpoint holds, so a resume in epoch 1 drew epoch 0's order again. And Lightning
+    # makes a later epoch's iterator after set_epoch, but a resumed epoch's before it
+    # (FitLoop.setup_data, then on_advance_start): the iterator draws its workers' base seed
+    # from the loader's generator, which must not move the order.
+    def loader() -> lightning_data.ResumableLoader:
+        generator = torch.Generator().manual_seed(5) if own_generator else None
+        plain = DataLoader(TensorDataset(torch.arange(20)), batch_size=4, shuffle=True,
+                           generator=generator)
+        return lightning_data.ResumableLoader.around(plain, seed=7)
+
+    def batches(iterator: object) -> list[list[int]]:
+        return [batch.tolist() for (batch,) in iterator]  # type: ignore[attr-defined]
+
+    uninterrupted = loader()
+    iterator = iter(uninterrupted)  # setup_data, then the first epoch's set_epoch(0)
+    uninterrupted.batch_sampler.set_epoch(0)  # type: ignore[union-attr]
+    first = batches(iterator)
+    uninterrupted.batch_sampler.set_epoch(1)  # type: ignore[union-attr]
+    second = batches(iter(uninterrupted))  # a later epoch: its iterator after set_epoch
+    assert first != second
+
+    resumed = loader()
+    resumed.load_state_dict({"version": lightning_data.LOADER_STATE_VERSION, "epoch": 1,
+                             "batches_done": 2})
+    iterator = iter(resumed)  # setup_data makes it, on_advance_start sets the epoch after
+    resumed.batch_sampler.set_epoch(1)  # type: ignore[union-attr]
+    assert batches(iterator) == second[2:]
