@@ -15,7 +15,8 @@ The same job (``examples/train.py``, 2 ranks, gloo on CPU) runs three ways, one 
   (Figures before issue 39 counted ``--every`` from each run's start.)
 
 For each: the stopwatch's wall (from the first ``cycle run`` to the last one's exit, the gaps
-between runs included), the cost per interruption ((wall - wall of none) / interruptions), the
+between runs included), the cost per interruption ((wall - wall of none) / interruptions;
+"within noise" where the interrupted run was the faster), the
 goodput at a preemption every 5 minutes (1 - cost / 300), the stopwatch's goodput
 (``W`` / wall) and ``cycle status``'s goodput for the same root, and status's own figures: its
 wall, its cost per interruption and the biggest parts of the breakdown.
@@ -130,12 +131,16 @@ def summarise(result: dict[str, Any], bases: list[dict[str, Any]]) -> dict[str, 
     work = sum(base["status"]["useful"] for base in bases) / len(bases)
     base_wall = sum(base["wall"] for base in bases) / len(bases)
     cost = (result["wall"] - base_wall) / count if count else None
+    # An interrupted run faster than the uninterrupted ones beside it: the machine's noise is
+    # larger than the interruption's cost at this size, never a negative cost.
+    noise = cost is not None and cost < 0
+    cost = None if noise else cost
     lost = [i["lost"] for i in shown["interruptions"]]
     parts = sorted(shown["parts"].items(), key=lambda item: -item[1])
     return {
         "mode": result["mode"], "variant": result["variant"], "wall": round(result["wall"], 1),
         "interruptions": count,
-        "cost": None if cost is None else round(cost, 2),
+        "cost": None if cost is None else round(cost, 2), "cost_within_noise": noise,
         "at_5_min": None if cost is None else round(1 - cost / 300, 4),
         "stopwatch_goodput": round(work / result["wall"], 4),
         "status_goodput": shown["goodput"], "status_wall": shown["wall"],
@@ -200,7 +205,8 @@ def main() -> None:
         parts = ", ".join(f"{name} {seconds:.1f}" for name, seconds in row["parts"].items())
         print(f"| {row['variant'] or '-'} | {row['mode']} | {row['wall']:.1f} s | "
               f"{row['interruptions']} | "
-              f"{_s(row['cost'])} | {_pct(row['at_5_min'])} | {_pct(row['stopwatch_goodput'])}"
+              f"{'within noise' if row['cost_within_noise'] else _s(row['cost'])} | "
+              f"{_pct(row['at_5_min'])} | {_pct(row['stopwatch_goodput'])}"
               f" | {_pct(row['status_goodput'])} | {row['status_wall']:.1f} s | "
               f"{_s(row['status_cost'])} | {parts or '-'} |")
     if args.json is not None:

@@ -72,7 +72,8 @@ def commit_figures(size_mb: int, repeats: int) -> tuple[float, float]:
 
     state = state_of(size_mb)
     plain, tiered = [], []
-    with tempfile.TemporaryDirectory(dir=SHM) as shm, tempfile.TemporaryDirectory() as disk:
+    with tempfile.TemporaryDirectory(dir=SHM, ignore_cleanup_errors=True) as shm, \
+            tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as disk:
         with_memory_tier(Path(shm), Path(disk) / "root")
         saver = AtomicDirectory(Path(disk) / "root", keep_last=2)
         for repeat in range(repeats + 1):
@@ -95,7 +96,8 @@ def stall_figures(size_mb: int, repeats: int) -> dict[str, float]:
 
     state = state_of(size_mb)
     stalls: dict[str, list[float]] = {"disk async": [], "memory sync": [], "memory async": []}
-    with tempfile.TemporaryDirectory(dir=SHM) as shm, tempfile.TemporaryDirectory() as disk:
+    with tempfile.TemporaryDirectory(dir=SHM, ignore_cleanup_errors=True) as shm, \
+            tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as disk:
         for label in stalls:
             root = Path(disk) / label.replace(" ", "-")
             if label.startswith("memory"):

@@ -170,6 +170,9 @@ class CyclerCallback(pl.Callback):
                              batch: Any, batch_idx: int) -> None:
         self._carry_out_deferred(trainer)  # a validation expected that did not run
 
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        lightning_data.epoch_begins(self._loader, trainer.current_epoch)
+
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._carry_out_deferred(trainer)
 

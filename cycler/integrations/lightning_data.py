@@ -78,6 +78,18 @@ def resumable(loader: DataLoader, seed: int, rank: int, resumed_from: Path | Non
     return loader
 
 
+def epoch_begins(loader: DataLoader | None, epoch: int) -> None:
+    """Lightning begins epoch ``epoch`` (``on_train_epoch_start``, before it makes the epoch's
+    iterator; not called for an epoch resumed in its middle). Lightning's own ``set_epoch``
+    reaches only a loader's sampler and its batch sampler's sampler, never the rebuilt loader's
+    batch sampler: without this call a ``DistributedSampler`` shuffled every epoch as the first,
+    and a resume reseeded for the epoch of the checkpoint, which always said 0."""
+    if isinstance(loader, ResumableLoader):
+        skipping = loader.batch_sampler
+        assert isinstance(skipping, _SkippingBatchSampler)
+        skipping.set_epoch(epoch)
+
+
 def save_position(loader: DataLoader | None, directory: Path, rank: int) -> None:
     """Every rank: its iterable-style loader's state after the last batch trained, beside the
     checkpoint (nothing for a map-style loader: Lightning's own save holds its position)."""
@@ -194,14 +206,38 @@ class _SkippingBatchSampler:
 
     def __init__(self, batches: Any, generator: torch.Generator, seed: int) -> None:
         self.batches, self.generator, self.seed = batches, generator, seed
+        self.order = torch.Generator()
+        """The shuffling sampler's generator, reseeded with the epoch: not the loader's, from
+        which each iterator draws its workers' base seed when it is made. Lightning makes the
+        iterator of a later epoch after ``set_epoch``, but a resumed epoch's before it (in
+        ``setup_data``), so one shared generator gave a resume in a later epoch another order."""
+        sampler: Any = getattr(batches, "sampler", None)
+        if sampler is not None and isinstance(getattr(sampler, "generator", 0),
+                                              torch.Generator | None):
+            # A shuffling sampler draws every epoch's order from a generator of its own
+            # (DataLoader(shuffle=True, generator=g)), which no checkpoint holds, or from a
+            # seed drawn from torch's global generator when its iterator starts, which a
+            # resume in the middle of the epoch has moved on: either way a resume in a later
+            # epoch would not continue that epoch's order.
+            sampler.generator = self.order
         self.epoch = 0
         self.resume_at: tuple[int, int] | None = None
         """(epoch, batches done in it) of a resume, until that epoch's iteration starts."""
-        self.set_epoch(0)
+        self.seed_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:
+        """Epoch ``epoch`` begins (the callback's ``on_train_epoch_start``): reseed, unless it
+        is the epoch the generators are seeded for already (the first, or a resumed one, whose
+        iterator Lightning made before this call and may not have drawn its order from yet)."""
+        if epoch != self.epoch:
+            self.seed_epoch(epoch)
+
+    def seed_epoch(self, epoch: int) -> None:
+        """Seed the generators for ``epoch`` and tell the inner samplers (a
+        ``DistributedSampler`` shuffles by its epoch)."""
         self.epoch = epoch
         self.generator.manual_seed(self.seed * 1_000_003 + epoch)
+        self.order.manual_seed((self.seed * 1_000_003 + epoch) ^ 0x5EED_0DE5)
         for inner in (self.batches, getattr(self.batches, "sampler", None)):
             set_epoch = getattr(inner, "set_epoch", None)
             if callable(set_epoch):
@@ -247,5 +283,5 @@ class ResumableLoader(DataLoader):
     def load_state_dict(self, state: dict[str, int]) -> None:
         skipping = self.batch_sampler
         assert isinstance(skipping, _SkippingBatchSampler)
-        skipping.set_epoch(state["epoch"])
+        skipping.seed_epoch(state["epoch"])
         skipping.resume_at = (state["epoch"], state["batches_done"])

@@ -71,15 +71,16 @@ def run_to_the_end(script: str, root: Path, final: Path) -> str:
 
 
 def first_commit_after(root: Path, moment: float) -> tuple[int, float] | None:
-    """The index and time of the first checkpoint committed after `moment`, by `cycle run`'s
-    own `checkpoint_committed` event: a manifest's `created_at` is stamped when its save
-    begins, which may be before `moment` for a checkpoint that commits after it."""
-    commits = [(e["time"], e["index"]) for e in events_since(root, moment)
-               if e["event"] == "checkpoint_committed"]
-    if not commits:
-        return None
-    committed_at, index = min(commits)
-    return index, committed_at
+    """The index and time of the first checkpoint `cycle run` saw committed after its own
+    `stop_requested` event (the request's signal was sent at `moment`), in the order of its
+    events: a commit in flight may land between the signal and `cycle run`'s noting it, and a
+    manifest's `created_at` is stamped when its save begins."""
+    requested = False
+    for event in events_since(root, moment):
+        requested = requested or event["event"] == "stop_requested"
+        if requested and event["event"] == "checkpoint_committed":
+            return event["index"], event["time"]
+    return None
 
 
 def events_since(root: Path, moment: float) -> list[dict]:

@@ -373,9 +373,11 @@ def test_a_node_that_outlives_node_0_shows_its_verdict_in_a_few_lines(
 def test_a_node_thawed_after_the_node_timeout_exits_with_the_jobs_verdict(
         hosts: tuple[Host, Host], tmp_path: Path) -> None:
     """Node 1's ``cycle run`` frozen (SIGSTOP) past ``--node-timeout``, then thawed: node 0
-    gave it up with exit 75 (a checkpoint exists), and node 1 exits 75 too, not 1."""
+    gave it up with exit 75 (a checkpoint exists), and node 1 exits 75 too, not 1. The long
+    training: with the short one, node 1's workers (not frozen) finished it while node 0 was
+    giving node 1 up, and node 1 rightly ended 0."""
     root, final = tmp_path / "ck", tmp_path / "final.pt"
-    with job(hosts, root, final) as nodes:
+    with job(hosts, root, final, LONG_TRAIN_ARGS) as nodes:
         wait_for_text(nodes[0], "[train] training from step")
         wait_for_a_checkpoint(root, nodes)
         nodes[1].process.send_signal(signal.SIGSTOP)  # its cycle run only: workers go on

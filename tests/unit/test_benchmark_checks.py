@@ -62,3 +62,18 @@ def test_every_benchmark_has_a_smoke_size() -> None:
     ('"ratio": 1.14', False)])
 def test_the_smoke_runner_spots_a_negative_figure(line: str, negative: bool) -> None:
     assert (NEGATIVE.search(line) is not None) is negative
+
+
+def test_an_interruption_faster_than_the_uninterrupted_runs_is_noise_never_a_negative_cost(
+) -> None:
+    import bench_goodput
+
+    status = {"useful": 10.0, "interruptions": [], "parts": {}, "goodput": 0.5, "wall": 12.0,
+              "redone": 0.0}
+    base = {"mode": "none", "variant": "", "wall": 13.5, "interruptions": 0, "status": status}
+    faster = {**base, "mode": "stop", "wall": 11.8, "interruptions": 1}
+    slower = {**base, "mode": "kill", "wall": 21.1, "interruptions": 1}
+    noise = bench_goodput.summarise(faster, [base])
+    assert noise["cost"] is None and noise["at_5_min"] is None and noise["cost_within_noise"]
+    real = bench_goodput.summarise(slower, [base])
+    assert real["cost"] == 7.6 and not real["cost_within_noise"]

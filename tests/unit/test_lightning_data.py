@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, TensorDataset
 
 from cycler.integrations import lightning_data
 
@@ -80,3 +80,51 @@ def test_at_the_end_of_its_stream_the_position_is_the_stream_ended(tmp_path: Pat
     lightning_data.save_position(loader, tmp_path, rank=0)
     saved = torch.load(tmp_path / lightning_data.loader_file(0), weights_only=True)
     assert saved["state"] == {"position": 0}  # where the next pass starts, as uninterrupted
+
+
+def lightning_fit(loader: lightning_data.ResumableLoader, epochs: range,
+                  resume: tuple[int, int] | None = None) -> list[list[list[int]]]:
+    """The batches of each epoch in ``epochs``, in the order Lightning 2.6 calls the loader:
+    ``FitLoop.setup_data`` loads a resumed position and makes the first epoch's iterator (its
+    prefetch draws the first batch); then per epoch ``_set_sampler_epoch`` (which never reaches
+    the rebuilt loader's batch sampler), ``on_train_epoch_start`` (not for an epoch resumed in
+    its middle), and a later epoch's iterator after it."""
+    if resume is not None:
+        loader.load_state_dict({"version": lightning_data.LOADER_STATE_VERSION,
+                                "epoch": resume[0], "batches_done": resume[1]})
+    iterator = iter(loader)
+    first = next(iterator, None)
+    seen = []
+    for number, epoch in enumerate(epochs):
+        if number > 0:
+            lightning_data.epoch_begins(loader, epoch)
+            iterator = iter(loader)
+            first = next(iterator, None)
+        elif resume is None:
+            lightning_data.epoch_begins(loader, epoch)
+        batches = [] if first is None else [first]
+        seen.append([batch.tolist() for (batch,) in [*batches, *iterator]])
+    return seen
+
+
+@pytest.mark.parametrize("sampling", ["shuffle", "own generator", "distributed"])
+def test_each_epoch_has_its_own_order_and_a_resume_in_any_epoch_continues_it(
+        sampling: str) -> None:
+    # Lightning's set_epoch never reached the rebuilt loader's batch sampler: a
+    # DistributedSampler shuffled every epoch as the first, the checkpoint's epoch was always 0,
+    # and a RandomSampler with DataLoader(generator=g) drew from g, which no checkpoint holds.
+    def loader() -> lightning_data.ResumableLoader:
+        dataset = TensorDataset(torch.arange(20))
+        if sampling == "distributed":
+            sampler = DistributedSampler(dataset, num_replicas=1, rank=0, seed=3)
+            plain = DataLoader(dataset, batch_size=4, sampler=sampler)
+        else:
+            generator = torch.Generator().manual_seed(5) if sampling == "own generator" else None
+            plain = DataLoader(dataset, batch_size=4, shuffle=True, generator=generator)
+        return lightning_data.ResumableLoader.around(plain, seed=7)
+
+    uninterrupted = lightning_fit(loader(), range(3))
+    assert len({str(epoch) for epoch in uninterrupted}) == 3, "each epoch its own order"
+    for epoch in range(3):
+        resumed = lightning_fit(loader(), range(epoch, 3), resume=(epoch, 2))
+        assert resumed == [uninterrupted[epoch][2:], *uninterrupted[epoch + 1:]], epoch

@@ -72,16 +72,15 @@ def test_lightning_adopted_with_the_documented_one_line_callback_is_identical(
     assert any("version_N" in why or "logger" in why for why in result["skipped"])
 
 
-def test_lightning_whose_loader_has_a_generator_of_its_own_is_different_and_the_data_order_named(
-        tmp_path: Path) -> None:
-    # The RandomSampler draws each epoch's order from the DataLoader's own generator, which no
-    # checkpoint holds: a resume in the second epoch draws the first epoch's order again. Only
-    # the weights and the momentum differ; Lightning restores its optimizer itself.
+def test_lightning_whose_loader_has_a_generator_of_its_own_is_identical(tmp_path: Path) -> None:
+    # The RandomSampler drew each epoch's order from the DataLoader's own generator, which no
+    # checkpoint holds, and Lightning's set_epoch never reached the rebuilt loader: a resume in
+    # the second epoch drew another order, and verify said DIFFERENT, "the data order"
+    # (tests/unit/test_verify_causes.py keeps that verdict's cause).
     done, result = cycle_verify(tmp_path, "--stops", "2", "--seed", "2",
                                 str(SCRIPTS / "lightning_tiny.py"), "--seeded-loader",
                                 "--every-steps", "8")
-    assert done.returncode == 1, result
-    assert cause(result) == "the data order"
+    assert done.returncode == 0, result
 
 
 def test_a_loop_adopted_with_loop_state_is_identical_to_its_end(tmp_path: Path) -> None:
