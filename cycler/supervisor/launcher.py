@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from cycler.checkpoint.layout import CheckpointLayout
-from cycler.protocol.control import stop_requested_since
-from cycler.protocol.environment import ENV_CHECKPOINT_DIR, ENV_PROGRESS_DIR
+from cycler.protocol.control import stop_requested_of_this_job, stop_requested_since
+from cycler.protocol.environment import ENV_CHECKPOINT_DIR, ENV_CONTROL_FILE, ENV_PROGRESS_DIR
 from cycler.protocol.events import EventLog, describe
 from cycler.protocol.names import WORKERS_FINISHED_FILENAME, every_node
 from cycler.protocol.progress import AFTER_THE_LOOP, read_beacons
@@ -61,6 +61,9 @@ class StopSeen:
         self._since = since
 
     def __call__(self) -> bool:
+        if os.environ.get(ENV_CONTROL_FILE):  # the node's control file first: a stop reaches
+            # the workers there when its copy in the checkpoint root cannot be written
+            return stop_requested_of_this_job(self._since)
         if self._layout is None:
             return False
         return stop_requested_since(self._layout.control_paths(), self._since)
