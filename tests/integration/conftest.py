@@ -16,7 +16,8 @@ from cycle_jobs import Job
 from tmpfs import mounted_tmpfs
 
 
-LANES = ("slow", "slurm", "netns", "e2e", "gpu", "integrations", "verify", "benchmarks")
+LANES = ("slow", "slurm", "netns", "e2e", "gpu", "integrations", "verify", "benchmarks",
+         "fuse")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -4,8 +4,9 @@ a parallel filesystem's stall stops every call on it, then continued; a real 2-n
 (two `cycle run` processes of one gloo rank each on 127.0.0.1) trains through the freeze: its
 steps go on, no node is taken for gone, no hang is declared, and both nodes end 0.
 
-Needs root, /dev/fuse and bindfs (`apt-get install bindfs`); skipped with that reason
-elsewhere."""
+Needs root, /dev/fuse and bindfs (`apt-get install bindfs`, which .ci/run installs); skipped
+with that reason elsewhere. Marker ``fuse``: .ci/run runs it in the two-host lane, after the
+packages are installed."""
 
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ def fuse_missing() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(fuse_missing() is not None, reason=str(fuse_missing()))
+pytestmark = [pytest.mark.fuse,
+              pytest.mark.skipif(fuse_missing() is not None, reason=str(fuse_missing()))]
 
 
 @pytest.fixture
