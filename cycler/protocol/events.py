@@ -94,6 +94,8 @@ MESSAGES = {
                         "node's memory ({newest})",
     "control_unwritable": "cannot write the control file ({error}): the workers are told by "
                           "SIGTERM instead, and the stop may end without a checkpoint",
+    "runtime_dir_remade": "the job's runtime directory {path} was removed while the job ran "
+                          "(a logout's cleanup?): made it again for the control file",
     "control_copy_unwritable": "cannot write the control file's copy in the checkpoint root "
                                "({error}): this node's workers were told on the node and the "
                                "stop goes on; the other nodes learn of it from the store, or "
@@ -125,7 +127,7 @@ HISTORY = frozenset({
     "persisted", "stop_copy", "stop_copy_landed",
     "memory_tier_removed",
     "persist_failed", "requeue_withheld", "control_unwritable",
-    "control_copy_unwritable",
+    "control_copy_unwritable", "runtime_dir_remade",
     "checkpoint_committed", "checkpoint_interval", "compile_cache_not_carried",
     "replay_verified", "replay_diverged", "replay_unchecked",
 })

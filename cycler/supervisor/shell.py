@@ -26,6 +26,8 @@ from typing import Any
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import inspect_checkpoint, list_checkpoints
 from cycler.checkpoint.lock import SupervisorLock
+from cycler.checkpoint.memory_roots import prepare_runtime_dir
+from cycler.errors import CyclerError
 from cycler.protocol.control import (
     Action,
     ControlRequest,
@@ -610,8 +612,8 @@ class Supervisor:
         the workers were told all the same, and the record says so."""
         told = True
         try:
-            write_control(self._node.control_path, request)
-        except OSError as error:
+            self._write_node_control(request)
+        except (OSError, CyclerError) as error:
             told = False
             self._record("control_unwritable", warning=True, error=str(error))
             if request.action is not Action.RUN:
@@ -624,6 +626,19 @@ class Supervisor:
             if told:
                 self._record("control_copy_unwritable", warning=True, error=str(error),
                              path=str(self.layout.control_path(self.options.node_rank)))
+
+    def _write_node_control(self, request: Any) -> None:
+        """Write the node's control file; where its directory is gone (logind removes
+        ``$XDG_RUNTIME_DIR``, ``RemoveIPC=yes`` clears ``/dev/shm``, when the user's last
+        session ends), make the directory again, private, and write there: the workers poll
+        the file by its path, so they read it all the same (a signal instead would find their
+        shields up, and the stop would end at the grace, without its checkpoint)."""
+        try:
+            write_control(self._node.control_path, request)
+        except FileNotFoundError:
+            prepare_runtime_dir(self.options.runtime_dir)
+            self._record("runtime_dir_remade", warning=True, path=str(self.options.runtime_dir))
+            write_control(self._node.control_path, request)
 
     # -- context ----------------------------------------------------------------------------
 
