@@ -100,6 +100,31 @@ def prepare_runtime_dir(directory: Path) -> None:
     check_safe_parent(base.parent, "the runtime directory's parent", _RUNTIME_FIX)
     make_private(base, "the runtime directories' base", _RUNTIME_FIX)
     make_private(directory, "the job's runtime directory", _RUNTIME_FIX)
+    reserve_space(directory)
+
+
+RESERVE_FILENAME = "reserve"
+"""A few pages the supervisor keeps in the job's runtime directory, freed when the tmpfs is
+full: the next control request is written in their place (:func:`release_reserve`)."""
+RESERVE_BYTES = 64 * 1024
+
+
+def reserve_space(directory: Path) -> None:
+    """Keep :data:`RESERVE_BYTES` in ``directory`` (best effort: a tmpfs full already gets
+    none)."""
+    path = directory / RESERVE_FILENAME
+    with contextlib.suppress(OSError):
+        if not os.path.exists(path):
+            _fs.atomic_write_bytes(path, bytes(RESERVE_BYTES), durable=False)
+
+
+def release_reserve(directory: Path) -> bool:
+    """Free the space :func:`reserve_space` kept in ``directory``; whether there was any."""
+    try:
+        os.unlink(directory / RESERVE_FILENAME)
+    except OSError:
+        return False
+    return True
 
 
 def is_private(path: Path) -> bool:

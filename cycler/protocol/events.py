@@ -96,6 +96,8 @@ MESSAGES = {
                           "SIGTERM instead, and the stop may end without a checkpoint",
     "runtime_dir_remade": "the job's runtime directory {path} was removed while the job ran "
                           "(a logout's cleanup?): made it again for the control file",
+    "runtime_dir_full": "the tmpfs of the job's runtime directory {path} is full: freed the "
+                        "space kept there for the control file",
     "control_copy_unwritable": "cannot write the control file's copy in the checkpoint root "
                                "({error}): this node's workers were told on the node and the "
                                "stop goes on; the other nodes learn of it from the store, or "
@@ -127,7 +129,7 @@ HISTORY = frozenset({
     "persisted", "stop_copy", "stop_copy_landed",
     "memory_tier_removed",
     "persist_failed", "requeue_withheld", "control_unwritable",
-    "control_copy_unwritable", "runtime_dir_remade",
+    "control_copy_unwritable", "runtime_dir_remade", "runtime_dir_full",
     "checkpoint_committed", "checkpoint_interval", "compile_cache_not_carried",
     "replay_verified", "replay_diverged", "replay_unchecked",
 })

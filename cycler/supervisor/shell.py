@@ -11,6 +11,7 @@ other nodes, so the core's clock and theirs must be the same kind.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
 import queue
@@ -26,7 +27,7 @@ from typing import Any
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.listing import inspect_checkpoint, list_checkpoints
 from cycler.checkpoint.lock import SupervisorLock
-from cycler.checkpoint.memory_roots import prepare_runtime_dir
+from cycler.checkpoint.memory_roots import prepare_runtime_dir, release_reserve
 from cycler.errors import CyclerError
 from cycler.protocol.control import (
     Action,
@@ -632,12 +633,21 @@ class Supervisor:
         ``$XDG_RUNTIME_DIR``, ``RemoveIPC=yes`` clears ``/dev/shm``, when the user's last
         session ends), make the directory again, private, and write there: the workers poll
         the file by its path, so they read it all the same (a signal instead would find their
-        shields up, and the stop would end at the grace, without its checkpoint)."""
+        shields up, and the stop would end at the grace, without its checkpoint). Where its
+        tmpfs is full, the space kept there at the start (:func:`release_reserve`) is freed
+        for it."""
+        directory = self.options.runtime_dir
         try:
             write_control(self._node.control_path, request)
         except FileNotFoundError:
-            prepare_runtime_dir(self.options.runtime_dir)
-            self._record("runtime_dir_remade", warning=True, path=str(self.options.runtime_dir))
+            prepare_runtime_dir(directory)
+            self._record("runtime_dir_remade", warning=True, path=str(directory))
+            write_control(self._node.control_path, request)
+        except OSError as error:
+            # A full tmpfs: the space kept for this frees a page or more for the request.
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT) or not release_reserve(directory):
+                raise
+            self._record("runtime_dir_full", warning=True, path=str(directory))
             write_control(self._node.control_path, request)
 
     # -- context ----------------------------------------------------------------------------
