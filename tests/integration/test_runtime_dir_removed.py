@@ -1,9 +1,9 @@
 """The job's runtime directory on the node removed, or its tmpfs filled, while the job runs
 (logind removes $XDG_RUNTIME_DIR, and RemoveIPC=yes clears the user's /dev/shm files, when the
-user's last session ends: a job started over ssh with nohup sees it). A SIGTERM then still ends in a stop
-checkpoint and exit 75 (issue 36): the control file's directory is made again (or the space kept
-in it freed), instead of the workers being sent a signal their shields ignore until the grace
-ends without a checkpoint."""
+user's last session ends: a job started over ssh with nohup sees it). A SIGTERM then still ends
+in a stop checkpoint and exit 75 (issue 36): the control file's directory is made again (or the
+space kept in it freed), instead of the workers being sent a signal their shields ignore until
+the grace ends without a checkpoint."""
 
 from __future__ import annotations
 
