@@ -1,4 +1,4 @@
-"""The checkpoint root's layout: the one owner of names, indices and paths (docs/design.md).
+"""The checkpoint root's layout: the one owner of checkpoint names, indices and the link.
 
 ::
 
@@ -7,10 +7,11 @@
       <prefix>_checkpoint_7/           a checkpoint: user files + MANIFEST_NAME (written last)
       <prefix>_checkpoint_8/           being written or torn: no manifest, never linked
       <prefix>_checkpoint_3_force/     pinned: retention and prune never remove it
-      .cycler/                         the supervisor's record: control file, events, lock
+      .cycler/                         the run's record: :class:`cycler.protocol.record.RunRecord`
 
 Everything that needs a checkpoint's name, index, pin or the link asks :class:`CheckpointLayout`;
-nothing else parses these names.
+nothing else parses these names. The records beside them (the index records among them) are
+named by the layout's :attr:`CheckpointLayout.record`, never here.
 """
 
 from __future__ import annotations
@@ -102,71 +103,13 @@ class CheckpointLayout:
         return self.root / self.link_name
 
     @property
-    def supervisor_dir(self) -> Path:
-        return self.record.directory
-
-    def check_supervisor_dir(self) -> None:
-        self.record.check_directory()
-
-    def control_path(self, node_rank: int = 0) -> Path:
-        return self.record.control_path(node_rank)
-
-    def events_path(self, node_rank: int = 0) -> Path:
-        return self.record.events_path(node_rank)
-
-    def lock_path(self, node_rank: int = 0) -> Path:
-        return self.record.lock_path(node_rank)
-
-    def verification_record_path(self, name: CheckpointName) -> Path:
-        return self.record.verification_record_path(str(name))
-
-    def verification_records(self) -> dict[str, Path]:
-        """Checkpoint name -> its record, for every checkpoint of this saver whose
-        verification failed."""
-        return {name: path for name, path in self.record.verification_records().items()
-                if self.parse(name) is not None}
-
-    def resume_record_path(self, node_rank: int = 0) -> Path:
-        return self.record.resume_record_path(node_rank)
-
-    @property
-    def writer_lock_path(self) -> Path:
-        return self.record.writer_lock_path(self.prefix)
-
-    def control_paths(self) -> list[Path]:
-        return self.record.control_paths()
-
-    def events_paths(self) -> dict[int, Path]:
-        return self.record.events_paths()
-
-    def heartbeat_path(self, node_rank: int = 0) -> Path:
-        return self.record.heartbeat_path(node_rank)
-
-    def progress_dir(self, node_rank: int = 0) -> Path:
-        return self.record.progress_dir(node_rank)
-
-    def workers_finished_path(self, node_rank: int = 0) -> Path:
-        return self.record.workers_finished_path(node_rank)
-
-    def hang_record_path(self, node_rank: int = 0) -> Path:
-        return self.record.hang_record_path(node_rank)
-
-    def hang_dump_dir(self, when: str) -> Path:
-        return self.record.hang_dump_dir(when)
-
-    def lock_paths(self) -> list[Path]:
-        return self.record.lock_paths()
-
-    @property
-    def memory_tier_record_path(self) -> Path:
-        return self.record.memory_tier_record_path
-
-    @property
     def index_record_path(self) -> Path:
+        """The highest index this saver ever used (kept in the root's record)."""
         return self.record.index_record_path(self.prefix)
 
     @property
     def first_index_record_path(self) -> Path:
+        """The first index cycler used here (kept in the root's record)."""
         return self.record.first_index_record_path(self.prefix)
 
     def adopt(self) -> None:
@@ -179,7 +122,7 @@ class CheckpointLayout:
         if os.path.lexists(self.first_index_record_path):
             return
         first = 0 if os.path.lexists(self.index_record_path) else self.next_index()
-        self.supervisor_dir.mkdir(exist_ok=True)
+        self.record.directory.mkdir(exist_ok=True)
         atomic_write_bytes(self.first_index_record_path, f"{first}\n".encode())
 
     def first_own_index(self) -> int | None:
@@ -226,14 +169,14 @@ class CheckpointLayout:
         While that writer's lock is held, every one of them was left by a writer that died.
         """
         entries = [self.root / entry for entry in _list(self.root)]
-        entries += [self.supervisor_dir / entry for entry in _list(self.supervisor_dir)]
+        entries += [self.record.directory / entry for entry in _list(self.record.directory)]
         return [path for path in entries if self._owns_temporary(path)]
 
     def _owns_temporary(self, path: Path) -> bool:
         if not (path.name.startswith(".") and is_temporary(path.name)):
             return False
         final = path.name[1:].split(TEMP_MARKER, 1)[0]
-        if path.parent == self.supervisor_dir:
+        if path.parent == self.record.directory:
             return final in (self.index_record_path.name, self.first_index_record_path.name)
         return final == self.link_name or self.parse(final) is not None
 

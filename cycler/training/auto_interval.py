@@ -39,7 +39,8 @@ from cycler.errors import ConfigError
 from cycler.protocol.environment import ENV_NODE_DIR, default_checkpoint_root
 from cycler.protocol.events import EventLog, describe, read_events
 from cycler.protocol.goodput import Goodput, goodput
-from cycler.protocol.names import CONTROL_FILENAME, EVENTS_FILENAME, SUPERVISOR_DIRNAME
+from cycler.protocol.names import CONTROL_FILENAME, EVENTS_FILENAME
+from cycler.protocol.record import RunRecord
 
 DEFAULT_MTBF = 4 * 3600.0
 """The prior mean time between failures (seconds) before the job has seen any: 4 hours, in the
@@ -186,7 +187,7 @@ def events_beside(control_file: Path | None,
     name = EVENTS_FILENAME.format(node=found.group(1))
     env = os.environ if environ is None else environ
     if env.get(ENV_NODE_DIR) and control_file.parent == Path(env[ENV_NODE_DIR]):
-        return default_checkpoint_root(env) / SUPERVISOR_DIRNAME / name
+        return RunRecord(default_checkpoint_root(env)).events_path(int(found.group(1)))
     return control_file.with_name(name)
 
 

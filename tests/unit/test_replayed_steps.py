@@ -277,12 +277,12 @@ def test_on_divergence_takes_warn_or_stop_only() -> None:
 
 def watch(tmp_path: Path, said: list[tuple[str, dict[str, Any]]], stop: bool = False,
           ranks: int = 1) -> ReplayWatch:
-    from cycler.checkpoint.layout import CheckpointLayout
+    from cycler.protocol.record import RunRecord
 
-    layout = CheckpointLayout(tmp_path / "ck")
-    layout.supervisor_dir.mkdir(parents=True)
+    run_record = RunRecord(tmp_path / "ck")
+    run_record.directory.mkdir(parents=True)
     (tmp_path / "node").mkdir()
-    return ReplayWatch(layout, 0, lambda: tmp_path / "node", stop=stop, local_ranks=ranks,
+    return ReplayWatch(run_record, 0, lambda: tmp_path / "node", stop=stop, local_ranks=ranks,
                        record=lambda event, warning=False, **fields: said.append((event, fields)))
 
 
