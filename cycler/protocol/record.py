@@ -24,11 +24,11 @@ import os
 from pathlib import Path
 
 from cycler.errors import CheckpointDirectoryError
-from cycler.protocol.fingerprints import NODE_FILE
 from cycler.protocol.names import (
     COMPILE_CACHE_FILENAME,
     CONTROL_FILENAME,
     EVENTS_FILENAME,
+    FINGERPRINTS_FILENAME,
     FIRST_INDEX_SUFFIX,
     HANG_RECORD_FILENAME,
     HEARTBEAT_FILENAME,
@@ -50,6 +50,21 @@ from cycler.protocol.names import (
 
 WRITER_LOCK_SUFFIX = ".writer.lock"
 HANG_DUMP_PREFIX = "hang-"
+
+
+def node_of_control_file(control_file: Path) -> int | None:
+    """The node rank a control file's name carries (``control-node<R>.json``), else ``None``."""
+    prefix, suffix = CONTROL_FILENAME.split("{node}")
+    name = control_file.name
+    rank = name[len(prefix):len(name) - len(suffix)]
+    matches = name.startswith(prefix) and name.endswith(suffix) and len(name) > len(prefix + suffix)
+    return int(rank) if matches and rank.isascii() and rank.isdigit() else None
+
+
+def events_path_beside(control_file: Path, node_rank: int) -> Path:
+    """Node ``node_rank``'s events log in the directory of its control file (where that is a
+    root's record, as without a runtime directory on the node)."""
+    return control_file.with_name(EVENTS_FILENAME.format(node=node_rank))
 
 
 def is_record_directory(name: str) -> bool:
@@ -137,7 +152,7 @@ class RunRecord:
 
     def fingerprints_path(self, node_rank: int = 0) -> Path:
         """Node ``node_rank``'s workers' step fingerprints, copied here by its supervisor."""
-        return self.directory / NODE_FILE.format(node=node_rank)
+        return self.directory / FINGERPRINTS_FILENAME.format(node=node_rank)
 
     # One file per root.
 
