@@ -15,6 +15,7 @@ import pytest
 from cycle_jobs import Job
 from tmpfs import mounted_tmpfs
 
+
 LANES = ("slow", "slurm", "netns", "e2e", "gpu", "integrations", "verify", "benchmarks",
          "fuse")
 

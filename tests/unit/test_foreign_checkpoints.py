@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS
 import torch
 
 from cycler.protocol.events import EventLog
-from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS
 from cycler.supervisor.foreign import (
     ACCELERATE,
     HUGGING_FACE,
