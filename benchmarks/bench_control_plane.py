@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # A client of a store that is gone (node 0 killed) logs a C++ traceback at every try.
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
 
-from cycler.checkpoint.commit import finalize  # noqa: E402
+from cycler.checkpoint.commit import finalize  # noqa: E402  # noqa: E402
 from cycler.checkpoint.layout import CheckpointLayout  # noqa: E402
 from cycler.checkpoint.manifest import (  # noqa: E402
     checkpoint_files,
@@ -59,6 +59,7 @@ from cycler.checkpoint.manifest import (  # noqa: E402
 )
 from cycler.protocol.control import Action, ControlRequest, write_control  # noqa: E402
 from cycler.protocol.names import LIVENESS_STORE_FILENAME  # noqa: E402
+from cycler.protocol.record import RunRecord
 from cycler.supervisor.peers import BEAT_SECONDS, Heartbeat, PeerWatch  # noqa: E402
 from cycler.supervisor.shell import stops_elsewhere  # noqa: E402
 from cycler.supervisor.store_link import StoreLink  # noqa: E402
@@ -121,13 +122,13 @@ def install_counter() -> None:
 class SimNode:
     """One supervisor's control plane: beats, watches, and notes when it learns of a loss."""
 
-    def __init__(self, layout: CheckpointLayout, node: int, nnodes: int, timeout: float,
+    def __init__(self, run_record: RunRecord, node: int, nnodes: int, timeout: float,
                  store: bool) -> None:
         self.node = node
-        self.link = StoreLink(layout.supervisor_dir / LIVENESS_STORE_FILENAME, node, nnodes,
+        self.link = StoreLink(run_record.directory / LIVENESS_STORE_FILENAME, node, nnodes,
                               "127.0.0.1", BEAT_SECONDS) if store else None
-        self.heartbeat = Heartbeat(layout, node, "bench", self.link)
-        self.peers = PeerWatch(layout, node, nnodes, timeout=timeout, run="bench",
+        self.heartbeat = Heartbeat(run_record, node, "bench", self.link)
+        self.peers = PeerWatch(run_record, node, nnodes, timeout=timeout, run="bench",
                                start_timeout=3600.0, link=self.link)
         self.lost: tuple[int, float] | None = None
         self._stop = threading.Event()
@@ -169,10 +170,10 @@ def run_nodes(nnodes: int, store: bool, window: float, timeout: float,
     gone on every live node (``None``: no kill)."""
     with tempfile.TemporaryDirectory(dir=".") as scratch:
         root = Path(scratch) / "root"
-        layout = CheckpointLayout(root)
-        layout.supervisor_dir.mkdir(parents=True)
-        COUNTER.root = str(layout.root)
-        nodes = [SimNode(layout, node, nnodes, timeout, store) for node in range(nnodes)]
+        run_record = RunRecord(root)
+        run_record.directory.mkdir(parents=True)
+        COUNTER.root = str(run_record.root)
+        nodes = [SimNode(run_record, node, nnodes, timeout, store) for node in range(nnodes)]
         started = time.monotonic()
         while not _all_seen(nodes):
             if time.monotonic() - started > 300:
@@ -190,7 +191,7 @@ def run_nodes(nnodes: int, store: bool, window: float, timeout: float,
         if store:
             result["stopper"] = stopper
             result["stop_everywhere_s"] = stop_reach(nodes, stopper)
-        stop_calls = stop_relay_calls(layout, nnodes, nodes[0].link)
+        stop_calls = stop_relay_calls(run_record, nnodes, nodes[0].link)
         result["exit_reads_per_node"] = stop_calls
         if kill is not None:
             victim = nodes[kill]
@@ -225,18 +226,18 @@ def stop_reach(nodes: list[SimNode], stopper: int) -> float | None:
     return round(time.monotonic() - said_at, 2)
 
 
-def stop_relay_calls(layout: CheckpointLayout, nnodes: int, link: StoreLink | None) -> int:
+def stop_relay_calls(run_record: RunRecord, nnodes: int, link: StoreLink | None) -> int:
     """What node 0's supervisor reads on the root when its workers exit, to learn whether
     another node asked for the stop: a fresh read of the store (no file), or every other
     node's control file where there is no store."""
     request = ControlRequest(sequence=1, action=Action.CHECKPOINT_AND_EXIT, reason="SIGTERM",
                              requested_at=time.time(), deadline=None)
     for node in range(nnodes):
-        write_control(layout.control_path(node), request)
+        write_control(run_record.control_path(node), request)
     COUNTER.reset()
-    assert link is not None or stops_elsewhere(layout, 0, since=0.0, link=link)
+    assert link is not None or stops_elsewhere(run_record, 0, since=0.0, link=link)
     if link is not None:
-        stops_elsewhere(layout, 0, since=0.0, link=link)
+        stops_elsewhere(run_record, 0, since=0.0, link=link)
     return COUNTER.total()
 
 

@@ -32,8 +32,8 @@ from typing import Any
 
 from _checks import duration, events_since, require
 
-from cycler.checkpoint.layout import CheckpointLayout
 from cycler.protocol.progress import read_beacons
+from cycler.protocol.record import RunRecord
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 SCRIPT = REPOSITORY / "examples" / "train.py"
@@ -88,7 +88,7 @@ def wait_for(root: Path, since: float, kind: str, process: subprocess.Popen[byte
 
 def kill_rank_1(root: Path, variant: str) -> float:
     """SIGKILL to rank 1's worker; the wall time of the kill."""
-    beacons = {r.rank: r.pid for r in read_beacons(CheckpointLayout(root).progress_dir(0))}
+    beacons = {r.rank: r.pid for r in read_beacons(RunRecord(root).progress_dir(0))}
     require(1 in beacons, variant, "rank 1 has no beacon to find its pid")
     killed_at = time.time()
     os.kill(beacons[1], signal.SIGKILL)

@@ -1,6 +1,7 @@
 """The checkpoint part of cycler, split by responsibility (docs/design.md):
 
-- :mod:`.layout`: names, the root's entries, ``.cycler/`` (the one owner of naming);
+- :mod:`.layout`: checkpoint names, indices and the latest link (their one owner; the
+  records under ``.cycler/`` are :mod:`cycler.protocol.record`'s);
 - :mod:`.manifest` and :mod:`.checksum`: what a committed checkpoint holds, and its checksums;
 - :mod:`.saving`: ``atomic_torch_save``, one file at a time;
 - :mod:`.atomic_directory`: the saver, a facade over the parts below;

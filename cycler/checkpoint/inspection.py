@@ -30,7 +30,7 @@ from cycler.checkpoint.retention import Decision, checked_keep_last, retention_d
 from cycler.errors import CheckpointDirectoryError, DirectoryInUse
 from cycler.protocol.events import history_counts, job_history, read_events
 from cycler.protocol.goodput import Goodput, goodput
-from cycler.protocol.names import MEMORY_OWNER_FILENAME, SUPERVISOR_DIRNAME
+from cycler.protocol.record import RunRecord
 from cycler.protocol.replay import VERDICT_EVENTS
 from cycler.protocol.timeline import timeline
 
@@ -147,38 +147,38 @@ def collect_status(root: str | os.PathLike[str], *, verify: bool = False, events
             facts.append(_facts(prefix, checkpoint, clock()))
             if on_checked is not None:
                 on_checked(facts[-1].size)
-    layout = CheckpointLayout(path)
-    by_node = {node: read_events(path) for node, path in layout.events_paths().items()}
+    record = RunRecord(path)
+    by_node = {node: read_events(path) for node, path in record.events_paths().items()}
     merged = [{**event, "node": node} for node, records in by_node.items() for event in records]
     merged.sort(key=lambda event: float(event.get("time", 0)))
     history = job_history(merged)
     # Node 0's log (the lowest node's) holds the whole job's timeline: every node starts,
     # restarts and stops together.
     first = by_node[min(by_node)] if by_node else []
-    return RootStatus(path, True, facts, live_supervisors(layout),
+    return RootStatus(path, True, facts, live_supervisors(record),
                       history[-events:] if events > 0 else [], history_counts(merged), notes,
                       goodput(first) if first else None,
-                      _memory_tier(layout, facts, verify, clock()), timeline(by_node),
+                      _memory_tier(record, facts, verify, clock()), timeline(by_node),
                       [event for event in merged if event.get("event") in VERDICT_NAMES])
 
 
-def memory_tier_here(layout: CheckpointLayout) -> Path | None:
+def memory_tier_here(record: RunRecord) -> Path | None:
     """The memory root ``cycle run --memory-tier`` recorded for this checkpoint root, if it
     is on this host and still there."""
     try:
-        record = _fs.read_json_object(layout.memory_tier_record_path)
+        tier = _fs.read_json_object(record.memory_tier_record_path)
     except (OSError, ValueError):
         return None
-    root = Path(str(record.get("root", "")))
-    if record.get("host") != socket.gethostname() or not root.is_absolute():
+    root = Path(str(tier.get("root", "")))
+    if tier.get("host") != socket.gethostname() or not root.is_absolute():
         return None
     # Listed only where it is the user's own private directory: nothing else is read. And only
     # where its own record names this root: the record in .cycler/ may be another user's (a
     # group-writable root), pointing at another job's tier for `cycle prune` to delete from.
     if not (is_private(root.parent) and is_private(root)):
         return None
-    owner = _fs.read_json_object(root / SUPERVISOR_DIRNAME / MEMORY_OWNER_FILENAME)
-    return root if owner.get("durable_root") == os.path.realpath(layout.root) else None
+    owner = _fs.read_json_object(RunRecord(root).memory_owner_path)
+    return root if owner.get("durable_root") == os.path.realpath(record.root) else None
 
 
 def _memory_tier_without_root(root: Path) -> list[str]:
@@ -191,9 +191,9 @@ def _memory_tier_without_root(root: Path) -> list[str]:
             "resumed from, and your next `cycle run` on this host removes it"]
 
 
-def _memory_tier(layout: CheckpointLayout, on_disk: list[CheckpointFacts], verify: bool,
+def _memory_tier(record: RunRecord, on_disk: list[CheckpointFacts], verify: bool,
                  now: float) -> MemoryTierStatus | None:
-    root = memory_tier_here(layout)
+    root = memory_tier_here(record)
     if root is None:
         return None
     rows = [_facts(prefix, checkpoint, now) for prefix in saver_prefixes(root)
@@ -234,9 +234,9 @@ def _mtime(path: Path) -> float:
         return time.time()
 
 
-def live_supervisors(layout: CheckpointLayout) -> list[dict[str, Any]]:
+def live_supervisors(record: RunRecord) -> list[dict[str, Any]]:
     """Owner records of the ``cycle run`` supervisors holding a lock on this root."""
-    holders = (lock_holder(path) for path in layout.lock_paths())
+    holders = (lock_holder(path) for path in record.lock_paths())
     return [holder for holder in holders if holder is not None]
 
 
@@ -261,9 +261,9 @@ def prune(root: str | os.PathLike[str], *, keep_last: int = -1, dry_run: bool = 
     path = checked_root(root)
     if path is None:
         return PruneResult([], [], [], dry_run)
-    _refuse_if_supervised(CheckpointLayout(path), force)
+    _refuse_if_supervised(RunRecord(path), force)
     decisions, temporaries = _plan(path, keep_last)
-    memory = memory_tier_here(CheckpointLayout(path))
+    memory = memory_tier_here(RunRecord(path))
     if memory is not None:
         in_memory, memory_temporaries = _plan(memory, keep_last)
         decisions, temporaries = decisions + in_memory, temporaries + memory_temporaries
@@ -291,13 +291,13 @@ def _remember_indices(root: Path, removed: list[Checkpoint]) -> None:
             layout.record_index(highest)
 
 
-def _refuse_if_supervised(layout: CheckpointLayout, force: bool) -> None:
-    supervisors = live_supervisors(layout)
+def _refuse_if_supervised(record: RunRecord, force: bool) -> None:
+    supervisors = live_supervisors(record)
     if supervisors and not force:
         owner = supervisors[0]
         raise DirectoryInUse(
             f"a live cycle run (pid {owner.get('pid', '?')} on {owner.get('host', '?')}) is "
-            f"writing to {layout.root}; stop it first, or pass --force"
+            f"writing to {record.root}; stop it first, or pass --force"
         )
 
 
@@ -305,7 +305,7 @@ def _plan(root: Path, keep_last: int) -> tuple[list[Decision], list[Path]]:
     decisions: list[Decision] = []
     any_writing = False
     for prefix in saver_prefixes(root):
-        writing = lock_holder(CheckpointLayout(root, prefix).writer_lock_path) is not None
+        writing = lock_holder(RunRecord(root).writer_lock_path(prefix)) is not None
         any_writing = any_writing or writing
         # The latest is chosen as resume chooses it, its checksums verified, so that what is
         # kept always includes a checkpoint a resume can load.

@@ -36,7 +36,7 @@ def announce(memory: CheckpointLayout, durable: CheckpointLayout, persist_every:
     root's ``.cycler/``, for ``cycle status``; one record per job (the caller is node 0)."""
     record = {"root": str(memory.root), "host": socket.gethostname(),
               "persist_every": persist_every}
-    _fs.atomic_write_bytes(durable.memory_tier_record_path, json.dumps(record).encode(),
+    _fs.atomic_write_bytes(durable.record.memory_tier_record_path, json.dumps(record).encode(),
                            durable=False)
 
 

@@ -1,4 +1,4 @@
-"""The checkpoint root's layout: the one owner of names, indices and paths (docs/design.md).
+"""The checkpoint root's layout: the one owner of checkpoint names, indices and the link.
 
 ::
 
@@ -7,10 +7,11 @@
       <prefix>_checkpoint_7/           a checkpoint: user files + MANIFEST_NAME (written last)
       <prefix>_checkpoint_8/           being written or torn: no manifest, never linked
       <prefix>_checkpoint_3_force/     pinned: retention and prune never remove it
-      .cycler/                         the supervisor's record: control file, events, lock
+      .cycler/                         the run's record: :class:`cycler.protocol.record.RunRecord`
 
 Everything that needs a checkpoint's name, index, pin or the link asks :class:`CheckpointLayout`;
-nothing else parses these names.
+nothing else parses these names. The records beside them (the index records among them) are
+named by the layout's :attr:`CheckpointLayout.record`, never here.
 """
 
 from __future__ import annotations
@@ -21,24 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cycler._fs import TEMP_MARKER, atomic_write_bytes, is_temporary
-from cycler.errors import CheckpointDirectoryError
 from cycler.protocol.environment import DEFAULT_CHECKPOINT_NAME
-from cycler.protocol.names import (
-    CONTROL_FILENAME,
-    EVENTS_FILENAME,
-    FIRST_INDEX_SUFFIX,
-    HANG_RECORD_FILENAME,
-    HEARTBEAT_FILENAME,
-    INDEX_RECORD_SUFFIX,
-    LOCK_FILENAME,
-    MEMORY_TIER_RECORD_FILENAME,
-    PROGRESS_DIRNAME,
-    RESUME_RECORD_FILENAME,
-    SUPERVISOR_DIRNAME,
-    VERIFICATION_RECORD_PREFIX,
-    WORKERS_FINISHED_FILENAME,
-    every_node,
-)
+from cycler.protocol.record import RunRecord
 
 DEFAULT_PREFIX = DEFAULT_CHECKPOINT_NAME
 CHECKPOINT_INFIX = "_checkpoint_"
@@ -99,6 +84,8 @@ class CheckpointLayout:
             raise ValueError(f"checkpoint name {prefix!r} must be a plain, non-hidden file name")
         self.root = Path(os.path.abspath(root))
         self.prefix = prefix
+        self.record = RunRecord(self.root)
+        """The run's record in the same root (:mod:`cycler.protocol.record`)."""
         # Only the exact spelling str(CheckpointName) produces may parse: "_03", "_\u0663" or a
         # trailing newline would alias another entry's path, and retention could then decide
         # about one entry and delete another.
@@ -116,100 +103,14 @@ class CheckpointLayout:
         return self.root / self.link_name
 
     @property
-    def supervisor_dir(self) -> Path:
-        return self.root / SUPERVISOR_DIRNAME
-
-    def check_supervisor_dir(self) -> None:
-        """Refuse a ``.cycler`` that is a symlink: locks, records and control files would land
-        outside the root, where another job's could be."""
-        if self.supervisor_dir.is_symlink():
-            raise CheckpointDirectoryError(
-                f"{self.supervisor_dir} is a symlink; cycler keeps its locks and records inside "
-                "the checkpoint root: replace it with a directory")
-
-    def control_path(self, node_rank: int = 0) -> Path:
-        return self.supervisor_dir / CONTROL_FILENAME.format(node=node_rank)
-
-    def events_path(self, node_rank: int = 0) -> Path:
-        return self.supervisor_dir / EVENTS_FILENAME.format(node=node_rank)
-
-    def lock_path(self, node_rank: int = 0) -> Path:
-        return self.supervisor_dir / LOCK_FILENAME.format(node=node_rank)
-
-    def verification_record_path(self, name: CheckpointName) -> Path:
-        """Where a resume that found ``name``'s checksums wrong says so (``cycle status``)."""
-        return self.supervisor_dir / f"{VERIFICATION_RECORD_PREFIX}{name}"
-
-    def verification_records(self) -> dict[str, Path]:
-        """Checkpoint name -> its record, for every checkpoint of this saver whose
-        verification failed."""
-        found = {}
-        for entry in _list(self.supervisor_dir):
-            named = self.parse(entry[len(VERIFICATION_RECORD_PREFIX):])
-            if entry.startswith(VERIFICATION_RECORD_PREFIX) and named is not None:
-                found[str(named)] = self.supervisor_dir / entry
-        return found
-
-    def resume_record_path(self, node_rank: int = 0) -> Path:
-        """Where ``cycle run`` records that a ``--resume-from`` rollback was carried out."""
-        return self.supervisor_dir / RESUME_RECORD_FILENAME.format(node=node_rank)
-
-    @property
-    def writer_lock_path(self) -> Path:
-        """Held by the rank that creates checkpoints, from prepare to commit."""
-        return self.supervisor_dir / f"{self.prefix}.writer.lock"
-
-    def control_paths(self) -> list[Path]:
-        """Every node's control file."""
-        return sorted(self.supervisor_dir.glob(every_node(CONTROL_FILENAME)))
-
-    def events_paths(self) -> dict[int, Path]:
-        """Every node's events log, by node rank."""
-        prefix, suffix = EVENTS_FILENAME.split("{node}")
-        found = {}
-        for path in self.supervisor_dir.glob(every_node(EVENTS_FILENAME)):
-            rank = path.name[len(prefix):len(path.name) - len(suffix)]
-            if rank.isdigit():
-                found[int(rank)] = path
-        return dict(sorted(found.items()))
-
-    def heartbeat_path(self, node_rank: int = 0) -> Path:
-        """Where node ``node_rank``'s supervisor shows it is alive, and how it ended."""
-        return self.supervisor_dir / HEARTBEAT_FILENAME.format(node=node_rank)
-
-    def progress_dir(self, node_rank: int = 0) -> Path:
-        """Where node ``node_rank``'s workers keep their progress beacons and stack dumps."""
-        return self.supervisor_dir / PROGRESS_DIRNAME.format(node=node_rank)
-
-    def workers_finished_path(self, node_rank: int = 0) -> Path:
-        """Present once node ``node_rank``'s workers all ended with success in this run (its
-        launcher writes it; a multi-node job's other nodes read it)."""
-        return self.supervisor_dir / WORKERS_FINISHED_FILENAME.format(node=node_rank)
-
-    def hang_record_path(self, node_rank: int = 0) -> Path:
-        """The step interval node ``node_rank``'s hang detection learned (kept across starts)."""
-        return self.supervisor_dir / HANG_RECORD_FILENAME.format(node=node_rank)
-
-    def hang_dump_dir(self, when: str) -> Path:
-        """Where the stacks of the workers of a hang found at ``when`` go."""
-        return self.supervisor_dir / f"hang-{when}"
-
-    def lock_paths(self) -> list[Path]:
-        """Every node's supervisor lock file."""
-        return sorted(self.supervisor_dir.glob(every_node(LOCK_FILENAME)))
-
-    @property
-    def memory_tier_record_path(self) -> Path:
-        """Where `cycle run --memory-tier` records the memory root, for `cycle status`."""
-        return self.supervisor_dir / MEMORY_TIER_RECORD_FILENAME
-
-    @property
     def index_record_path(self) -> Path:
-        return self.supervisor_dir / f"{self.prefix}{INDEX_RECORD_SUFFIX}"
+        """The highest index this saver ever used (kept in the root's record)."""
+        return self.record.index_record_path(self.prefix)
 
     @property
     def first_index_record_path(self) -> Path:
-        return self.supervisor_dir / f"{self.prefix}{FIRST_INDEX_SUFFIX}"
+        """The first index cycler used here (kept in the root's record)."""
+        return self.record.first_index_record_path(self.prefix)
 
     def adopt(self) -> None:
         """Record, before cycler prepares its first directory here, the first index it uses.
@@ -221,7 +122,7 @@ class CheckpointLayout:
         if os.path.lexists(self.first_index_record_path):
             return
         first = 0 if os.path.lexists(self.index_record_path) else self.next_index()
-        self.supervisor_dir.mkdir(exist_ok=True)
+        self.record.directory.mkdir(exist_ok=True)
         atomic_write_bytes(self.first_index_record_path, f"{first}\n".encode())
 
     def first_own_index(self) -> int | None:
@@ -268,14 +169,14 @@ class CheckpointLayout:
         While that writer's lock is held, every one of them was left by a writer that died.
         """
         entries = [self.root / entry for entry in _list(self.root)]
-        entries += [self.supervisor_dir / entry for entry in _list(self.supervisor_dir)]
+        entries += [self.record.directory / entry for entry in _list(self.record.directory)]
         return [path for path in entries if self._owns_temporary(path)]
 
     def _owns_temporary(self, path: Path) -> bool:
         if not (path.name.startswith(".") and is_temporary(path.name)):
             return False
         final = path.name[1:].split(TEMP_MARKER, 1)[0]
-        if path.parent == self.supervisor_dir:
+        if path.parent == self.record.directory:
             return final in (self.index_record_path.name, self.first_index_record_path.name)
         return final == self.link_name or self.parse(final) is not None
 

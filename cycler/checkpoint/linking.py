@@ -25,7 +25,7 @@ def finalize(layout: CheckpointLayout, name: CheckpointName, manifest: Manifest,
     _fs.atomic_write_bytes(directory / MANIFEST_NAME, manifest.to_json().encode())
     if private:
         restrict_tree(directory)
-        restrict_tree(layout.supervisor_dir)
+        restrict_tree(layout.record.directory)
     if forward:
         link_forward(layout)
     else:  # a saver's own commit: indices only grow, so it is the newest

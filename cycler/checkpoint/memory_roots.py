@@ -40,11 +40,11 @@ from cycler._private import (
     private_problem,
     unsafe_path_problem,
 )
-from cycler.checkpoint.layout import CheckpointLayout, saver_prefixes
+from cycler.checkpoint.layout import saver_prefixes
 from cycler.checkpoint.listing import list_checkpoints
 from cycler.checkpoint.retainer import discard
 from cycler.errors import CheckpointDirectoryError
-from cycler.protocol.names import JOB_ID_FILENAME, MEMORY_OWNER_FILENAME, SUPERVISOR_DIRNAME
+from cycler.protocol.record import RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -154,17 +154,17 @@ def memory_root(base: str | os.PathLike[str], durable_root: str | os.PathLike[st
     return Path(os.path.abspath(base)) / f"{durable.name or 'root'}-{digest}"
 
 
-def job_id(durable: CheckpointLayout) -> str:
+def job_id(durable: RunRecord) -> str:
     """The checkpoint root's job id, made now if it has none (the first writer wins, on any
     node: the id is linked into place, never overwritten). Raises
     :class:`CheckpointDirectoryError` when the id file is not a regular file of the owner of
     ``.cycler/`` (or of this user) holding an id: in a root others may write to, another user
     could have replaced it to make the job's memory tier be taken for another job's."""
-    path = durable.supervisor_dir / JOB_ID_FILENAME
+    path = durable.job_id_path
     found, problem = read_job_id(path)
     if found is None and problem is None:
         try:
-            durable.supervisor_dir.mkdir(parents=True, exist_ok=True)
+            durable.directory.mkdir(parents=True, exist_ok=True)
             temporary = _fs.temporary_sibling(path)
             temporary.write_text(uuid.uuid4().hex)
             try:
@@ -213,7 +213,7 @@ def read_job_id(path: Path) -> tuple[str | None, str | None]:
     return None, "does not hold a job id (32 hex digits)"
 
 
-def prepare_memory_root(root: Path, durable: CheckpointLayout, *, supervisor: bool = False,
+def prepare_memory_root(root: Path, durable: RunRecord, *, supervisor: bool = False,
                         ) -> str | None:
     """Make ``root`` this job's memory root, private, with its record; refuse it
     (:class:`CheckpointDirectoryError`) when the base or the root is not the user's private
@@ -226,7 +226,7 @@ def prepare_memory_root(root: Path, durable: CheckpointLayout, *, supervisor: bo
     make_private(root.parent, "the memory tier's base")
     identity = job_id(durable)
     removed = None
-    owner_path = root / SUPERVISOR_DIRNAME / MEMORY_OWNER_FILENAME
+    owner_path = RunRecord(root).memory_owner_path
     if os.path.lexists(root):
         check_private(root, "the memory root")
         owner = _fs.read_json_object(owner_path)
@@ -236,7 +236,7 @@ def prepare_memory_root(root: Path, durable: CheckpointLayout, *, supervisor: bo
                        f"{owner.get('durable_root') or 'an unknown checkpoint root'}")
             _refused_unless_done(discard, root)
     make_private(root, "the memory root")
-    make_private(root / SUPERVISOR_DIRNAME, "the memory root's record directory")
+    make_private(RunRecord(root).directory, "the memory root's record directory")
     if supervisor or not os.path.lexists(owner_path):
         record = {"job": identity, "durable_root": os.path.realpath(durable.root),
                   "supervisor": _this_process() if supervisor else None}
@@ -254,7 +254,7 @@ def _refused_unless_done(work: Callable[..., None], path: Path, *args: object) -
                                        ) from None
 
 
-def _belongs_to(owner: Mapping[str, object], identity: str, durable: CheckpointLayout) -> bool:
+def _belongs_to(owner: Mapping[str, object], identity: str, durable: RunRecord) -> bool:
     return (owner.get("job") == identity
             and owner.get("durable_root") == os.path.realpath(durable.root))
 
@@ -290,7 +290,7 @@ def sweep_stale_roots(base: Path, keep: Path) -> list[str]:
 
 def _stale(root: Path) -> str | None:
     """Why the memory root ``root`` is of no use to any job, ``None`` while it may be."""
-    owner = _fs.read_json_object(root / SUPERVISOR_DIRNAME / MEMORY_OWNER_FILENAME)
+    owner = _fs.read_json_object(RunRecord(root).memory_owner_path)
     durable = owner.get("durable_root")
     if not isinstance(durable, str) or not durable:
         with contextlib.suppress(OSError):
@@ -303,8 +303,7 @@ def _stale(root: Path) -> str | None:
         return f"its checkpoint root {durable} is gone"
     except OSError:
         return None
-    layout = CheckpointLayout(durable)
-    found, problem = read_job_id(layout.supervisor_dir / JOB_ID_FILENAME)
+    found, problem = read_job_id(RunRecord(durable).job_id_path)
     if problem is not None:
         return None  # what cannot be read or trusted does not decide a removal
     if found != owner.get("job"):

@@ -68,7 +68,7 @@ class Placement:
     def ensure_roots(self) -> None:
         """Create the roots (on every rank: the process group may not exist yet)."""
         ensure_root(self.durable.root)
-        self.durable.check_supervisor_dir()
+        self.durable.record.check_directory()
         if self.tier is not None:
             ensure_root(self.tier.root)
 
@@ -107,7 +107,8 @@ class Placement:
             return False
         for tier in self.tiers():
             _check_writable(tier.root)
-            hold_shared(tier.writer_lock_path, role="writer", name=self.durable.prefix)
+            hold_shared(tier.record.writer_lock_path(tier.prefix), role="writer",
+                        name=self.durable.prefix)
         self._holds_writer_lock = True
         return True
 
@@ -116,7 +117,7 @@ class Placement:
         if self._holds_writer_lock:
             self._holds_writer_lock = False
             for tier in self.tiers():
-                drop_shared(tier.writer_lock_path)
+                drop_shared(tier.record.writer_lock_path(tier.prefix))
 
     def create(self, pinned: bool, votes: Sequence[str] = ()) -> Path:
         """Rank 0: the next checkpoint's directory, made in the tier it goes to, its index
@@ -162,7 +163,7 @@ class Placement:
         assert self.tier is not None
         log.warning("the memory tier %s is full (%s): checkpoints go to %s from now on",
                     self.tier.root, why, self.durable.root)
-        remember_overflow(self.durable, why)
+        remember_overflow(self.durable.record, why)
         if self._before_leaving is not None:
             self._before_leaving()  # the persisting queued so far, from the memory root
         self.layout = self.durable

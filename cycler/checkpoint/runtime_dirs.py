@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from cycler._private import check_safe_parent, make_private
-from cycler.checkpoint.layout import CheckpointLayout
 from cycler.checkpoint.memory_roots import job_id, memory_base
+from cycler.protocol.record import RunRecord
 
 _FIX = "set $XDG_RUNTIME_DIR to a private directory of yours"
 
@@ -31,14 +31,14 @@ def runtime_base(environ: Mapping[str, str] | None = None) -> Path:
     return memory.with_name(f"{memory.name}-runtime")
 
 
-def job_runtime_dir(layout: CheckpointLayout, environ: Mapping[str, str] | None = None) -> Path:
+def job_runtime_dir(record: RunRecord, environ: Mapping[str, str] | None = None) -> Path:
     """The job's runtime directory on this node, created private if missing. Raises
     :class:`~cycler.errors.CheckpointDirectoryError` (one line) where it cannot be made or
     is not the user's own."""
     base = runtime_base(environ)
     check_safe_parent(base.parent, "the runtime directory's parent", _FIX)
     make_private(base, "the runtime directory", _FIX)
-    directory = base / job_id(layout)
+    directory = base / job_id(record)
     make_private(directory, "the job's runtime directory", _FIX)
     return directory
 

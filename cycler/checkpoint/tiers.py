@@ -42,7 +42,7 @@ from cycler.protocol.environment import (
     ENV_MEMORY_TIER,
     ENV_PERSIST_EVERY,
 )
-from cycler.protocol.names import MEMORY_OVERFLOW_FILENAME
+from cycler.protocol.record import RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def memory_tier(durable_root: str | os.PathLike[str],
         every = DEFAULT_PERSIST_EVERY
     if not env.get(ENV_CONTROL_FILE):
         _refuse_a_hand_set_root(Path(root))
-    removed = prepare_memory_root(Path(root), CheckpointLayout(durable_root))
+    removed = prepare_memory_root(Path(root), RunRecord(durable_root))
     if removed is not None:
         log.warning("%s", removed)
     return MemoryTier(Path(root), every)
@@ -114,20 +114,20 @@ def _refuse_a_hand_set_root(root: Path) -> None:
             "keep the checkpoints in that tmpfs)")
 
 
-def remember_overflow(durable: CheckpointLayout, why: str) -> None:
+def remember_overflow(durable: RunRecord, why: str) -> None:
     """Record in the checkpoint root that a checkpoint did not fit in the memory tier: from
     the next start on, the job's savers commit in the checkpoint root (memory is still read).
     A failure is logged, never raised."""
     record = json.dumps({"why": why, "time": time.time()}).encode()
     try:
-        _fs.atomic_write_bytes(durable.supervisor_dir / MEMORY_OVERFLOW_FILENAME, record)
+        _fs.atomic_write_bytes(durable.memory_overflow_path, record)
     except OSError as error:
         log.warning("could not record that the memory tier overflowed (%s)", error)
 
 
-def overflowed(durable: CheckpointLayout) -> str | None:
+def overflowed(durable: RunRecord) -> str | None:
     """Why the memory tier was found too small for this checkpoint root's job, if it was."""
-    path = durable.supervisor_dir / MEMORY_OVERFLOW_FILENAME
+    path = durable.memory_overflow_path
     if not os.path.lexists(path):
         return None
     return str(_fs.read_json_object(path).get("why") or "a checkpoint did not fit")
@@ -136,7 +136,7 @@ def overflowed(durable: CheckpointLayout) -> str | None:
 def first_tier(memory: CheckpointLayout | None, durable: CheckpointLayout) -> CheckpointLayout:
     """Where a new saver commits first: the memory root, unless the memory tier was found too
     small for this job before (then the checkpoint root; memory is still read)."""
-    why = None if memory is None else overflowed(durable)
+    why = None if memory is None else overflowed(durable.record)
     if memory is None or why is not None:
         if why is not None:
             log.warning("checkpoints go to %s, not to the memory tier: it was too small for "
@@ -171,7 +171,7 @@ def _overflow_if_full(error: BaseException) -> None:
     for durable, saving in _SAVES_IN_MEMORY:
         check = saving()
         if check is not None and check():
-            remember_overflow(durable, f"a checkpoint did not fit in it ({error})")
+            remember_overflow(durable.record, f"a checkpoint did not fit in it ({error})")
 
 
 def newest_of(layout: CheckpointLayout, found: list[Path | None]) -> Path | None:

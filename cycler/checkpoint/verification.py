@@ -16,8 +16,9 @@ def record_failed_verification(layout: CheckpointLayout, name: CheckpointName,
     """Remember that checkpoint ``name`` failed its checksums (``problem`` says how), for
     ``cycle status``, ``cycle prune`` and retention; best effort."""
     try:
-        layout.supervisor_dir.mkdir(exist_ok=True)
-        atomic_write_bytes(layout.verification_record_path(name), (problem or "").encode(),
+        layout.record.directory.mkdir(exist_ok=True)
+        atomic_write_bytes(layout.record.verification_record_path(str(name)),
+                           (problem or "").encode(),
                            durable=False)
     except OSError:
         pass
@@ -26,7 +27,9 @@ def record_failed_verification(layout: CheckpointLayout, name: CheckpointName,
 def failed_verifications(layout: CheckpointLayout) -> dict[str, str]:
     """Checkpoint name -> what a verification found wrong, for every one that failed."""
     found = {}
-    for name, record in layout.verification_records().items():
+    for name, record in layout.record.verification_records().items():
+        if layout.parse(name) is None:
+            continue  # another saver's
         try:
             found[name] = record.read_text() or "checksum mismatch"
         except OSError:

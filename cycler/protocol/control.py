@@ -20,7 +20,8 @@ from pathlib import Path
 from cycler._fs import atomic_write_bytes
 from cycler.protocol.environment import ENV_CHECKPOINT_DIR, ENV_CONTROL_FILE, ENV_NODE_DIR
 from cycler.protocol.features import USES_CONTROL, announce
-from cycler.protocol.names import CONTROL_FILENAME, SUPERVISOR_DIRNAME, every_node
+from cycler.protocol.names import CONTROL_FILENAME, every_node
+from cycler.protocol.record import RunRecord
 
 CONTROL_VERSION = 1
 
@@ -119,7 +120,7 @@ def stop_requested_of_this_job(since: float = WORKER_STARTED_AT) -> bool:
     paths = {Path(control), *Path(control).parent.glob(every_node(CONTROL_FILENAME))}
     root = os.environ.get(ENV_CHECKPOINT_DIR)
     if root and os.environ.get(ENV_NODE_DIR):
-        paths.update((Path(root) / SUPERVISOR_DIRNAME).glob(every_node(CONTROL_FILENAME)))
+        paths.update(RunRecord(root).control_paths())
     return stop_requested_since(sorted(paths), since)
 
 

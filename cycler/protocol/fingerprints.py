@@ -45,8 +45,6 @@ runtime directory on the node); unset, nothing is recorded."""
 
 RANK_FILE = "rank-{rank}.fp"
 """A rank's records in the node's runtime directory."""
-NODE_FILE = "fingerprints-node{node}.fp"
-"""A node's records in the checkpoint root's ``.cycler/``, copied there by its supervisor."""
 
 
 @dataclass(frozen=True)

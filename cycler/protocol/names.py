@@ -1,6 +1,7 @@
 """The names of the supervisor's record inside a checkpoint root (docs/design.md): ``.cycler/`` and
-the files supervisor and workers share there. The layout builds paths from them; the protocol's
-readers (a worker looking for its job's control files) use them without a layout.
+the files supervisor and workers share there. The
+paths are made only by :class:`cycler.protocol.record.RunRecord` (the node's runtime directory
+reuses the control file's and the beacons' names, :mod:`cycler.protocol.node_local`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ MEMORY_OWNER_FILENAME = "memory-owner.json"
 """In a memory root's ``.cycler/``: the job id and checkpoint root it belongs to."""
 COMPILE_CACHE_FILENAME = "compile-cache.tar"
 """torch.compile's caches of the job, carried with the root (a root's, written by node 0)."""
+FINGERPRINTS_FILENAME = "fingerprints-node{node}.fp"
+"""Node R's workers' step fingerprints, copied from the node by its supervisor."""
 STDERR_LOG_FILENAME = "stderr-node{node}.log"
 """On several nodes: the tracebacks of torchrun and its workers held back from the terminal
 (a lost node's echo is summed up in one line there), kept whole here."""

@@ -31,7 +31,6 @@ from cycler._private import (
     make_parents_private,
     user_trust,
 )
-from cycler.checkpoint.layout import CheckpointLayout
 from cycler.checkpoint.listing import find_checkpoint, no_valid_checkpoint
 from cycler.checkpoint.memory_roots import (
     is_private,
@@ -42,7 +41,7 @@ from cycler.checkpoint.memory_roots import (
 from cycler.checkpoint.tiers import overflowed
 from cycler.errors import CheckpointDirectoryError, ConfigError, CyclerError
 from cycler.protocol.environment import ENV_ISC_ARTIFACT_PATH, ENV_ISC_LOSSY_PATH
-from cycler.protocol.names import MEMORY_OVERFLOW_FILENAME
+from cycler.protocol.record import RunRecord
 from cycler.supervisor.compile_cache import prepare_compile_cache
 from cycler.supervisor.options import RunOptions
 from cycler.supervisor.startable import check_port_free, check_python_script
@@ -140,8 +139,7 @@ def resume_from_for_this_run(options: RunOptions) -> RunOptions:
     """
     if options.resume_from is None:
         return options
-    layout = options.layout
-    record = layout.resume_record_path(options.node_rank)
+    record = options.record.resume_record_path(options.node_rank)
     done = read_json_object(record).get("resume_from") == options.resume_from
     if not (done or options.requeue_count > 0):
         return options
@@ -151,11 +149,11 @@ def resume_from_for_this_run(options: RunOptions) -> RunOptions:
     return dataclasses.replace(options, resume_from=None)
 
 
-def record_resume_from(layout: CheckpointLayout, node_rank: int, resume_from: str) -> None:
+def record_resume_from(record: RunRecord, node_rank: int, resume_from: str) -> None:
     """Note that this job rolled back to ``resume_from``, so that a rerun does not again."""
     payload = json.dumps({"resume_from": resume_from, "time": time.time()}).encode()
-    layout.supervisor_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(layout.resume_record_path(node_rank), payload, durable=True)
+    record.directory.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(record.resume_record_path(node_rank), payload, durable=True)
 
 
 def check_resume_from(options: RunOptions) -> None:
@@ -182,15 +180,15 @@ def prepare_checkpoint_root(options: RunOptions) -> None:
     written in the root and in ``.cycler/``."""
     layout = options.layout
     trust = user_trust(options.shared_root_group)
-    layout.check_supervisor_dir()
+    options.record.check_directory()
     for directory, what in ((layout.root, "the checkpoint root"),
-                            (layout.supervisor_dir, "the checkpoint root's .cycler")):
+                            (options.record.directory, "the checkpoint root's .cycler")):
         _make_owned(directory, what, trust, _ROOT_FIX)
     probe_name = f".probe-{socket.gethostname()}-{os.getpid()}"
     try:
         # Both places get written: the savers create checkpoints in the root, the supervisor
         # and the locks write in .cycler/, and either may be the one that is read-only.
-        for probe in (layout.root / probe_name, layout.supervisor_dir / probe_name):
+        for probe in (layout.root / probe_name, options.record.directory / probe_name):
             probe.write_bytes(b"")
             probe.unlink()
     except OSError as error:
@@ -239,17 +237,17 @@ def prepare_memory_tier(options: RunOptions) -> None:
                                        f"({error.strerror}); choose another --memory-dir"
                                        ) from None
     check_safe_parent(base.parent, "the memory directory")
-    said = [prepare_memory_root(memory.root, options.layout, supervisor=True)]
+    said = [prepare_memory_root(memory.root, options.record, supervisor=True)]
     _probe_memory_root(memory.root)
     said += sweep_stale_roots(base, keep=memory.root)
     for line in said:
         if line is not None:
             log.warning("%s", line)
-    why = overflowed(options.layout)
+    why = overflowed(options.record)
     if why is not None:
         log.warning("the memory tier was too small for this job (%s): checkpoints go to %s; "
                     "remove %s to try memory again", why, options.layout.root,
-                    options.layout.supervisor_dir / MEMORY_OVERFLOW_FILENAME)
+                    options.record.memory_overflow_path)
 
 
 def _probe_memory_root(root: Path) -> None:

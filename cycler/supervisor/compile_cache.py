@@ -45,7 +45,6 @@ from pathlib import Path
 from cycler._private import check_safe_parent, make_private, owner_name
 from cycler.checkpoint.memory_roots import memory_root
 from cycler.errors import CheckpointDirectoryError
-from cycler.protocol.names import COMPILE_CACHE_FILENAME
 from cycler.supervisor.options import RunOptions
 
 log = logging.getLogger("cycler.supervisor")
@@ -190,7 +189,7 @@ def compile_cache_environment(options: RunOptions, environ: Mapping[str, str],
 
 def carried_path(options: RunOptions) -> Path:
     """Where the root carries the job's compile cache."""
-    return options.layout.supervisor_dir / COMPILE_CACHE_FILENAME
+    return options.record.compile_cache_path
 
 
 def prepare_compile_cache(options: RunOptions, environ: Mapping[str, str] | None = None,

@@ -33,6 +33,7 @@ from typing import Any
 from cycler.checkpoint.layout import is_checkpoint_name
 from cycler.protocol.events import read_events
 from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE
+from cycler.protocol.record import is_record_directory
 from cycler.supervisor.vocabulary import NO_CHECKPOINT_TO_RESUME, Exit, Log, Requeue
 
 HUGGING_FACE = "Hugging Face checkpoint-N"
@@ -116,7 +117,7 @@ def finder_for(workdir: str, options: Any) -> Callable[[], ForeignSearch]:
     """What ``cycle run`` looks through for ``options`` (a ``RunOptions``): the workers' working
     directory and the checkpoint root, ``--resumable-if``, and since when (the job's start)."""
     directories = [Path(workdir), Path(options.checkpoint_dir)]
-    events, created = options.layout.events_path(options.node_rank), time.time()
+    events, created = options.record.events_path(options.node_rank), time.time()
     return lambda: search_foreign_checkpoints(directories, options.resumable_if,
                                               since=job_start(events, created))
 
@@ -150,7 +151,7 @@ def _cyclers(path: Path, directory: Path) -> bool:
     """Whether ``path`` is in cycle's record folder or a checkpoint of cycler's, below
     ``directory`` (which may itself have any name)."""
     below = path.relative_to(directory).parts if _within(path, directory) else path.parts
-    return any(part == ".cycler" or is_checkpoint_name(part) for part in below)
+    return any(is_record_directory(part) or is_checkpoint_name(part) for part in below)
 
 
 def _within(path: Path, directory: Path) -> bool:

@@ -41,7 +41,6 @@ from typing import Any
 import psutil
 
 from cycler._fs import atomic_write_bytes, pid_alive, read_json_object
-from cycler.checkpoint.layout import CheckpointLayout
 from cycler.protocol.features import USES_CONTROL, announced
 from cycler.protocol.node_local import NodeFiles
 from cycler.protocol.progress import (
@@ -56,6 +55,7 @@ from cycler.protocol.progress import (
     stack_path,
     start_up,
 )
+from cycler.protocol.record import RunRecord
 from cycler.supervisor.processes import descendants
 from cycler.supervisor.root_io import RootIO
 from cycler.supervisor.vocabulary import HangDetected
@@ -324,13 +324,13 @@ class WorkerProgress:
     """This node's workers' beacons as the supervisor reads them: each start's first step (an
     event: what a start cost) and, with a ``policy``, hangs (their stacks dumped first)."""
 
-    def __init__(self, layout: CheckpointLayout, node_rank: int, node: NodeFiles,
+    def __init__(self, run_record: RunRecord, node_rank: int, node: NodeFiles,
                  policy: HangPolicy | None, record: Callable[..., None],
                  root_io: RootIO | None = None) -> None:
-        self._layout, self._node_rank, self._root_io = layout, node_rank, root_io
+        self._run_record, self._node_rank, self._root_io = run_record, node_rank, root_io
         self._directory, self._control = node.progress_dir, node.control_path
         self._record = record
-        self._saved_longest = load_longest(layout.hang_record_path(node_rank))
+        self._saved_longest = load_longest(run_record.hang_record_path(node_rank))
         self._saved_at = time.monotonic()
         self._hangs = None if policy is None else HangWatch(policy, self._saved_longest)
         self._next_check = 0.0
@@ -347,7 +347,7 @@ class WorkerProgress:
         if now is not None and now - self._saved_at < SAVE_LONGEST_SECONDS:
             return
         self._saved_longest, self._saved_at = longest, now or 0.0
-        path = self._layout.hang_record_path(self._node_rank)
+        path = self._run_record.hang_record_path(self._node_rank)
         if now is not None and self._root_io is not None:
             self._root_io.submit("longest", lambda: save_longest(path, longest))
         else:
@@ -392,7 +392,7 @@ class WorkerProgress:
         self.save_longest(now)
         if hang is None:
             return None
-        dump = self._layout.hang_dump_dir(time.strftime("%Y%m%d-%H%M%S"))
+        dump = self._run_record.hang_dump_dir(time.strftime("%Y%m%d-%H%M%S"))
         tops = dump_stacks(hang.stalled or readings, self._directory, dump)
         summary, fields = describe_hang(hang, tops)
         watch.restarted(time.monotonic())

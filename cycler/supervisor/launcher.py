@@ -45,8 +45,8 @@ from cycler.checkpoint.layout import CheckpointLayout
 from cycler.protocol.control import stop_requested_of_this_job, stop_requested_since
 from cycler.protocol.environment import ENV_CHECKPOINT_DIR, ENV_CONTROL_FILE, ENV_PROGRESS_DIR
 from cycler.protocol.events import EventLog, describe
-from cycler.protocol.names import WORKERS_FINISHED_FILENAME, every_node
 from cycler.protocol.progress import AFTER_THE_LOOP, read_beacons
+from cycler.protocol.record import RunRecord
 from cycler.protocol.stop_signals import ignore_stray, on_stray_signal, stop_signals
 from cycler.supervisor import forked
 from cycler.supervisor.budget import RestartBudget
@@ -57,16 +57,16 @@ class StopSeen:
     """Whether a supervisor of this job asked for a stop since ``since`` (wall-clock time)."""
 
     def __init__(self, root: str | None, since: float) -> None:
-        self._layout = CheckpointLayout(root) if root else None
+        self._record = RunRecord(root) if root else None
         self._since = since
 
     def __call__(self) -> bool:
         if os.environ.get(ENV_CONTROL_FILE):  # the node's control file first: a stop reaches
             # the workers there when its copy in the checkpoint root cannot be written
             return stop_requested_of_this_job(self._since)
-        if self._layout is None:
+        if self._record is None:
             return False
-        return stop_requested_since(self._layout.control_paths(), self._since)
+        return stop_requested_since(self._record.control_paths(), self._since)
 
 
 class _QuietDuringStop(logging.Filter):
@@ -88,25 +88,26 @@ class BudgetedRestarts:
         self._stopping = stopping
         self._layout = layout
         self._node_rank = node_rank
-        self._events = EventLog(layout.events_path(node_rank))
+        self._events = EventLog(layout.record.events_path(node_rank))
         self._linked = layout.link_target_name()
         self._restart_delay = restart_delay
         self._sleep = sleep
         # An earlier run's record: gone before this node's workers can meet the others' (the
         # rendezvous needs this launcher), so any record found after a failure is this run's.
-        layout.workers_finished_path(node_rank).unlink(missing_ok=True)
+        layout.record.workers_finished_path(node_rank).unlink(missing_ok=True)
 
     def finished(self) -> None:
         """This node's workers all ended with success: say so to the other nodes."""
         with contextlib.suppress(OSError):
-            self._layout.workers_finished_path(self._node_rank).touch()
+            self._layout.record.workers_finished_path(self._node_rank).touch()
 
     def finished_elsewhere(self, failed_pids: set[int], code: int | None) -> bool:
         """Whether the failed workers had ended their training loop (``StepControl.close()``)
         and another node's workers then finished (within :data:`FINISHED_PEER_WAIT`): the
         training is done, and a restart would wait in a rendezvous the finished nodes never
         join (their agents wait in torchrun's exit barrier)."""
-        progress = os.environ.get(ENV_PROGRESS_DIR) or self._layout.progress_dir(self._node_rank)
+        progress = (os.environ.get(ENV_PROGRESS_DIR)
+                    or self._layout.record.progress_dir(self._node_rank))
         readings = [r for r in read_beacons(Path(progress))
                     if r.pid in failed_pids]
         if not readings or any(r.name != AFTER_THE_LOOP for r in readings):
@@ -123,11 +124,8 @@ class BudgetedRestarts:
         return False
 
     def _other_nodes_finished(self) -> list[int]:
-        prefix = WORKERS_FINISHED_FILENAME.format(node="")
-        found = (path.name[len(prefix):] for path in
-                 self._layout.supervisor_dir.glob(every_node(WORKERS_FINISHED_FILENAME)))
-        return sorted(int(node) for node in found
-                      if node.isdigit() and int(node) != self._node_rank)
+        return [node for node in self._layout.record.workers_finished_nodes()
+                if node != self._node_rank]
 
     def allows_restart(self, exit_code: int | None) -> bool:
         """Count a failure of this node's workers; whether torchrun may restart them. During a

@@ -33,6 +33,7 @@ from cycler.checkpoint.tiers import DEFAULT_PERSIST_EVERY
 from cycler.errors import ConfigError
 from cycler.protocol.environment import ENV_CHECKPOINT_DIR, ENV_ISC_ARTIFACT_PATH
 from cycler.protocol.node_local import NodeFiles
+from cycler.protocol.record import RunRecord
 from cycler.supervisor.config_file import read_config_file
 from cycler.supervisor.flags import NUMBER, config_types, option
 from cycler.supervisor.notices import NOTICE_MODES
@@ -208,6 +209,11 @@ class RunOptions:
     def layout(self) -> CheckpointLayout:
         """The checkpoint root's layout for the watched saver, built once per options."""
         return CheckpointLayout(self.checkpoint_dir, self.checkpoint_name)
+
+    @functools.cached_property
+    def record(self) -> RunRecord:
+        """The checkpoint root's record (``.cycler/``), built once per options."""
+        return RunRecord(self.checkpoint_dir)
 
     @functools.cached_property
     def memory_layout(self) -> CheckpointLayout | None:

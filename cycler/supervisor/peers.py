@@ -33,8 +33,8 @@ import socket
 from dataclasses import dataclass, field
 
 from cycler._fs import atomic_write_bytes, read_json_object
-from cycler.checkpoint.layout import CheckpointLayout
 from cycler.protocol.exit_codes import EXIT_REQUEUE, EXIT_SUCCESS
+from cycler.protocol.record import RunRecord
 from cycler.supervisor.root_io import RootIO
 from cycler.supervisor.store_link import StoreLink
 
@@ -63,10 +63,10 @@ class Heartbeat:
     file is written in its thread: a frozen root never holds up the caller (a beat whose
     write is still under way is skipped); the end's, at once."""
 
-    def __init__(self, layout: CheckpointLayout, node_rank: int,
+    def __init__(self, record: RunRecord, node_rank: int,
                  run: str | None = None, link: StoreLink | None = None,
                  file_every: float = FILE_BEAT_SECONDS, root_io: RootIO | None = None) -> None:
-        self._path = layout.heartbeat_path(node_rank)
+        self._path = record.heartbeat_path(node_rank)
         self._link, self._file_every, self._root_io = link, file_every, root_io
         self._written: float | None = None
         self._record: dict[str, object] = {"node": node_rank, "host": socket.gethostname(),
@@ -131,7 +131,7 @@ class Loss:
 class PeerWatch:
     """Reads the other nodes' records and says when one of them is gone."""
 
-    layout: CheckpointLayout
+    record: RunRecord
     node_rank: int
     nnodes: int
     timeout: float
@@ -174,7 +174,7 @@ class PeerWatch:
             if "beat" not in record:  # not in the store (yet, or any more): its file
                 if not files_due:
                     continue
-                record = read_json_object(self.layout.heartbeat_path(node))
+                record = read_json_object(self.record.heartbeat_path(node))
             loss = self._check(node, record, now) or self._never_heard(node, now)
             if loss is not None:
                 if self.link is not None and self.node_rank == 0:
@@ -217,7 +217,7 @@ class PeerWatch:
         seen = self._seen.get(node)
         if seen is None or seen.alive or self._started_at is None:
             return None
-        root = self.layout.root
+        root = self.record.root
         if self._stepping_since is not None and now - self._stepping_since > self.timeout:
             return Loss(node, f"writes no heartbeat in {root} although the job runs: the nodes "
                               "do not share the checkpoint root (every node must see the same "

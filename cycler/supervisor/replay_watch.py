@@ -26,18 +26,17 @@ from pathlib import Path
 from typing import Any
 
 from cycler._private import PRIVATE_FILE_MODE
-from cycler.checkpoint.layout import CheckpointLayout
 from cycler.checkpoint.runtime_dirs import job_runtime_dir, node_dir
 from cycler.errors import CyclerError
 from cycler.protocol.fingerprints import (
     ENV_FINGERPRINT_DIR,
-    NODE_FILE,
     START,
     VALUE,
     Record,
     read_records,
     unpack,
 )
+from cycler.protocol.record import RunRecord
 from cycler.protocol.replay import (
     DIVERGED,
     VERDICT_EVENTS,
@@ -58,12 +57,12 @@ FLUSHED_FILE = "flushed.json"
 """In the node's directory: how far each rank's file was copied to the root."""
 
 
-def fingerprint_dir(layout: CheckpointLayout, node_rank: int) -> Path | None:
+def fingerprint_dir(record: RunRecord, node_rank: int) -> Path | None:
     """This node's directory for the workers' fingerprints in the job's runtime directory,
     created private; ``None`` (said once) where it cannot be: the records are for people, no
     reason to refuse a job."""
     try:
-        return node_dir(job_runtime_dir(layout), "fingerprints", node_rank)
+        return node_dir(job_runtime_dir(record), "fingerprints", node_rank)
     except (CyclerError, OSError) as error:
         log.warning("replayed steps are not checked: %s", error)
         return None
@@ -72,12 +71,12 @@ def fingerprint_dir(layout: CheckpointLayout, node_rank: int) -> Path | None:
 class ReplayWatch:
     """This node's workers' fingerprints: their restarts' verdicts and their copy to the root."""
 
-    def __init__(self, layout: CheckpointLayout, node_rank: int,
+    def __init__(self, run_record: RunRecord, node_rank: int,
                  find_directory: Callable[[], Path | None], *, stop: bool,
                  record: Callable[..., None], local_ranks: int | None = None) -> None:
         """``find_directory``: where this node's workers append (:func:`fingerprint_dir`;
         ``None``: nothing is recorded or checked), asked at the first start."""
-        self._shared = layout.supervisor_dir / NODE_FILE.format(node=node_rank)
+        self._shared = run_record.fingerprints_path(node_rank)
         self._stop, self._record, self._local_ranks = stop, record, local_ranks
         self._find_directory: Callable[[], Path | None] | None = find_directory
         self.directory: Path | None = None

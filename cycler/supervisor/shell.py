@@ -39,8 +39,8 @@ from cycler.protocol.control import (
 )
 from cycler.protocol.events import EventLog, describe, process_start
 from cycler.protocol.features import announced, clear_announcements
-from cycler.protocol.names import LIVENESS_STORE_FILENAME, STDERR_LOG_FILENAME
 from cycler.protocol.node_local import commit_note
+from cycler.protocol.record import RunRecord
 from cycler.protocol.stop_signals import lower_shields, raise_shields
 from cycler.supervisor import core, notices
 from cycler.supervisor.cache_carrier import CompileCacheCarrier
@@ -132,25 +132,25 @@ def store_host(options: RunOptions) -> str:
     return "127.0.0.1"
 
 
-def stop_requested_elsewhere(layout: CheckpointLayout, node_rank: int, since: float) -> bool:
+def stop_requested_elsewhere(record: RunRecord, node_rank: int, since: float) -> bool:
     """Whether another node's supervisor asked for ``checkpoint_and_exit`` at or after ``since``.
 
     The workers decide a stop together, so a node whose supervisor got no signal sees its
     workers exit 0 as if training had finished; the other nodes' control files, on the shared
     checkpoint root, tell the two apart.
     """
-    return bool(stops_elsewhere(layout, node_rank, since))
+    return bool(stops_elsewhere(record, node_rank, since))
 
 
-def stops_elsewhere(layout: CheckpointLayout, node_rank: int, since: float,
+def stops_elsewhere(record: RunRecord, node_rank: int, since: float,
                     link: StoreLink | None = None) -> list[ControlRequest]:
     """The other nodes' stop requests since ``since``: from the liveness store (read by a
     fresh beat of ``link``), or, where there is none or it does not answer, from the other
     nodes' control files in the root (read once)."""
     found = None if link is None else link.stops_now()
     if found is None:
-        own = layout.control_path(node_rank)
-        return stops_since([path for path in layout.control_paths() if path != own], since)
+        own = record.control_path(node_rank)
+        return stops_since([path for path in record.control_paths() if path != own], since)
     requests = []
     for entry in found:
         with suppress(ValueError, TypeError, KeyError):
@@ -196,8 +196,9 @@ class Supervisor:
         self.options = options
         self._slurm_reader = slurm_reader
         self.layout = options.layout
+        self.record = options.record
         self._node = options.node_files
-        self.events = EventLog(self.layout.events_path(options.node_rank), clock=clock)
+        self.events = EventLog(self.record.events_path(options.node_rank), clock=clock)
         self._clock = clock
         self._starter = starter
         self._requeuer = requeuer
@@ -226,31 +227,31 @@ class Supervisor:
         run = run_token(options)
         begun = time.monotonic()  # the other nodes have --start-timeout from here
         self._lost_before_start = None if options.nnodes == 1 else PeerWatch(
-            self.layout, options.node_rank, options.nnodes, timeout=options.node_timeout,
+            self.record, options.node_rank, options.nnodes, timeout=options.node_timeout,
             run=run, start_timeout=options.start_timeout).lost(begun)
         """A node of this run that ended before this one started, found by a first look at the
         records before torch's import (seconds on a loaded host): the job ends at once."""
         if options.nnodes > 1 and self._lost_before_start is None:
             _import_torch_quietly()
         self._link = None if options.nnodes == 1 or self._lost_before_start else StoreLink(
-            self.layout.supervisor_dir / LIVENESS_STORE_FILENAME, options.node_rank,
+            self.record.liveness_store_path, options.node_rank,
             options.nnodes, store_host(options), period=LINK_SECONDS)
-        self._heartbeat = Heartbeat(self.layout, options.node_rank, run, self._link,
+        self._heartbeat = Heartbeat(self.record, options.node_rank, run, self._link,
                                     file_every=options.node_timeout / 3,
                                     root_io=self._root_io)
-        self._peers = PeerWatch(self.layout, options.node_rank, options.nnodes,
+        self._peers = PeerWatch(self.record, options.node_rank, options.nnodes,
                                 timeout=options.node_timeout, run=run,
                                 start_timeout=options.start_timeout, link=self._link)
         self._peers.begin(begun)
         policy = None if not options.hang_detection else HangPolicy(
             floor=options.hang_timeout_min, factor=options.hang_factor,
             first_step=options.hang_first_step, pause=options.hang_pause_timeout)
-        self._progress = WorkerProgress(self.layout, options.node_rank, self._node, policy,
+        self._progress = WorkerProgress(self.record, options.node_rank, self._node, policy,
                                         self._record, self._root_io)
         self._carrier = CompileCacheCarrier(options, self._record)
         nproc = options.nproc_per_node
         self._replays = ReplayWatch(
-            self.layout, options.node_rank, lambda: fingerprint_dir(self.layout, options.node_rank),
+            self.record, options.node_rank, lambda: fingerprint_dir(self.record, options.node_rank),
             stop=options.on_divergence == "stop", record=self._record,
             local_ranks=nproc if isinstance(nproc, int) else None)
 
@@ -416,7 +417,7 @@ class Supervisor:
         requeue = options.requeue and options.slurm_job_id is not None and options.node_rank == 0
         if options.requeue and options.slurm_job_id is None:
             log.warning("--requeue has no effect: SLURM_JOB_ID is not set")
-        sequences = [request.sequence for path in (self.layout.control_path(options.node_rank),
+        sequences = [request.sequence for path in (self.record.control_path(options.node_rank),
                                                    self._node.control_path)
                      if (request := read_control(path)) is not None]
         return core.CoreConfig(
@@ -535,7 +536,7 @@ class Supervisor:
         self._progress.new_start()
         self._replays.new_start()
         if action.resume_from is not None:
-            record_resume_from(self.layout, self.options.node_rank, action.resume_from)
+            record_resume_from(self.record, self.options.node_rank, action.resume_from)
         plan = launch_plan(self.options, start_number=action.start_number,
                            resume_from=action.resume_from)
         assert self._watchdog is not None
@@ -543,8 +544,7 @@ class Supervisor:
         self._tree = self._starter(plan.command, environment, self._watchdog)
         if self.options.nnodes > 1:  # a lost node's echo is held back, then summed up
             self._tree.stderr.hold_tracebacks(
-                self.layout.supervisor_dir / STDERR_LOG_FILENAME.format(
-                    node=self.options.node_rank),
+                self.record.stderr_log_path(self.options.node_rank),
                 2 * self.options.node_timeout + VERDICT_MARGIN)
         self._record("workers_started", torchrun_pid=self._tree.process.pid,
                      start=action.start_number, resume_from=action.resume_from,
@@ -558,7 +558,7 @@ class Supervisor:
         failed = None if code == 0 else classify(tree.stderr.text())
         if code != 0:
             self._failure = failure_report(tree.stderr.text(), code)
-        stops = stops_elsewhere(self.layout, self.options.node_rank, self._started_at,
+        stops = stops_elsewhere(self.record, self.options.node_rank, self._started_at,
                                 self._link) if self.options.nnodes > 1 else []
         return core.WorkersExited(code, self._clock(), bool(stops),
                                   self._progress.before_first_step(), failed,
@@ -622,11 +622,11 @@ class Supervisor:
         if self._link is not None and request.action is Action.CHECKPOINT_AND_EXIT:
             self._link.say_stop(request.to_json())  # every node reads it from the store
         try:
-            write_control(self.layout.control_path(self.options.node_rank), request)
+            write_control(self.record.control_path(self.options.node_rank), request)
         except OSError as error:
             if told:
                 self._record("control_copy_unwritable", warning=True, error=str(error),
-                             path=str(self.layout.control_path(self.options.node_rank)))
+                             path=str(self.record.control_path(self.options.node_rank)))
 
     def _write_node_control(self, request: Any) -> None:
         """Write the node's control file; where its directory is gone (logind removes
@@ -654,7 +654,7 @@ class Supervisor:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        lock = SupervisorLock(self.layout.lock_path(self.options.node_rank))
+        lock = SupervisorLock(self.record.lock_path(self.options.node_rank))
         lock.acquire(role="supervisor", script=str(self.options.script))
         try:
             yield

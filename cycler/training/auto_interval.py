@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import statistics
 import sys
 from collections import deque
@@ -39,7 +38,7 @@ from cycler.errors import ConfigError
 from cycler.protocol.environment import ENV_NODE_DIR, default_checkpoint_root
 from cycler.protocol.events import EventLog, describe, read_events
 from cycler.protocol.goodput import Goodput, goodput
-from cycler.protocol.names import CONTROL_FILENAME, EVENTS_FILENAME, SUPERVISOR_DIRNAME
+from cycler.protocol.record import RunRecord, events_path_beside, node_of_control_file
 
 DEFAULT_MTBF = 4 * 3600.0
 """The prior mean time between failures (seconds) before the job has seen any: 4 hours, in the
@@ -179,15 +178,13 @@ def events_beside(control_file: Path | None,
     ``$CYCLER_NODE_DIR``). ``None`` without ``cycle run``."""
     if control_file is None:
         return None
-    prefix, suffix = CONTROL_FILENAME.split("{node}")
-    found = re.fullmatch(re.escape(prefix) + r"([0-9]+)" + re.escape(suffix), control_file.name)
-    if found is None:
+    node_rank = node_of_control_file(control_file)
+    if node_rank is None:
         return None
-    name = EVENTS_FILENAME.format(node=found.group(1))
     env = os.environ if environ is None else environ
     if env.get(ENV_NODE_DIR) and control_file.parent == Path(env[ENV_NODE_DIR]):
-        return default_checkpoint_root(env) / SUPERVISOR_DIRNAME / name
-    return control_file.with_name(name)
+        return RunRecord(default_checkpoint_root(env)).events_path(node_rank)
+    return events_path_beside(control_file, node_rank)
 
 
 class IntervalChooser:

@@ -64,7 +64,7 @@ class Job:
         return psutil.Process(self.process.pid).children(recursive=True)
 
     def events(self) -> list[dict]:
-        return read_events(self.layout.events_path(0))
+        return read_events(self.layout.record.events_path(0))
 
     def event_names(self) -> list[str]:
         return [event["event"] for event in self.events()]

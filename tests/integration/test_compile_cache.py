@@ -352,7 +352,7 @@ def test_a_carry_into_a_full_root_is_a_warning_event_and_the_run_goes_on(
     script = tmp_path / "worker.py"
     script.write_text(PLAIN)
     options = RunOptions(script=str(script), checkpoint_dir=small_tmpfs / "root")
-    options.layout.supervisor_dir.mkdir(parents=True)
+    options.record.directory.mkdir(parents=True)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "node"))
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     node_cache_dir(options).mkdir(parents=True)
@@ -365,4 +365,4 @@ def test_a_carry_into_a_full_root_is_a_warning_event_and_the_run_goes_on(
     assert carrier.wait(60)
     carrier.finish()
     assert said == [("compile_cache_not_carried", True)] * 2
-    assert os.listdir(options.layout.supervisor_dir) == []
+    assert os.listdir(options.record.directory) == []

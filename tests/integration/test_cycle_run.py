@@ -18,11 +18,11 @@ from cycle_jobs import Job as _Job
 from cycle_jobs import assert_all_gone, fake_scontrol, wait_for
 from typer.testing import CliRunner
 
-from cycler.checkpoint.layout import CheckpointLayout
 from cycler.checkpoint.listing import latest_checkpoint
 from cycler.checkpoint.lock import SupervisorLock
 from cycler.protocol.control import Action, read_control
 from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS, EXIT_USAGE
+from cycler.protocol.record import RunRecord
 from cycler_cli.main import app
 
 WORKER = r'''
@@ -91,7 +91,7 @@ def test_sigterm_checkpoints_and_exits_75_with_the_stop_recorded(tmp_path: Path,
     checkpoint = latest_checkpoint(job.root)
     assert checkpoint is not None and (checkpoint / "state.txt").exists()
     assert all((tmp_path / f"stopped-{rank}").exists() for rank in range(nproc))
-    request = read_control(job.layout.control_path(0))
+    request = read_control(job.layout.record.control_path(0))
     assert request is not None and request.action is Action.CHECKPOINT_AND_EXIT
     assert request.reason == "SIGTERM" and request.deadline is not None
     names = job.event_names()
@@ -112,9 +112,10 @@ def test_sigcont_is_logged_and_the_job_runs_on_to_finish(tmp_path: Path, jobs: l
     assert (tmp_path / "finished-0").exists()
     signals = [e for e in job.events() if e["event"] == "signal"]
     assert signals == [{**signals[0], "signal": "SIGCONT", "effect": "ignored"}]
-    request = read_control(job.layout.control_path(0))
+    request = read_control(job.layout.record.control_path(0))
     assert request is not None and request.action is Action.RUN
-    records = [json.loads(line) for line in job.layout.events_path(0).read_text().splitlines()]
+    events = job.layout.record.events_path(0)
+    records = [json.loads(line) for line in events.read_text().splitlines()]
     assert [r["event"] for r in records].count("exit") == 1, "the log is JSON lines"
     assert records[-2] == {**records[-2], "event": "exit", "code": EXIT_SUCCESS}
     assert records[-1] == {**records[-1], "event": "ended", "code": EXIT_SUCCESS}
@@ -355,13 +356,13 @@ def test_a_second_cycle_run_on_the_same_root_and_node_exits_2(tmp_path: Path):
     script = tmp_path / "train.py"
     script.write_text("")
     root = tmp_path / "ck"
-    lock = SupervisorLock(CheckpointLayout(root).lock_path(0))
+    lock = SupervisorLock(RunRecord(root).lock_path(0))
     lock.acquire()
     try:
         assert_usage_error(invoke("--checkpoint-dir", str(root), str(script)), "in use")
     finally:
         lock.release()
-    assert not CheckpointLayout(root).events_path(0).exists(), "nothing was started"
+    assert not RunRecord(root).events_path(0).exists(), "nothing was started"
 
 
 def test_a_config_file_sets_options_and_flags_win(tmp_path: Path):

@@ -158,7 +158,7 @@ def test_cycle_run_stops_on_a_notice_with_a_checkpoint_and_exit_75(
     metadata.answers[AWS_ACTION] = (200, json.dumps({"action": "terminate", "time": stamp}))
     assert job.wait(60) == EXIT_REQUEUE, job.output()
     assert latest_checkpoint(job.root) is not None and (tmp_path / "stopped-0").exists()
-    request = read_control(job.layout.control_path(0))
+    request = read_control(job.layout.record.control_path(0))
     assert request is not None and request.reason == NOTICE
     events = job.events()
     assert {"event": "signal", "signal": NOTICE}.items() <= next(

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from cycler.checkpoint.layout import CheckpointLayout
 from cycler.protocol.events import read_events
 from cycler.protocol.exit_codes import EXIT_USAGE
+from cycler.protocol.record import RunRecord
 
 
 def cycle_run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -32,7 +32,7 @@ def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
 
 
 def no_start(tmp_path: Path) -> bool:
-    events = read_events(CheckpointLayout(tmp_path / "ck").events_path(0))
+    events = read_events(RunRecord(tmp_path / "ck").events_path(0))
     return not any(event["event"] == "workers_started" for event in events)
 
 

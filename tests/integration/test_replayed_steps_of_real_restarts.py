@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from cycler.protocol.exit_codes import EXIT_DIVERGED
-from cycler.protocol.fingerprints import NODE_FILE, read_records
+from cycler.protocol.fingerprints import read_records
 from tests.integration.cycle_jobs import Job, wait_for
 
 WORKER = Path(__file__).with_name("replay_worker.py").read_text()
@@ -54,7 +54,7 @@ def test_a_job_killed_between_checkpoints_resumes_and_its_replayed_steps_are_ver
     assert replay["verdict"] == "verified", replay
     assert (replay["resumed"], replay["steps"], replay["ranks"]) == (10, 3, 2)
     assert replay["said"] == "resume at step 10 verified: 3 replayed steps identical (2 ranks)"
-    copied = read_records(tmp_path / "ck" / ".cycler" / NODE_FILE.format(node=0))[0]
+    copied = read_records(tmp_path / "ck" / ".cycler" / "fingerprints-node0.fp")[0]
     assert {record.rank for record in copied} == {0, 1}  # at the workers' end, in the root
 
 

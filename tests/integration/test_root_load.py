@@ -23,9 +23,9 @@ import psutil
 import pytest
 from cycle_jobs import training_workers, wait_for
 
-from cycler.checkpoint.layout import CheckpointLayout
 from cycler.protocol.events import read_events
 from cycler.protocol.progress import read_beacons
+from cycler.protocol.record import RunRecord
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train.py"
 WINDOW_SECONDS = 12.0
@@ -46,8 +46,8 @@ def test_a_node_that_only_trains_touches_the_checkpoint_root_at_most_once_a_seco
         job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr,
                                env=environment, cwd=tmp_path)
     try:
-        layout = CheckpointLayout(root)
-        wait_for(lambda: "first_step" in [e["event"] for e in read_events(layout.events_path(0))],
+        events = RunRecord(root).events_path(0)
+        wait_for(lambda: "first_step" in [e["event"] for e in read_events(events)],
                  "the first step")
         workers = training_workers(job)
         assert len(workers) == 2

@@ -77,7 +77,7 @@ def test_a_stopped_runs_breakdown_adds_up_to_its_downtime_on_a_stopwatch(tmp_pat
     # The stopwatch: from the signal to the rerun's first step, less the gap between the first
     # run's exit and the rerun's start (cycle cannot see it, and does not count it).
     downtime = (stepped_at - signalled) - (rerun - exited)
-    figures = goodput(read_events(first.layout.events_path(0)))
+    figures = goodput(read_events(first.layout.record.events_path(0)))
     stop = figures.interruptions[0]
     print("breakdown", stop.as_dict(), "stopwatch", downtime)
     assert (stop.kind, stop.complete) == ("stop", True)
@@ -87,5 +87,6 @@ def test_a_stopped_runs_breakdown_adds_up_to_its_downtime_on_a_stopwatch(tmp_pat
         assert part in stop.parts, stop.as_dict()
     assert stop.parts["load"] > 0, "the rerun loaded the stop's checkpoint"
     assert "redone" not in stop.parts, "a stop at an agreed step redoes nothing"
-    logged = [e for e in read_events(first.layout.events_path(0)) if e["event"] == "first_step"]
+    logged = [e for e in read_events(first.layout.record.events_path(0))
+              if e["event"] == "first_step"]
     assert logged[1]["step"] == step and abs(logged[1]["at"] - stepped_at) < 0.1

@@ -42,6 +42,7 @@ from cycler.checkpoint.memory_roots import memory_base, memory_root
 from cycler.checkpoint.nodes.node_commit import node_files
 from cycler.checkpoint.nodes.partner_copy import replica_path
 from cycler.protocol.events import read_events
+from cycler.protocol.record import RunRecord
 
 pytestmark = pytest.mark.netns
 
@@ -134,7 +135,7 @@ def uninterrupted_hang_worker(hosts: tuple[Host, Host], tmp_path: Path) -> Path:
 
 
 def history(root: Path, node: int) -> list[str]:
-    return [record["event"] for record in read_events(CheckpointLayout(root).events_path(node))]
+    return [record["event"] for record in read_events(RunRecord(root).events_path(node))]
 
 
 def test_nodes_on_two_hosts_restart_together_stop_together_and_survive_a_lost_node(
@@ -219,7 +220,7 @@ def test_a_rank_that_hangs_on_node_1_restarts_both_nodes_and_the_job_ends_exactl
         codes = [node.wait(timeout=300) for node in nodes]
         assert codes == [EXIT_SUCCESS, EXIT_SUCCESS], nodes[1].text()[-3000:]
         assert "a hang" in nodes[1].text(), nodes[1].text()[-3000:]
-    hangs = [e for node in (0, 1) for e in read_events(CheckpointLayout(root).events_path(node))
+    hangs = [e for node in (0, 1) for e in read_events(RunRecord(root).events_path(node))
              if e["event"] == "hang"]
     assert any("hang_worker.py" in frame for e in hangs for frame in e["frames"]), hangs
     assert_same_weights(reference, final)

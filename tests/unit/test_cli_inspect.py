@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from cycler import AtomicDirectory
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.checkpoint.lock import SupervisorLock
+from cycler.protocol.record import RunRecord
 from cycler_cli.main import app
 
 runner = CliRunner()
@@ -59,7 +60,7 @@ def test_status_fits_80_columns_with_whole_states_and_the_jobs_history(tmp_path:
 
     root = tmp_path / "a-rather-long-directory-name-for-the-checkpoints-of-this-job"
     make_checkpoints(root, 3, pinned=(0,))
-    log = EventLog(CheckpointLayout(root).events_path(0))
+    log = EventLog(RunRecord(root).events_path(0))
     log.append("start", script="train.py", nproc_per_node=2, node_rank=0, nnodes=1)
     for index in range(3):
         log.append("checkpoint_committed", index=index)
@@ -124,8 +125,8 @@ def test_status_shows_a_live_supervisor_and_recent_events(tmp_path: Path) -> Non
     layout = CheckpointLayout(tmp_path)
     from cycler.protocol.events import EventLog
 
-    EventLog(layout.events_path(0)).append("signal", signal="SIGTERM")
-    with SupervisorLock(layout.lock_path(0)):
+    EventLog(layout.record.events_path(0)).append("signal", signal="SIGTERM")
+    with SupervisorLock(layout.record.lock_path(0)):
         report = status_json(tmp_path)
     assert report["supervisors"][0]["pid"] == os.getpid()
     assert report["events"][-1]["signal"] == "SIGTERM"
@@ -179,7 +180,7 @@ def test_prune_keeps_the_newest_valid_checkpoint_when_the_link_is_broken(tmp_pat
 
 def test_prune_refuses_a_root_held_by_a_live_supervisor_unless_forced(tmp_path: Path) -> None:
     make_checkpoints(tmp_path, 3)
-    with SupervisorLock(CheckpointLayout(tmp_path).lock_path(0)):
+    with SupervisorLock(RunRecord(tmp_path).lock_path(0)):
         refused = runner.invoke(app, ["prune", str(tmp_path), "--keep-last", "1"])
         assert refused.exit_code == 2
         assert "live cycle run" in refused.output and "--force" in refused.output
@@ -277,7 +278,7 @@ def test_status_leaves_out_events_whose_time_is_no_time(tmp_path: Path) -> None:
     now = 1_700_000_000.0
     good = [{"time": now, "event": "start"}, {"time": now + 10, "event": "exit", "code": 0,
                                                 "reason": "done"}]
-    events = CheckpointLayout(tmp_path).events_path(0)
+    events = RunRecord(tmp_path).events_path(0)
     events.parent.mkdir(exist_ok=True)
     with events.open("w") as handle:
         handle.write(json.dumps(good[0]) + "\n")
@@ -294,7 +295,7 @@ def test_status_leaves_out_events_whose_time_is_no_time(tmp_path: Path) -> None:
 
 def test_status_counts_one_stop_per_stop_however_often_its_path_changed(tmp_path: Path) -> None:
     make_checkpoints(tmp_path, 1)
-    events = CheckpointLayout(tmp_path).events_path(0)
+    events = RunRecord(tmp_path).events_path(0)
     events.parent.mkdir(exist_ok=True)
     records = [("start", {}), ("stop_requested", {"path": "undecided"}),
                ("stop_requested", {"path": "next_commit"}),
@@ -316,7 +317,7 @@ def test_status_counts_the_checkpoints_only_in_memory_not_the_index_gaps(
         shutil.rmtree(memory / f"AtomicDirectory_checkpoint_{index}")
     for private in (tmp_path, memory):  # a memory tier is listed only where it is private
         private.chmod(0o700)
-    record = CheckpointLayout(root).memory_tier_record_path
+    record = RunRecord(root).memory_tier_record_path
     record.write_text(json.dumps({"root": str(memory), "host": socket.gethostname()}))
     # The memory root's own record names this checkpoint root, as cycle run writes it.
     (memory / ".cycler").mkdir(exist_ok=True)

@@ -43,7 +43,7 @@ def options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RunOptions:
     script = tmp_path / "train.py"
     script.write_text("import torch\n")
     found = RunOptions(script=str(script), checkpoint_dir=tmp_path / "root")
-    found.layout.supervisor_dir.mkdir(parents=True)
+    found.layout.record.directory.mkdir(parents=True)
     compiled(found, "inductor/fxgraph/first")
     return found
 

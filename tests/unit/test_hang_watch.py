@@ -243,14 +243,14 @@ def test_each_hang_at_the_same_step_after_the_first_doubles_the_allowance_there(
 
 
 def test_workers_count_as_done_training_only_while_every_loop_ran_to_its_end(tmp_path) -> None:
-    from cycler.checkpoint.layout import CheckpointLayout
     from cycler.protocol.node_local import NodeFiles
     from cycler.protocol.progress import AFTER_A_STOP, AFTER_THE_LOOP, Beacon
+    from cycler.protocol.record import RunRecord
     from cycler.supervisor.hangs import WorkerProgress
 
     node = NodeFiles.in_directory(tmp_path / "node", 0)
     node.progress_dir.mkdir(parents=True)
-    progress = WorkerProgress(CheckpointLayout(tmp_path / "ck"), 0, node, None,
+    progress = WorkerProgress(RunRecord(tmp_path / "ck"), 0, node, None,
                               lambda *_, **__: None)
     assert not progress.training_ended(), "no beacon: nothing is known"
     ranks = [Beacon(node.progress_dir / f"rank-{rank}.beacon") for rank in range(2)]

@@ -18,7 +18,7 @@ def test_checkpoint_names_follow_cycling_utils_with_a_force_suffix_for_pins(
     assert str(CheckpointName("AtomicDirectory", 3, True)) == "AtomicDirectory_checkpoint_3_force"
     assert layout.link_name == "AtomicDirectory.latest_checkpoint"
     assert layout.link_path == tmp_path / "AtomicDirectory.latest_checkpoint"
-    assert layout.supervisor_dir == tmp_path / ".cycler"
+    assert layout.record.directory == tmp_path / ".cycler"
 
 
 def test_parse_reads_back_every_name_the_layout_writes(tmp_path: Path) -> None:
@@ -121,7 +121,7 @@ def test_next_index_goes_past_directories_the_record_does_not_know(tmp_path: Pat
 def test_an_unreadable_index_record_falls_back_to_the_directories_present(
         tmp_path: Path) -> None:
     layout = CheckpointLayout(tmp_path)
-    layout.supervisor_dir.mkdir()
+    layout.record.directory.mkdir()
     layout.index_record_path.write_text("not a number")
     (tmp_path / "AtomicDirectory_checkpoint_2").mkdir()
     assert layout.next_index() == 3
@@ -159,21 +159,10 @@ def test_a_link_path_that_is_not_a_symlink_names_no_checkpoint(tmp_path: Path) -
     assert layout.link_target_name() is None
 
 
-def test_per_node_supervisor_files_live_under_the_hidden_directory(tmp_path: Path) -> None:
-    layout = CheckpointLayout(tmp_path)
-    assert layout.control_path(2) == tmp_path / ".cycler" / "control-node2.json"
-    assert layout.events_path(0) == tmp_path / ".cycler" / "events-node0.jsonl"
-    assert layout.lock_path(1) == tmp_path / ".cycler" / "supervisor-node1.lock"
-    layout.supervisor_dir.mkdir()
-    for node in (1, 0):
-        layout.events_path(node).touch()
-    assert layout.events_paths() == {0: layout.events_path(0), 1: layout.events_path(1)}
-
-
 def test_own_temporaries_are_those_of_this_savers_link_checkpoints_and_index_record(
         tmp_path: Path) -> None:
     layout = CheckpointLayout(tmp_path, "A")
-    layout.supervisor_dir.mkdir()
+    layout.record.directory.mkdir()
     mine = [".A.latest_checkpoint.cycler-tmp-1", ".A_checkpoint_3.cycler-tmp-2",
             ".A_checkpoint_4_force.cycler-tmp-3", ".cycler/.A.last_index.cycler-tmp-4"]
     theirs = [".B.latest_checkpoint.cycler-tmp-1", ".A_checkpoint_03.cycler-tmp-2",
@@ -190,8 +179,8 @@ def test_a_temporary_of_the_first_index_record_is_this_savers_own(tmp_path: Path
     # A kill -9 while the first save records where cycler's indices begin left this temporary,
     # and no later commit removed it (seen in test_kill9_saving).
     layout = CheckpointLayout(tmp_path, "A")
-    layout.supervisor_dir.mkdir()
-    (layout.supervisor_dir / ".A.first_index.cycler-tmp-1").touch()
-    (layout.supervisor_dir / ".B.first_index.cycler-tmp-2").touch()
+    layout.record.directory.mkdir()
+    (layout.record.directory / ".A.first_index.cycler-tmp-1").touch()
+    (layout.record.directory / ".B.first_index.cycler-tmp-2").touch()
     found = [p.name for p in layout.own_temporaries()]
     assert found == [".A.first_index.cycler-tmp-1"]

@@ -13,6 +13,7 @@ import pytest
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.protocol.events import read_events
 from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE
+from cycler.protocol.record import RunRecord
 from cycler.supervisor.budget import RestartBudget
 from cycler.supervisor.core import (
     CheckpointCommitted,
@@ -139,15 +140,15 @@ def test_a_node_lost_during_a_stop_ends_the_wait_for_the_agreed_checkpoint_at_on
 
 
 @pytest.fixture
-def layout(tmp_path: Path) -> CheckpointLayout:
-    layout = CheckpointLayout(tmp_path)
-    layout.supervisor_dir.mkdir()
-    return layout
+def run_record(tmp_path: Path) -> RunRecord:
+    run_record = RunRecord(tmp_path)
+    run_record.directory.mkdir()
+    return run_record
 
 
 def test_a_node_that_beat_and_then_went_silent_is_lost_after_the_timeout(
-        layout: CheckpointLayout) -> None:
-    other, watch = Heartbeat(layout, 1), PeerWatch(layout, 0, 2, timeout=5.0)
+        run_record: RunRecord) -> None:
+    other, watch = Heartbeat(run_record, 1), PeerWatch(run_record, 0, 2, timeout=5.0)
     other.beat(0.0)
     assert watch.lost(0.0) is None
     other.beat(1.0)
@@ -159,9 +160,9 @@ def test_a_node_that_beat_and_then_went_silent_is_lost_after_the_timeout(
 
 
 def test_a_record_left_by_an_earlier_run_is_never_taken_for_a_lost_node(
-        layout: CheckpointLayout) -> None:
-    Heartbeat(layout, 1).beat(0.0)  # the earlier run's last beat; no one beats any more
-    watch = PeerWatch(layout, 0, 2, timeout=5.0)
+        run_record: RunRecord) -> None:
+    Heartbeat(run_record, 1).beat(0.0)  # the earlier run's last beat; no one beats any more
+    watch = PeerWatch(run_record, 0, 2, timeout=5.0)
     assert [watch.lost(now) for now in (100.0, 200.0, 500.0)] == [None, None, None]
     # Past the start timeout node 1 never came: said as such, never as "gone".
     loss = watch.lost(800.0)
@@ -169,9 +170,9 @@ def test_a_record_left_by_an_earlier_run_is_never_taken_for_a_lost_node(
 
 
 def test_a_node_whose_supervisor_exited_1_is_lost_at_once_and_one_that_stopped_is_not(
-        layout: CheckpointLayout) -> None:
-    failing, stopping = Heartbeat(layout, 1), Heartbeat(layout, 2)
-    watch = PeerWatch(layout, 0, 3, timeout=5.0)
+        run_record: RunRecord) -> None:
+    failing, stopping = Heartbeat(run_record, 1), Heartbeat(run_record, 2)
+    watch = PeerWatch(run_record, 0, 3, timeout=5.0)
     failing.beat(0.0)
     stopping.beat(0.0)
     watch.lost(0.0)
@@ -184,14 +185,14 @@ def test_a_node_whose_supervisor_exited_1_is_lost_at_once_and_one_that_stopped_i
 
 
 def test_heartbeats_are_written_at_most_once_a_second_and_readable_as_json(
-        layout: CheckpointLayout) -> None:
-    beat = Heartbeat(layout, 3)
+        run_record: RunRecord) -> None:
+    beat = Heartbeat(run_record, 3)
     beat.beat(10.0)
     beat.beat(10.5)
-    record = json.loads(layout.heartbeat_path(3).read_text())
+    record = json.loads(run_record.heartbeat_path(3).read_text())
     assert record["beat"] == 1 and record["node"] == 3 and record["exit_code"] is None
     beat.beat(11.0)
-    assert json.loads(layout.heartbeat_path(3).read_text())["beat"] == 2
+    assert json.loads(run_record.heartbeat_path(3).read_text())["beat"] == 2
 
 
 AWAITING = replace(MULTI_NODE, peer_verdict_wait=30.0)
@@ -248,7 +249,7 @@ def test_a_failure_during_a_stop_is_never_restarted_by_the_agent_nor_counted(
     assert budget.failures_without_progress == 0, "a preemption uses none of the budget"
     stopping[0] = False  # the next run (requeued): its first failure has the whole budget
     assert restarts.allows_restart(1)
-    events = [e["event"] for e in read_events(CheckpointLayout(tmp_path).events_path(1))]
+    events = [e["event"] for e in read_events(RunRecord(tmp_path).events_path(1))]
     assert events == ["no_restart_during_stop"] * 3 + ["restart_together"]
 
 
@@ -260,13 +261,13 @@ def test_a_failure_after_the_training_loop_counts_as_finished_once_another_node_
     from cycler.supervisor.launcher import FINISHED_PEER_WAIT, BudgetedRestarts
 
     layout = CheckpointLayout(tmp_path)
-    layout.supervisor_dir.mkdir()
-    layout.workers_finished_path(1).touch()  # node 1's record of an earlier run
+    layout.record.directory.mkdir()
+    layout.record.workers_finished_path(1).touch()  # node 1's record of an earlier run
     slept: list[float] = []
     node1 = BudgetedRestarts(RestartBudget(max_restarts=5), layout, 1, sleep=slept.append)
-    assert not layout.workers_finished_path(1).exists(), "an earlier run's record goes first"
-    layout.progress_dir(1).mkdir()
-    beacon = Beacon(layout.progress_dir(1) / "rank-1.beacon")
+    assert not layout.record.workers_finished_path(1).exists(), "an earlier run's record goes first"
+    layout.record.progress_dir(1).mkdir()
+    beacon = Beacon(layout.record.progress_dir(1) / "rank-1.beacon")
     me = {os.getpid()}
     assert not node1.finished_elsewhere(me, 3), "still training: a crash like any other"
     beacon.mark(PAUSED, AFTER_THE_LOOP)
@@ -275,7 +276,8 @@ def test_a_failure_after_the_training_loop_counts_as_finished_once_another_node_
     BudgetedRestarts(RestartBudget(max_restarts=5), layout, 0).finished()
     assert not node1.finished_elsewhere({me.pop() + 1}, 3), "another worker failed"
     assert node1.finished_elsewhere({os.getpid()}, 3)
-    assert [e["event"] for e in read_events(layout.events_path(1))] == ["failed_after_training"]
+    events = read_events(layout.record.events_path(1))
+    assert [e["event"] for e in events] == ["failed_after_training"]
 
 
 def test_a_stop_while_torchrun_waits_in_the_rendezvous_ends_at_once():
@@ -296,28 +298,28 @@ def test_a_stop_before_any_worker_started_without_a_checkpoint_ends_with_1():
 
 
 def test_a_node_that_failed_in_this_run_before_this_one_looked_is_lost_at_once(
-        layout: CheckpointLayout) -> None:
-    failed = Heartbeat(layout, 1, run="slurm-7-0")
+        run_record: RunRecord) -> None:
+    failed = Heartbeat(run_record, 1, run="slurm-7-0")
     failed.beat(0.0)
     failed.finish(EXIT_FAILURE)  # before node 0's supervisor ever read the records
-    loss = PeerWatch(layout, 0, 2, timeout=5.0, run="slurm-7-0").lost(50.0)
+    loss = PeerWatch(run_record, 0, 2, timeout=5.0, run="slurm-7-0").lost(50.0)
     assert loss is not None and loss.node == 1 and loss.failed
 
 
 def test_an_earlier_runs_failed_record_never_counts_for_this_run(
-        layout: CheckpointLayout) -> None:
-    earlier = Heartbeat(layout, 1, run="slurm-7-0")
+        run_record: RunRecord) -> None:
+    earlier = Heartbeat(run_record, 1, run="slurm-7-0")
     earlier.beat(0.0)
     earlier.finish(EXIT_FAILURE)
-    watch = PeerWatch(layout, 0, 2, timeout=5.0, run="slurm-7-1")  # the requeued run
+    watch = PeerWatch(run_record, 0, 2, timeout=5.0, run="slurm-7-1")  # the requeued run
     assert watch.lost(50.0) is None
-    Heartbeat(layout, 1, run="slurm-7-1").beat(52.0)
+    Heartbeat(run_record, 1, run="slurm-7-1").beat(52.0)
     assert watch.lost(52.0) is None
 
 
 def test_a_node_never_heard_is_said_after_the_timeout_and_lost_after_the_start_timeout(
-        layout: CheckpointLayout) -> None:
-    watch = PeerWatch(layout, 0, 2, timeout=5.0, start_timeout=60.0)
+        run_record: RunRecord) -> None:
+    watch = PeerWatch(run_record, 0, 2, timeout=5.0, start_timeout=60.0)
     assert watch.lost(0.0) is None and watch.waiting(1.0) == []
     assert watch.lost(6.0) is None
     assert watch.waiting(6.0) == [1] and watch.waiting(7.0) == [], "said once"
@@ -326,8 +328,8 @@ def test_a_node_never_heard_is_said_after_the_timeout_and_lost_after_the_start_t
 
 
 def test_a_peer_unheard_while_the_workers_train_does_not_share_the_checkpoint_root(
-        layout: CheckpointLayout) -> None:
-    watch = PeerWatch(layout, 0, 2, timeout=5.0)
+        run_record: RunRecord) -> None:
+    watch = PeerWatch(run_record, 0, 2, timeout=5.0)
     assert watch.lost(0.0) is None
     assert watch.lost(10.0, stepping=True) is None  # the rendezvous just completed
     loss = watch.lost(16.0, stepping=True)
@@ -335,10 +337,10 @@ def test_a_peer_unheard_while_the_workers_train_does_not_share_the_checkpoint_ro
 
 
 def test_a_node_seen_alive_that_ended_the_job_with_75_is_the_verdict_of_a_thawed_node(
-        layout: CheckpointLayout) -> None:
-    ender, stale = Heartbeat(layout, 1), Heartbeat(layout, 2)
+        run_record: RunRecord) -> None:
+    ender, stale = Heartbeat(run_record, 1), Heartbeat(run_record, 2)
     stale.finish(EXIT_REQUEUE)  # an earlier run's record: never seen alive in this one
-    watch = PeerWatch(layout, 0, 3, timeout=5.0)
+    watch = PeerWatch(run_record, 0, 3, timeout=5.0)
     ender.beat(0.0)
     watch.lost(0.0)
     assert watch.requeued() is None

@@ -19,7 +19,6 @@ from cycler.protocol.exit_codes import EXIT_DIVERGED
 from cycler.protocol.fingerprints import (
     FLOAT32,
     FLOAT64,
-    NODE_FILE,
     RANK_FILE,
     RECORD_SIZE,
     START,
@@ -277,12 +276,12 @@ def test_on_divergence_takes_warn_or_stop_only() -> None:
 
 def watch(tmp_path: Path, said: list[tuple[str, dict[str, Any]]], stop: bool = False,
           ranks: int = 1) -> ReplayWatch:
-    from cycler.checkpoint.layout import CheckpointLayout
+    from cycler.protocol.record import RunRecord
 
-    layout = CheckpointLayout(tmp_path / "ck")
-    layout.supervisor_dir.mkdir(parents=True)
+    run_record = RunRecord(tmp_path / "ck")
+    run_record.directory.mkdir(parents=True)
     (tmp_path / "node").mkdir()
-    return ReplayWatch(layout, 0, lambda: tmp_path / "node", stop=stop, local_ranks=ranks,
+    return ReplayWatch(run_record, 0, lambda: tmp_path / "node", stop=stop, local_ranks=ranks,
                        record=lambda event, warning=False, **fields: said.append((event, fields)))
 
 
@@ -300,7 +299,7 @@ def test_the_watch_says_a_verified_restart_once_and_copies_the_records_to_the_ro
     append(node_file, run(0, 1, -1, losses(1, 13)))
     assert replays.check(1.0) is None and said == []
     replays.new_start()  # killed at 13: the records reach the root
-    shared = tmp_path / "ck" / ".cycler" / NODE_FILE.format(node=0)
+    shared = tmp_path / "ck" / ".cycler" / "fingerprints-node0.fp"
     assert len(read_records(shared)[0]) == 14
     append(node_file, run(0, 2, 10, losses(11, 12)))
     replays.check(2.0)
@@ -315,7 +314,7 @@ def test_the_watch_says_a_verified_restart_once_and_copies_the_records_to_the_ro
 def test_the_watch_reads_an_earlier_node_s_records_from_the_root(tmp_path: Path) -> None:
     said: list[tuple[str, dict[str, Any]]] = []
     replays = watch(tmp_path, said)
-    append(tmp_path / "ck" / ".cycler" / NODE_FILE.format(node=0), run(0, 1, -1, losses(1, 13)))
+    append(tmp_path / "ck" / ".cycler" / "fingerprints-node0.fp", run(0, 1, -1, losses(1, 13)))
     replays.new_start()  # requeued on a fresh node: nothing of the earlier run is local
     append(tmp_path / "node" / "rank-0.fp", run(0, 2, 10, losses(11, 12, shift=1.0)))
     assert replays.check(10.0) is None, "warn: nothing to end"
@@ -356,7 +355,7 @@ def test_a_malformed_copy_record_or_an_unreadable_file_never_ends_the_supervisor
     append(tmp_path / "node" / "rank-0.fp", run(0, 1, -1, losses(1, 13)))
     (tmp_path / "node" / "flushed.json").write_text('{"rank-0.fp": "many"}')
     replays.flush()  # copies from the start again: a record read twice counts once
-    assert len(read_records(tmp_path / "ck" / ".cycler" / NODE_FILE.format(node=0))[0]) == 14
+    assert len(read_records(tmp_path / "ck" / ".cycler" / "fingerprints-node0.fp")[0]) == 14
     (tmp_path / "node" / "rank-1.fp").mkdir()  # not a file: every read of it fails
     replays.flush()
     assert replays.check(100.0) is None
@@ -370,7 +369,7 @@ def test_a_new_cycle_run_does_not_say_again_what_the_last_one_said(tmp_path: Pat
     replays.new_start()  # the last cycle run said its verdict, and was killed before a copy
     replays.check(1.0)
     assert said == []
-    assert len(read_records(tmp_path / "ck" / ".cycler" / NODE_FILE.format(node=0))[0]) == 25
+    assert len(read_records(tmp_path / "ck" / ".cycler" / "fingerprints-node0.fp")[0]) == 25
 
 
 def test_a_finished_job_leaves_its_records_in_the_root_only_and_private_files_meanwhile(
@@ -385,4 +384,4 @@ def test_a_finished_job_leaves_its_records_in_the_root_only_and_private_files_me
     assert (tmp_path / "node").is_dir(), "a requeued job replays from these"
     replays.finish(0)
     assert not (tmp_path / "node").exists()
-    assert len(read_records(tmp_path / "ck" / ".cycler" / NODE_FILE.format(node=0))[0]) == 4
+    assert len(read_records(tmp_path / "ck" / ".cycler" / "fingerprints-node0.fp")[0]) == 4

@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from cycler.checkpoint.layout import CheckpointLayout
+from cycler.protocol.record import RunRecord
 from cycler.supervisor.peers import Heartbeat
 from cycler.supervisor.root_io import RootIO
 
@@ -56,18 +56,18 @@ class Link:
 
 def test_beats_reach_the_store_while_the_heartbeat_file_cannot_be_written(
         tmp_path: Path) -> None:
-    layout = CheckpointLayout(tmp_path)
-    layout.supervisor_dir.mkdir()
+    run_record = RunRecord(tmp_path)
+    run_record.directory.mkdir()
     io, frozen, link = RootIO(), Frozen(), Link()
     try:
         io.submit("heartbeat", frozen)  # the root froze during a file beat
         assert frozen.entered.wait(30)
-        heartbeat = Heartbeat(layout, 1, "run", link, file_every=0.0,  # type: ignore[arg-type]
+        heartbeat = Heartbeat(run_record, 1, "run", link, file_every=0.0,  # type: ignore[arg-type]
                               root_io=io)
         for second in range(5):  # every beat is due a file write: none can be
             heartbeat.beat(float(second))
         assert [record["beat"] for record in link.published] == [1, 2, 3, 4, 5]
-        assert not layout.heartbeat_path(1).exists()
+        assert not run_record.heartbeat_path(1).exists()
     finally:
         frozen.thawed.set()
         io.close()

@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from cycler.checkpoint.layout import CheckpointLayout
 from cycler.protocol.control import Action, ControlRequest, write_control
+from cycler.protocol.record import RunRecord
 from cycler.supervisor.peers import VERDICT_NODE, Heartbeat, Loss, PeerWatch
 from cycler.supervisor.shell import stops_elsewhere
 
@@ -45,9 +45,9 @@ def beat(number: int, pid: int = 7, exit_code: int | None = None) -> dict[str, A
 
 
 def watch(tmp_path: Path, node: int, link: FakeLink, nnodes: int = 3) -> PeerWatch:
-    layout = CheckpointLayout(tmp_path)
-    layout.supervisor_dir.mkdir(exist_ok=True)
-    return PeerWatch(layout, node, nnodes, timeout=5.0, link=link)  # type: ignore[arg-type]
+    run_record = RunRecord(tmp_path)
+    run_record.directory.mkdir(exist_ok=True)
+    return PeerWatch(run_record, node, nnodes, timeout=5.0, link=link)  # type: ignore[arg-type]
 
 
 def test_node_0_finds_a_silent_node_in_the_store_and_tells_every_node(tmp_path: Path) -> None:
@@ -77,7 +77,7 @@ def test_another_node_takes_node_0s_verdict_on_a_node_it_does_not_watch(tmp_path
 def test_a_node_not_in_the_store_yet_is_watched_through_its_file(tmp_path: Path) -> None:
     link = FakeLink()
     peers = watch(tmp_path, 0, link, nnodes=2)
-    file = CheckpointLayout(tmp_path).heartbeat_path(1)
+    file = RunRecord(tmp_path).heartbeat_path(1)
     file.parent.mkdir(parents=True, exist_ok=True)
     for second in range(8):  # node 1 beats in its file; its store record is still empty
         file.write_text(json.dumps(beat(second + 1)))
@@ -86,10 +86,10 @@ def test_a_node_not_in_the_store_yet_is_watched_through_its_file(tmp_path: Path)
 
 
 def test_node_0s_store_gone_its_start_file_is_no_sign_of_life(tmp_path: Path) -> None:
-    layout = CheckpointLayout(tmp_path)
+    run_record = RunRecord(tmp_path)
     link = FakeLink()
     peers = watch(tmp_path, 1, link, nnodes=2)
-    layout.heartbeat_path(0).write_text(json.dumps(beat(1)))  # written before its store
+    run_record.heartbeat_path(0).write_text(json.dumps(beat(1)))  # written before its store
     peers.lost(0.0)
     for second in range(1, 4):
         link.read = {0: beat(second + 1), VERDICT_NODE: {}}
@@ -101,34 +101,34 @@ def test_node_0s_store_gone_its_start_file_is_no_sign_of_life(tmp_path: Path) ->
 
 
 def test_a_restarted_supervisor_counting_from_1_again_is_alive(tmp_path: Path) -> None:
-    layout = CheckpointLayout(tmp_path)
+    run_record = RunRecord(tmp_path)
     peers = watch(tmp_path, 0, FakeLink(), nnodes=2)
-    layout.heartbeat_path(1).write_text(json.dumps(beat(80, pid=5, exit_code=75)))
+    run_record.heartbeat_path(1).write_text(json.dumps(beat(80, pid=5, exit_code=75)))
     peers.lost(0.0)  # the earlier run's last record
     for second in range(1, 9):
-        layout.heartbeat_path(1).write_text(json.dumps(beat(second, pid=6)))
+        run_record.heartbeat_path(1).write_text(json.dumps(beat(second, pid=6)))
         peers.lost(float(second))
     assert peers.waiting(9.0) == [], "node 1 of this run was heard"
 
 
 def test_a_node_beats_in_its_file_until_it_reaches_the_store_then_there_and_seldom_in_it(
         tmp_path: Path) -> None:
-    layout = CheckpointLayout(tmp_path)
-    layout.supervisor_dir.mkdir()
+    run_record = RunRecord(tmp_path)
+    run_record.directory.mkdir()
     link = FakeLink()
-    heartbeat = Heartbeat(layout, 1, None, link, file_every=10.0)  # type: ignore[arg-type]
+    heartbeat = Heartbeat(run_record, 1, None, link, file_every=10.0)  # type: ignore[arg-type]
     heartbeat.beat(0.0)
     heartbeat.beat(1.0)
-    assert json.loads(layout.heartbeat_path(1).read_text())["beat"] == 2
+    assert json.loads(run_record.heartbeat_path(1).read_text())["beat"] == 2
     link.read = {}
     heartbeat.beat(2.0)
     heartbeat.beat(3.0)
-    assert json.loads(layout.heartbeat_path(1).read_text())["beat"] == 2, "no file each second"
+    assert json.loads(run_record.heartbeat_path(1).read_text())["beat"] == 2, "no file each second"
     assert [record["beat"] for record in link.published] == [3, 4]
     heartbeat.beat(11.5)
-    assert json.loads(layout.heartbeat_path(1).read_text())["beat"] == 5, "now and then"
+    assert json.loads(run_record.heartbeat_path(1).read_text())["beat"] == 5, "now and then"
     heartbeat.finish(75)
-    assert json.loads(layout.heartbeat_path(1).read_text())["exit_code"] == 75
+    assert json.loads(run_record.heartbeat_path(1).read_text())["exit_code"] == 75
     assert link.published[-1]["exit_code"] == 75
 
 
@@ -150,23 +150,23 @@ def stop(at: float, action: Action = Action.CHECKPOINT_AND_EXIT) -> str:
 
 def test_a_stop_of_another_node_is_read_from_the_store_without_the_nodes_files(
         tmp_path: Path) -> None:
-    layout = CheckpointLayout(tmp_path)
-    layout.supervisor_dir.mkdir()
-    write_control(layout.control_path(2), ControlRequest.from_json(stop(50.0)))  # the files'
+    run_record = RunRecord(tmp_path)
+    run_record.directory.mkdir()
+    write_control(run_record.control_path(2), ControlRequest.from_json(stop(50.0)))  # the files'
     link = StopsLink([{"node": 1, "request": stop(100.0)}, {"node": 0, "request": stop(100.0)},
                       {"node": 2, "request": stop(10.0)}, {"node": 2, "request": "torn"},
                       {"node": 2, "request": stop(100.0, Action.RUN)}])
-    found = stops_elsewhere(layout, 0, since=20.0, link=link)  # type: ignore[arg-type]
+    found = stops_elsewhere(run_record, 0, since=20.0, link=link)  # type: ignore[arg-type]
     assert [(r.requested_at, r.deadline) for r in found] == [(100.0, 130.0)], \
         "node 1's only: not its own, not an older one, nor a torn entry, nor a run request"
     link.found = []
-    assert stops_elsewhere(layout, 0, since=20.0, link=link) == [], \
+    assert stops_elsewhere(run_record, 0, since=20.0, link=link) == [], \
         "the store answered: no file is read"  # type: ignore[arg-type]
 
 
 def test_where_the_store_does_not_answer_the_other_nodes_files_are_read(tmp_path: Path) -> None:
-    layout = CheckpointLayout(tmp_path)
-    layout.supervisor_dir.mkdir()
-    write_control(layout.control_path(2), ControlRequest.from_json(stop(50.0)))
-    found = stops_elsewhere(layout, 0, since=20.0, link=StopsLink(None))  # type: ignore[arg-type]
+    run_record = RunRecord(tmp_path)
+    run_record.directory.mkdir()
+    write_control(run_record.control_path(2), ControlRequest.from_json(stop(50.0)))
+    found = stops_elsewhere(run_record, 0, since=20.0, link=StopsLink(None))  # type: ignore[arg-type]
     assert [r.requested_at for r in found] == [50.0]

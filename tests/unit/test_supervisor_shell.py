@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from cycler.checkpoint.layout import CheckpointLayout
 from cycler.errors import CheckpointDirectoryError, ConfigError
 from cycler.protocol.control import (
     Action,
@@ -16,6 +15,7 @@ from cycler.protocol.control import (
     stops_since,
     write_control,
 )
+from cycler.protocol.record import RunRecord
 from cycler.supervisor.checks import check_script, prepare_checkpoint_root
 from cycler.supervisor.core import SignalReceived
 from cycler.supervisor.options import RunOptions
@@ -37,31 +37,32 @@ def test_the_signal_handler_only_records_the_signal_with_the_time(tmp_path: Path
 
 
 def test_a_stop_asked_on_another_node_since_the_start_is_seen(tmp_path: Path):
-    layout = CheckpointLayout(tmp_path)
-    layout.supervisor_dir.mkdir()
-    write_control(layout.control_path(1), request(Action.CHECKPOINT_AND_EXIT, at=100.0))
-    assert stop_requested_elsewhere(layout, node_rank=0, since=99.0)
-    assert not stop_requested_elsewhere(layout, node_rank=0, since=101.0), "an old request"
-    assert not stop_requested_elsewhere(layout, node_rank=1, since=99.0), "its own file"
+    run_record = RunRecord(tmp_path)
+    run_record.directory.mkdir()
+    write_control(run_record.control_path(1), request(Action.CHECKPOINT_AND_EXIT, at=100.0))
+    assert stop_requested_elsewhere(run_record, node_rank=0, since=99.0)
+    assert not stop_requested_elsewhere(run_record, node_rank=0, since=101.0), "an old request"
+    assert not stop_requested_elsewhere(run_record, node_rank=1, since=99.0), "its own file"
 
 
 def test_the_earliest_deadline_of_the_stops_asked_since_the_start_is_found(tmp_path: Path):
-    layout = CheckpointLayout(tmp_path)
-    layout.supervisor_dir.mkdir()
+    run_record = RunRecord(tmp_path)
+    run_record.directory.mkdir()
     for node, at, deadline in [(1, 100.0, 160.0), (2, 101.0, 130.0), (3, 50.0, 60.0)]:
-        write_control(layout.control_path(node), ControlRequest(
+        write_control(run_record.control_path(node), ControlRequest(
             sequence=1, action=Action.CHECKPOINT_AND_EXIT, reason="SIGTERM", requested_at=at,
             deadline=deadline))
-    write_control(layout.control_path(4), request(Action.RUN, at=102.0))
-    assert earliest_deadline(stops_since(layout.control_paths(), since=99.0)) == 130.0, "3's is old"
-    assert earliest_deadline(stops_since(layout.control_paths(), since=200.0)) is None
+    write_control(run_record.control_path(4), request(Action.RUN, at=102.0))
+    found = stops_since(run_record.control_paths(), since=99.0)
+    assert earliest_deadline(found) == 130.0, "3's is old"
+    assert earliest_deadline(stops_since(run_record.control_paths(), since=200.0)) is None
 
 
 def test_a_run_request_on_another_node_is_not_a_stop(tmp_path: Path):
-    layout = CheckpointLayout(tmp_path)
-    layout.supervisor_dir.mkdir()
-    write_control(layout.control_path(1), request(Action.RUN, at=100.0))
-    assert not stop_requested_elsewhere(layout, node_rank=0, since=0.0)
+    run_record = RunRecord(tmp_path)
+    run_record.directory.mkdir()
+    write_control(run_record.control_path(1), request(Action.RUN, at=100.0))
+    assert not stop_requested_elsewhere(run_record, node_rank=0, since=0.0)
 
 
 def test_a_missing_script_is_a_config_error(tmp_path: Path):
@@ -129,20 +130,20 @@ def test_resume_from_is_dropped_for_a_requeued_run_and_after_this_job_carried_it
         tmp_path: Path):
     from dataclasses import replace
 
-    from cycler.checkpoint.layout import CheckpointLayout
+    from cycler.protocol.record import RunRecord
     from cycler.supervisor.checks import record_resume_from, resume_from_for_this_run
 
     options = RunOptions(script=Path("t.py"), checkpoint_dir=tmp_path, resume_from="3")
     assert resume_from_for_this_run(options).resume_from == "3", "the job's first run rolls back"
     assert resume_from_for_this_run(replace(options, requeue_count=1)).resume_from is None
-    record_resume_from(CheckpointLayout(tmp_path), 0, "3")
+    record_resume_from(RunRecord(tmp_path), 0, "3")
     assert resume_from_for_this_run(options).resume_from is None, "a rerun of the same command"
     assert resume_from_for_this_run(replace(options, resume_from="1")).resume_from == "1", (
         "another --resume-from is a new rollback")
 
 
 def test_a_rerun_whose_resume_from_checkpoint_was_rotated_away_is_no_error(tmp_path: Path):
-    from cycler.checkpoint.layout import CheckpointLayout
+    from cycler.protocol.record import RunRecord
     from cycler.supervisor.checks import record_resume_from
     from cycler.supervisor.shell import plan_run
 
@@ -151,5 +152,5 @@ def test_a_rerun_whose_resume_from_checkpoint_was_rotated_away_is_no_error(tmp_p
     options = RunOptions(script=script, checkpoint_dir=tmp_path / "ck", resume_from="0")
     with pytest.raises(ConfigError, match="--resume-from"):
         plan_run(options)
-    record_resume_from(CheckpointLayout(tmp_path / "ck"), 0, "0")
+    record_resume_from(RunRecord(tmp_path / "ck"), 0, "0")
     assert "CYCLER_RESUME_FROM" not in plan_run(options).environment
