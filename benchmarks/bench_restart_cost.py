@@ -19,6 +19,7 @@ Prints each restart, then per variant the median and the gain a fork makes per r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -30,10 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _checks import duration, events_since, require
+import psutil
+from _checks import duration, events_since, fail, require
 
 from cycler.protocol.progress import read_beacons
-from cycler.protocol.record import RunRecord
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 SCRIPT = REPOSITORY / "examples" / "train.py"
@@ -59,7 +60,7 @@ def run_with_kills(scratch: Path, variant: str, args: argparse.Namespace) -> lis
             for _ in range(args.kills):
                 wait_for(root, since, "first_step", process, variant, args.timeout)
                 wait_for(root, since, "checkpoint_committed", process, variant, args.timeout)
-                killed_at = kill_rank_1(root, variant)
+                killed_at = kill_rank_1(process, variant)
                 restarted = wait_for(root, killed_at, "first_step", process, variant,
                                      args.timeout)
                 costs.append(duration(killed_at, float(restarted["at"]), variant,
@@ -86,13 +87,23 @@ def wait_for(root: Path, since: float, kind: str, process: subprocess.Popen[byte
         time.sleep(0.02)
 
 
-def kill_rank_1(root: Path, variant: str) -> float:
-    """SIGKILL to rank 1's worker; the wall time of the kill."""
-    beacons = {r.rank: r.pid for r in read_beacons(RunRecord(root).progress_dir(0))}
+def kill_rank_1(process: subprocess.Popen[bytes], variant: str) -> float:
+    """SIGKILL to rank 1's worker (its pid from the beacons, in the job's runtime directory on
+    the node: ``$CYCLER_PROGRESS_DIR`` of torchrun's agent); the wall time of the kill."""
+    beacons = {r.rank: r.pid for r in read_beacons(progress_dir(process, variant))}
     require(1 in beacons, variant, "rank 1 has no beacon to find its pid")
     killed_at = time.time()
     os.kill(beacons[1], signal.SIGKILL)
     return killed_at
+
+
+def progress_dir(process: subprocess.Popen[bytes], variant: str) -> Path:
+    """The beacons' directory the job's torchrun agent hands its workers."""
+    for child in psutil.Process(process.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "cycler.supervisor.launcher" in " ".join(child.cmdline()):
+                return Path(child.environ()["CYCLER_PROGRESS_DIR"])
+    fail(variant, "no torchrun agent with a beacons' directory under cycle run")
 
 
 def main() -> None:
