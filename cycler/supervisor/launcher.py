@@ -42,11 +42,10 @@ from pathlib import Path
 from typing import Any
 
 from cycler.checkpoint.layout import CheckpointLayout
-from cycler.protocol.control import stop_requested_of_this_job, stop_requested_since
-from cycler.protocol.environment import ENV_CHECKPOINT_DIR, ENV_CONTROL_FILE, ENV_PROGRESS_DIR
+from cycler.protocol.control import stop_requested_of_this_job
+from cycler.protocol.environment import ENV_PROGRESS_DIR
 from cycler.protocol.events import EventLog, describe
 from cycler.protocol.progress import AFTER_THE_LOOP, read_beacons
-from cycler.protocol.record import RunRecord
 from cycler.protocol.stop_signals import ignore_stray, on_stray_signal, stop_signals
 from cycler.supervisor import forked
 from cycler.supervisor.budget import RestartBudget
@@ -54,19 +53,16 @@ from cycler.supervisor.script_source import environment_set_before_torch, read_s
 
 
 class StopSeen:
-    """Whether a supervisor of this job asked for a stop since ``since`` (wall-clock time)."""
+    """Whether a supervisor of this job asked for a stop since ``since`` (wall-clock time): in
+    this node's control file first (a stop reaches the workers there even when its copy in a
+    full checkpoint root cannot be written), the ones beside it and every node's copy in the
+    root (:func:`~cycler.protocol.control.stop_requested_of_this_job`)."""
 
-    def __init__(self, root: str | None, since: float) -> None:
-        self._record = RunRecord(root) if root else None
+    def __init__(self, since: float) -> None:
         self._since = since
 
     def __call__(self) -> bool:
-        if os.environ.get(ENV_CONTROL_FILE):  # the node's control file first: a stop reaches
-            # the workers there when its copy in the checkpoint root cannot be written
-            return stop_requested_of_this_job(self._since)
-        if self._record is None:
-            return False
-        return stop_requested_since(self._record.control_paths(), self._since)
+        return stop_requested_of_this_job(self._since)
 
 
 class _QuietDuringStop(logging.Filter):
@@ -279,7 +275,7 @@ def _budgeted_restarts(own: dict[str, str], stopping: StopSeen) -> BudgetedResta
 def main(argv: list[str] | None = None) -> None:
     """Run torchrun with ``argv`` (default: this process's arguments)."""
     own, arguments = _own_options(sys.argv[1:] if argv is None else argv)
-    stopping = StopSeen(os.environ.get(ENV_CHECKPOINT_DIR), time.time())
+    stopping = StopSeen(time.time())
     threads_set = "fork" in own and threads_as_torchrun_sets(arguments)
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException

@@ -150,6 +150,11 @@ def _verify(options: VerifyOptions, runner: Runner, seed: int,
         if result.verdict == IDENTICAL and interrupted.finished:
             _compare_ends(reference, interrupted, result, last, {key for _, key in ignored})
     if result.verdict == IDENTICAL and not any(segment > 0 for _, segment, _ in result.compared):
+        if plan and interrupted.finished and interrupted.starts == 1:
+            raise NothingToVerify(f"the run ended (step {interrupted.last_step}) before its first "
+                                  "interruption took effect: its steps are too short to "
+                                  "interrupt; run more or longer steps (the runs are in "
+                                  f"{runner.scratch})")
         raise NothingToVerify("no checkpoint after a resume could be compared with the "
                               "reference's: commit more often or run longer (the runs are in "
                               f"{runner.scratch})")

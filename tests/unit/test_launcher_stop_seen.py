@@ -28,7 +28,7 @@ def test_a_stop_only_in_the_nodes_control_file_is_seen(
     monkeypatch.setenv(ENV_CHECKPOINT_DIR, str(root))
     monkeypatch.setenv(ENV_CONTROL_FILE, str(node))
     started = time.time()
-    seen = StopSeen(str(root), started)
+    seen = StopSeen(started)
     assert not seen()
     stop(node, started + 1)
     assert seen()
@@ -39,4 +39,4 @@ def test_a_stop_from_before_the_agent_started_is_not_this_ones(
     node = tmp_path / "node" / "control-node0.json"
     monkeypatch.setenv(ENV_CONTROL_FILE, str(node))
     stop(node, 100.0)
-    assert not StopSeen(str(tmp_path), 200.0)()
+    assert not StopSeen(200.0)()

@@ -90,6 +90,20 @@ def test_a_loop_adopted_with_loop_state_is_identical_to_its_end(tmp_path: Path) 
     assert result["last_step_compared"] == 48  # the end: LoopState.close() committed it
 
 
+def test_a_run_whose_steps_end_before_a_stop_can_land_is_told_so_never_identical(
+        tmp_path: Path) -> None:
+    # Seed 24 plans the stop at step 48, the last: it is sent when the run has ended or is
+    # ending, so no resume follows, and verify must say why rather than compare nothing.
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    done = subprocess.run([sys.executable, "-m", "cycler_cli", "verify", "--stops", "1",
+                           "--seed", "24", str(SCRIPTS / "loop_tiny.py")],
+                          capture_output=True, text=True, cwd=caller, timeout=850,
+                          env={**os.environ, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "too short to interrupt" in done.stderr, done.stderr
+
+
 def test_a_loop_that_leaves_its_scheduler_out_of_loop_state_is_different_and_it_is_named(
         tmp_path: Path) -> None:
     done, result = cycle_verify(tmp_path, "--stops", "1", "--seed", "3",

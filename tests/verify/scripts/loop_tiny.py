@@ -5,12 +5,14 @@ IDENTICAL. It writes ``final.pt`` in its working directory at the end.
     cycle verify tests/verify/scripts/loop_tiny.py [--forget scheduler] [--iters N]
 
 ``--forget scheduler`` leaves the scheduler out of ``LoopState`` (so it restarts at 0 after a
-resume).
+resume). ``--step-seconds`` (0.05) stands for a real step's compute: without it the 48 steps
+take ~50 ms, and a stop sent at step 37 could land after the last step.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 from torch import nn
@@ -23,6 +25,7 @@ def main() -> None:
     parser.add_argument("--forget", choices=["scheduler"], default=None)
     parser.add_argument("--iters", type=int, default=48)
     parser.add_argument("--every", type=int, default=None)
+    parser.add_argument("--step-seconds", type=float, default=0.05)
     args = parser.parse_args()
     torch.manual_seed(0)
     data = torch.randn(512, 8)
@@ -43,6 +46,7 @@ def main() -> None:
         optimizer.step()
         scheduler.step()
         iter_num += 1
+        time.sleep(args.step_seconds)
         if loop.step(iter_num=iter_num):
             break
     loop.close()
