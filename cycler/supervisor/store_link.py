@@ -23,22 +23,36 @@ nodes' control files (it reads them only while the store cannot be reached).
 
 Every call to the store runs in this module's thread, with a short timeout: a store that does
 not answer never holds up the supervisor's loop.
+
+Anyone who can reach node 0's port can read and write the store (torch's ``TCPStore`` has no
+authentication; ``list_keys`` even shows the token). So every value this job writes is sealed
+with a secret that only the job's user can read (:func:`seal`: an HMAC of the key and the value,
+the secret in the address file, mode 0600 in the user's own root), and a value whose seal does
+not hold is read as absent: a stranger who writes a verdict, a record or a stop request is
+ignored (said once per key, with the port to close), and one who erases or garbles a value only
+makes this node read it again at the next beat (each node writes its record, node 0 its verdict,
+every beat; a node whose stop request is gone from the store appends it again).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
+import hmac
 import json
 import logging
 import os
+import secrets
+import stat
+import sys
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from cycler._fs import atomic_write_bytes, read_json_object
+from cycler._fs import atomic_write, read_json_object
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +66,30 @@ VERDICT = "lost"
 """The key under which node 0 names the first node found gone (``{}``: none)."""
 STOPS = "stops"
 """The key every node appends its stop requests to, one JSON line each."""
+PRIVATE = 0o600
+"""The address file's mode: it holds the secret that seals the job's values."""
+
+
+def seal(secret: bytes, key: str, value: str) -> str:
+    """``value`` as stored under ``key``: with an HMAC-SHA256 of both under ``secret``, so
+    that a value moved to another key, or from another start of node 0, does not hold."""
+    mac = hmac.new(secret, f"{key}\0{value}".encode(), hashlib.sha256).hexdigest()
+    return json.dumps({"value": value, "mac": mac})
+
+
+def unseal(secret: bytes, key: str, stored: bytes | str) -> str | None:
+    """The value :func:`seal` stored under ``key``, or ``None`` where its seal does not hold
+    (written by someone without the secret, garbled, or empty)."""
+    try:
+        found = json.loads(stored)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(found, dict) or not isinstance(found.get("value"), str) \
+            or not isinstance(found.get("mac"), str):
+        return None
+    value = found["value"]
+    expected = hmac.new(secret, f"{key}\0{value}".encode(), hashlib.sha256).hexdigest()
+    return value if hmac.compare_digest(expected, found["mac"]) else None
 
 
 class StoreLink:
@@ -67,6 +105,11 @@ class StoreLink:
         self._records: dict[int, dict[str, Any]] | None = None
         self._verdict: str | None = None
         self._stops_out: list[str] = []
+        self._stops_sent: list[str] = []
+        """This node's stop requests the store took: appended again if they go missing."""
+        self._forged: set[int | str] = set()
+        """The keys where a value without this job's seal was found (each said once)."""
+        self._secret = b""
         self._stops: list[dict[str, Any]] | None = None
         self._begun = self._beats = 0
         self._read_at = float("-inf")
@@ -89,7 +132,7 @@ class StoreLink:
         store = self._store
         if store is not None:
             with contextlib.suppress(Exception):
-                store.set(self._key(self._node), self._record)
+                store.set(self._key(self._node), self._sealed(self._node, self._record))
 
     def say_lost(self, verdict: dict[str, Any]) -> None:
         """Node 0: tell every node which node is gone (sent at the next beat)."""
@@ -166,22 +209,43 @@ class StoreLink:
         with self._lock:
             record, verdict, stops = self._record, self._verdict, list(self._stops_out)
         for stop in stops:
-            store.append(self._key(STOPS), stop + "\n")
+            store.append(self._key(STOPS), self._sealed(STOPS, stop) + "\n")
             with self._lock:
                 self._stops_out.remove(stop)
-        store.set(self._key(self._node), record)
+                self._stops_sent.append(stop)
+        store.set(self._key(self._node), self._sealed(self._node, record))
         if self._node == 0:
             if verdict is not None:
-                store.set(self._key(VERDICT), verdict)
+                store.set(self._key(VERDICT), self._sealed(VERDICT, verdict))
             nodes = list(range(1, self._nnodes))
         else:
             nodes = [0, -1]
         values = store.multi_get([*(self._key(VERDICT if n == -1 else n) for n in nodes),
                                   self._key(STOPS)])
-        found = {node: _parsed(value) for node, value in zip(nodes, values, strict=False)}
+        found = {node: _parsed(self._opened(VERDICT if node == -1 else node, value))
+                 for node, value in zip(nodes, values, strict=False)}
+        lines = [self._opened(STOPS, line) for line in values[-1].splitlines() if line.strip()]
+        held = [line for line in lines if line is not None]
         with self._lock:
             self._records, self._read_at = found, time.monotonic()
-            self._stops = [_parsed(line) for line in values[-1].splitlines() if line.strip()]
+            self._stops = [_parsed(line) for line in held]
+            # Erased by a stranger (a set over the key): sent again at the next beat.
+            self._stops_out.extend(s for s in self._stops_sent if s not in held)
+            self._stops_sent = [s for s in self._stops_sent if s in held]
+
+    def _sealed(self, key: int | str, value: str) -> str:
+        return seal(self._secret, self._key(key), value)
+
+    def _opened(self, key: int | str, stored: bytes | str) -> str | None:
+        """The value under ``key`` if this job wrote it; else ``None``, said once per key."""
+        value = unseal(self._secret, self._key(key), stored)
+        if value is None and stored not in (b"", "") and key not in self._forged:
+            self._forged.add(key)
+            print(f"cycle: warning: ignored a value in the job's liveness store under "
+                  f"'{key}' that this job did not write: another process reached node 0's "
+                  "store port (close it to other users with a firewall)", file=sys.stderr,
+                  flush=True)
+        return value
 
     def _connect(self) -> Any:
         import torch.distributed as dist
@@ -191,23 +255,22 @@ class StoreLink:
             store = dist.TCPStore(self._host, 0, is_master=True, wait_for_workers=False,
                                   timeout=timeout)
             fresh = uuid.uuid4().hex
-            self._prefix = f"cycler/{fresh}/"
+            self._prefix, self._secret = f"cycler/{fresh}/", secrets.token_bytes(32)
             # Every key exists before anyone reads: a get never waits for a missing one.
             for key in [*range(self._nnodes), VERDICT]:
-                store.set(self._key(key), "{}")
+                store.set(self._key(key), self._sealed(key, "{}"))
             store.set(self._key(STOPS), "")
             address = {"host": self._host, "port": store.port, "token": fresh,
-                       "pid": os.getpid()}
-            atomic_write_bytes(self._address_path, json.dumps(address).encode(),
-                               durable=False)
+                       "secret": self._secret.hex(), "pid": os.getpid()}
+            _write_private(self._address_path, json.dumps(address).encode())
             return store
-        found = read_json_object(self._address_path)
-        port, token = found.get("port"), found.get("token")
-        if not isinstance(port, int) or not isinstance(token, str):
+        found = _read_private(self._address_path)
+        port, token, secret = found.get("port"), found.get("token"), found.get("secret")
+        if not isinstance(port, int) or not isinstance(token, str) or not isinstance(secret, str):
             return None
         store = dist.TCPStore(str(found.get("host")), port, is_master=False,
                               wait_for_workers=False, timeout=timeout)
-        self._prefix = f"cycler/{token}/"
+        self._prefix, self._secret = f"cycler/{token}/", bytes.fromhex(secret)
         store.get(self._key(VERDICT))  # the token's keys exist: node 0 of this address
         return store
 
@@ -215,9 +278,33 @@ class StoreLink:
         return f"{self._prefix}{node}"
 
 
-def _parsed(value: bytes) -> dict[str, Any]:
+def _parsed(value: str | None) -> dict[str, Any]:
     try:
-        found = json.loads(value)
-    except (ValueError, UnicodeDecodeError):
+        found = json.loads(value) if value is not None else {}
+    except ValueError:
         return {}
     return found if isinstance(found, dict) else {}
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data``, readable by this user alone (mode 0600 before a byte is
+    written: the secret is never readable by others, even for an instant)."""
+
+    def write(handle: Any) -> None:
+        os.fchmod(handle.fileno(), PRIVATE)
+        handle.write(data)
+
+    atomic_write(path, write, durable=False)
+
+
+def _read_private(path: Path) -> dict[str, Any]:
+    """The address file, where it is this user's and no one else's (else ``{}``: the files
+    are used instead; an address another user wrote, or could read, is no line to node 0)."""
+    try:
+        status = path.lstat()
+    except OSError:
+        return {}
+    if not stat.S_ISREG(status.st_mode) or status.st_uid != os.geteuid() \
+            or status.st_mode & 0o077:
+        return {}
+    return read_json_object(path)
