@@ -15,7 +15,6 @@ import pytest
 from cycle_jobs import Job
 from tmpfs import mounted_tmpfs
 
-
 LANES = ("slow", "slurm", "netns", "e2e", "gpu", "integrations", "verify", "benchmarks",
          "fuse")
 

@@ -1,7 +1,8 @@
 """A worker for the replayed-steps tests: a tiny regression trained on random batches, with a
 checkpoint every 5 steps; at step 13 of the first start (``--pause-at``: a step per start)
-every rank writes its pid to ``at-13-<rank>`` and waits to be killed. ``--mode exact`` saves and restores the global RNG,
-``--mode forget`` does not (the batches after a resume are drawn from the seed again)."""
+every rank writes its pid to ``at-13-<rank>`` and waits to be killed. ``--mode exact`` saves
+and restores the global RNG, ``--mode forget`` does not (the batches after a resume are drawn
+from the seed again)."""
 
 from __future__ import annotations
 

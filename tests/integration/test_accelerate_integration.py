@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from stack_runs import SCRIPTS, StackRun, assert_same_weights, run_to_the_end, \
-    stop_kill_and_finish
+from stack_runs import SCRIPTS, StackRun, assert_same_weights, run_to_the_end, stop_kill_and_finish
 
 from cycler.protocol.exit_codes import EXIT_FAILURE
 

@@ -18,7 +18,7 @@ from cycler.supervisor.notices import Notice, watch
 
 
 def _in(seconds: float) -> str:
-    at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=seconds)
+    at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=seconds)
     return at.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 

@@ -226,7 +226,8 @@ def test_a_name_cycler_does_not_have_is_reported(tmp_path: Path) -> None:
     assert {"cycler.StepControl", "cycler.errors.DiskFull"} <= names
 
 
-CITATION = re.compile(r"(docs/design\.md|STYLE\.md|DESIGN\.md)((?:,\s*\"[^\"]+\"(?:\s+and\s+\"[^\"]+\")?)?)")
+CITATION = re.compile(r"(docs/design\.md|STYLE\.md|DESIGN\.md)"
+                      r"((?:,\s*\"[^\"]+\"(?:\s+and\s+\"[^\"]+\")?)?)")
 
 
 def test_every_citation_of_the_design_in_the_code_names_a_file_and_section_that_exist() -> None:

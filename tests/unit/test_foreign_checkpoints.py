@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS
 import torch
 
 from cycler.protocol.events import EventLog
+from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS
 from cycler.supervisor.foreign import (
     ACCELERATE,
     HUGGING_FACE,
@@ -105,7 +105,8 @@ def test_an_end_for_want_of_a_checkpoint_becomes_a_requeue_naming_the_foreign_on
 
 
 def test_without_a_foreign_checkpoint_the_end_stays_as_it_was() -> None:
-    assert requeue_on_foreign_checkpoint(NO_CHECKPOINT, CONFIG, lambda: ForeignSearch(None)) == NO_CHECKPOINT
+    assert requeue_on_foreign_checkpoint(NO_CHECKPOINT, CONFIG,
+                                         lambda: ForeignSearch(None)) == NO_CHECKPOINT
 
 
 def test_the_requeue_policy_is_the_cores() -> None:
