@@ -1,6 +1,6 @@
 """A worker for the replayed-steps tests: a tiny regression trained on random batches, with a
 checkpoint every 5 steps; at step 13 of the first start (``--pause-at``: a step per start)
-every rank writes its pid to ``at-13-<rank>`` and waits to be killed. ``--mode exact`` saves
+every rank writes its pid to ``at-13-<rank>`` and waits to be killed (once). ``--mode exact`` saves
 and restores the global RNG, ``--mode forget`` does not (the batches after a resume are drawn
 from the seed again)."""
 
@@ -23,6 +23,7 @@ parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--pause-at", default="13",
                     help="per start, the step at which every rank writes its pid and waits")
 parser.add_argument("--sleep", type=float, default=0.02, help="seconds per step after a restart")
+parser.add_argument("--out", default=None, help="where rank 0 saves the final weights")
 args = parser.parse_args()
 rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 if world > 1:
@@ -64,7 +65,12 @@ while control.global_step < args.steps:
         break
     if not first_start:
         time.sleep(args.sleep)
-    if control.global_step == pause_at:  # 13: between the checkpoints of 10 and 15
-        (Path(args.dir) / f"at-{pause_at}-{rank}").write_text(str(os.getpid()))
+    marker = Path(args.dir) / f"at-{pause_at}-{rank}"
+    # 13: between the checkpoints of 10 and 15; once per rank (on several nodes torchrun
+    # restarts the other nodes' workers within the same start of cycle run's)
+    if control.global_step == pause_at and not marker.exists():
+        marker.write_text(str(os.getpid()))
         time.sleep(600)
 control.close()
+if args.out and rank == 0 and control.global_step >= args.steps:
+    torch.save(model.state_dict(), args.out)

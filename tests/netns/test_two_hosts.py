@@ -21,6 +21,7 @@ job as finished instead of restarting into a rendezvous node 0 never joins.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -49,6 +50,7 @@ pytestmark = pytest.mark.netns
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "train.py"
 HANG_WORKER = REPO / "tests" / "integration" / "hang_worker.py"
+REPLAY_WORKER = REPO / "tests" / "integration" / "replay_worker.py"
 TRAIN_ARGS = ["--epochs", "3", "--samples", "2048", "--hidden", "32", "--checkpoint-every", "8",
               "--step-delay", "0.05"]
 NODE_TIMEOUT = 5.0
@@ -389,3 +391,38 @@ def test_a_node_thawed_after_the_node_timeout_exits_with_the_jobs_verdict(
             nodes[1].process.send_signal(signal.SIGCONT)
         assert nodes[1].wait(timeout=90) == EXIT_REQUEUE, nodes[1].text()
         assert "ended the job with exit 75" in nodes[1].text()
+
+
+def replays(root: Path) -> list[dict]:
+    status = subprocess.run([sys.executable, "-m", "cycler_cli", "status", "--json", str(root)],
+                            capture_output=True, text=True, check=True)
+    return json.loads(status.stdout)["replays"]
+
+
+def test_a_worker_killed_between_checkpoints_on_node_1_and_each_nodes_replayed_steps_verified(
+        hosts: tuple[Host, Host], tmp_path: Path) -> None:
+    # Checkpoints at steps 10 and 15; at 13 both ranks pause, node 1's is killed: torchrun
+    # restarts both nodes' workers from step 10, and each node's cycle run compares its own
+    # rank's replayed steps 11-13 with what the killed run recorded.
+    markers = [tmp_path / f"at-13-{rank}" for rank in range(2)]
+    root, final = tmp_path / "ck", tmp_path / "final.pt"
+    arguments = ["--dir", str(tmp_path), "--mode", "exact"]
+    with job(hosts, root, final, arguments, REPLAY_WORKER) as nodes:
+        deadline = time.monotonic() + 120
+        while not all(m.exists() and m.read_text() for m in markers):
+            assert time.monotonic() < deadline, nodes[1].text()[-3000:]
+            time.sleep(0.1)
+        os.kill(int(markers[1].read_text()), signal.SIGKILL)
+        assert [node.wait() for node in nodes] == [EXIT_SUCCESS, EXIT_SUCCESS], nodes[1].text()
+    assert "restart_together" in history(root, 1)
+    found = {replay["node"]: replay for replay in replays(root)}
+    assert sorted(found) == [0, 1], found
+    for replay in found.values():
+        assert replay["verdict"] == "verified", replay
+        assert (replay["resumed"], replay["steps"], replay["ranks"]) == (10, 3, 1), replay
+    reference = tmp_path / "reference.pt"
+    with job(hosts, tmp_path / "uninterrupted", reference,
+             ["--dir", str(tmp_path / "none"), "--mode", "exact", "--pause-at", ""],
+             REPLAY_WORKER) as nodes:
+        assert [node.wait() for node in nodes] == [EXIT_SUCCESS, EXIT_SUCCESS]
+    assert_same_weights(reference, final)
