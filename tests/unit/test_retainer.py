@@ -12,6 +12,7 @@ from saver_fakes import checkpoint, indices
 from typer.testing import CliRunner
 
 import cycler
+import cycler_cli
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.checkpoint.listing import list_checkpoints
 from cycler.checkpoint.persisting import Persister
@@ -28,9 +29,11 @@ from cycler.errors import ConfigError
 from cycler_cli.main import app
 
 PACKAGE = Path(cycler.__file__).parent
+CLI = Path(cycler_cli.__file__).parent
 
 REMOVALS = {"discard_directory", "remove_leftover", "set_aside"}
-"""What deletes a directory tree (or renames it aside to be deleted), anywhere in cycler/."""
+"""What deletes a directory tree (or renames it aside to be deleted), anywhere in cycler/ or
+cycler_cli/ (the command only parses and renders: ``cycle prune`` removes through the retainer)."""
 
 IN_CHECKPOINT = REMOVALS | {"rmtree"}
 """In cycler/checkpoint/ a bare ``shutil.rmtree`` would be a checkpoint's removal too (other
@@ -69,8 +72,9 @@ def removals_in(path: Path, removals: set[str] = IN_CHECKPOINT) -> set[str]:
 
 def test_no_module_but_the_retainer_removes_a_checkpoint_directory() -> None:
     found = set()
-    for path in PACKAGE.rglob("*.py"):
-        module = path.relative_to(PACKAGE).as_posix()
+    for path in [*PACKAGE.rglob("*.py"), *CLI.rglob("*.py")]:
+        module = path.relative_to(PACKAGE).as_posix() if path.is_relative_to(PACKAGE) \
+            else path.relative_to(CLI.parent).as_posix()
         if module not in EXECUTOR:
             removals = IN_CHECKPOINT if module.startswith("checkpoint/") else REMOVALS
             found |= {(module, name) for name in removals_in(path, removals)}
