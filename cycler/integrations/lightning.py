@@ -42,6 +42,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from cycler.checkpoint.atomic_directory import AtomicDirectory
+from cycler.checkpoint.retention import checked_keep_last
 from cycler.checkpoint.saving import atomic_torch_save
 from cycler.errors import ConfigError
 from cycler.integrations import lightning_data
@@ -80,7 +81,8 @@ class CyclerCallback(pl.Callback):
             30 s and at most an hour apart, :class:`~cycler.AutoInterval`), a number, or None
             (checkpoints only at a stop and at the end: a kill -9 loses everything since).
         every_seconds: a checkpoint when that long has passed since the last one, besides.
-        keep_last: committed checkpoints to keep (``-1``: all).
+        keep_last: committed checkpoints to keep, counting the latest (``-1``: all); one that
+            would keep none is refused here (:class:`~cycler.ConfigError`), as by the saver.
     """
 
     def __init__(self, checkpoint_dir: str | os.PathLike[str] | None = None, *,
@@ -88,7 +90,8 @@ class CyclerCallback(pl.Callback):
                  every_seconds: float | None = None, keep_last: int = 2) -> None:
         self.checkpoint_dir = checkpoint_dir
         self.exit_on_stop = exit_on_stop
-        self.every_steps, self.every_seconds, self.keep_last = every_steps, every_seconds, keep_last
+        self.every_steps, self.every_seconds = every_steps, every_seconds
+        self.keep_last = checked_keep_last(keep_last)  # refused here, not at fit()
         self.stopped = False
         self.resumed_from: Path | None = None
         """The committed checkpoint this fit resumed from (None: a first start)."""

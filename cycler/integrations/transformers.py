@@ -11,8 +11,9 @@ What the callback changes, and nothing else:
 - every save of the Trainer (``save_steps``, ``save_strategy="epoch"``, the stop's) is HF's own
   ``checkpoint-N`` folder written inside a directory from ``prepare_checkpoint_directory()`` and
   committed with ``symlink_latest()``: a kill at any moment leaves no torn checkpoint that a
-  resume could pick. ``save_total_limit`` becomes the saver's ``keep_last``; with
-  ``load_best_model_at_end`` a checkpoint that is the best when saved is pinned;
+  resume could pick. ``save_total_limit`` becomes the saver's ``keep_last`` (:func:`keep_last_of`:
+  unset, 0 or below keeps every checkpoint, as in HF); with ``load_best_model_at_end`` a
+  checkpoint that is the best when saved is pinned;
 - ``trainer.train()`` without ``resume_from_checkpoint`` (or with ``True``) resumes from the
   newest committed checkpoint when there is one: HF's own resume then restores the model,
   optimizer, scheduler, scaler, trainer state, every rank's RNG and the data position;
@@ -63,6 +64,13 @@ def stopped() -> bool:
 class _Stopped(BaseException):
     """Unwinds HF's training loop after the stop's commit. A BaseException, so that a script's
     ``except Exception`` around a step cannot swallow it."""
+
+
+def keep_last_of(save_total_limit: int | None) -> int:
+    """The saver's ``keep_last`` for HF's ``save_total_limit``: ``N >= 1`` keeps the newest N;
+    ``None``, 0 or below keeps every checkpoint, as HF's own rotation does (it rotates only
+    above 0). A negative limit had reached the saver as ``keep_last`` and was refused."""
+    return save_total_limit if save_total_limit is not None and save_total_limit > 0 else -1
 
 
 class CyclerCallback(TrainerCallback):
@@ -149,9 +157,9 @@ class CyclerCallback(TrainerCallback):
         once the process group exists)."""
         if self._saver is None:
             assert self.trainer is not None
-            limit = self.trainer.args.save_total_limit
             root = self.checkpoint_dir or default_checkpoint_root()
-            self._saver = AtomicDirectory(root, keep_last=limit if limit else -1)
+            keep_last = keep_last_of(self.trainer.args.save_total_limit)
+            self._saver = AtomicDirectory(root, keep_last=keep_last)
         return self._saver
 
     def latest_checkpoint(self) -> str | None:

@@ -21,7 +21,7 @@ from stack_runs import (
     stop_kill_and_finish,
 )
 
-from cycler import EXIT_FAILURE, EXIT_SUCCESS
+from cycler import EXIT_FAILURE, EXIT_SUCCESS, ConfigError
 
 pytest.importorskip("lightning", reason="the [lightning] extra is not installed")
 
@@ -81,3 +81,14 @@ def test_an_iterable_dataset_without_a_state_is_refused_before_the_first_step_in
     said = [line for line in run.lines if "an IterableDataset without a position" in line]
     assert said and "give Stream state_dict()/load_state_dict() methods, or load it with " \
                     "torchdata's StatefulDataLoader" in said[-1], run.output()
+
+
+@pytest.mark.parametrize("keep_last", [0, -2])
+def test_a_keep_last_that_would_keep_nothing_is_refused_when_the_callback_is_built(
+        keep_last: int) -> None:
+    """In one process: it had been taken and refused only inside ``trainer.fit()``."""
+    from cycler.integrations.lightning import CyclerCallback
+
+    with pytest.raises(ConfigError, match=f"^keep_last={keep_last} would keep no checkpoint"):
+        CyclerCallback(keep_last=keep_last)
+    assert CyclerCallback(keep_last=1).keep_last == 1

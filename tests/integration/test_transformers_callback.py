@@ -32,13 +32,14 @@ class Tokens(Dataset):
         return {"input_ids": tokens, "labels": tokens}
 
 
-def trainer(tmp_path: Path, callbacks: list) -> transformers.Trainer:
+def trainer(tmp_path: Path, callbacks: list, **arguments: object) -> transformers.Trainer:
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=16, n_positions=8, n_embd=16, n_layer=1,
                                      n_head=2)
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "hf"), per_device_train_batch_size=4, num_train_epochs=1,
-        save_strategy="no", use_cpu=True, report_to=[], disable_tqdm=True)
+        save_strategy="no", use_cpu=True, report_to=[], disable_tqdm=True,
+        **arguments)  # type: ignore[arg-type]
     return transformers.Trainer(model=transformers.GPT2LMHeadModel(config), args=args,
                                 train_dataset=Tokens(), callbacks=callbacks)
 
@@ -69,3 +70,14 @@ def test_a_callback_added_after_the_trainer_was_built_is_named_in_one_line(
     late.add_callback(integration.CyclerCallback(tmp_path / "ck"))
     with pytest.raises(ConfigError, match="added after the Trainer was built"):
         late.train()
+
+
+@pytest.mark.parametrize(("save_total_limit", "keep_last"), [(3, 3), (1, 1), (None, -1), (0, -1),
+                                                             (-2, -1)])
+def test_save_total_limit_keeps_what_hf_keeps_and_none_or_below_one_keeps_all(
+        tmp_path: Path, save_total_limit: int | None, keep_last: int) -> None:
+    """HF rotates only above 0; a negative limit had reached the saver as keep_last=-2 and
+    was refused inside train(), naming an argument the script never gave."""
+    callback = integration.CyclerCallback(tmp_path / "ck")
+    trainer(tmp_path, [callback], save_total_limit=save_total_limit)
+    assert callback.saver().keep_last == keep_last

@@ -4,12 +4,15 @@ directory (the saver's, the memory tier's roots, the partner copies, ``cycle pru
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from saver_fakes import checkpoint, indices
+from typer.testing import CliRunner
 
 import cycler
+import cycler_cli
 from cycler.checkpoint.layout import CheckpointLayout
 from cycler.checkpoint.listing import list_checkpoints
 from cycler.checkpoint.persisting import Persister
@@ -23,11 +26,14 @@ from cycler.checkpoint.retainer import (
 from cycler.checkpoint.retention import retention_decisions
 from cycler.checkpoint.tiers import MemoryTier
 from cycler.errors import ConfigError
+from cycler_cli.main import app
 
 PACKAGE = Path(cycler.__file__).parent
+CLI = Path(cycler_cli.__file__).parent
 
 REMOVALS = {"discard_directory", "remove_leftover", "set_aside"}
-"""What deletes a directory tree (or renames it aside to be deleted), anywhere in cycler/."""
+"""What deletes a directory tree (or renames it aside to be deleted), anywhere in cycler/ or
+cycler_cli/ (the command only parses and renders: ``cycle prune`` removes through the retainer)."""
 
 IN_CHECKPOINT = REMOVALS | {"rmtree"}
 """In cycler/checkpoint/ a bare ``shutil.rmtree`` would be a checkpoint's removal too (other
@@ -66,8 +72,9 @@ def removals_in(path: Path, removals: set[str] = IN_CHECKPOINT) -> set[str]:
 
 def test_no_module_but_the_retainer_removes_a_checkpoint_directory() -> None:
     found = set()
-    for path in PACKAGE.rglob("*.py"):
-        module = path.relative_to(PACKAGE).as_posix()
+    for path in [*PACKAGE.rglob("*.py"), *CLI.rglob("*.py")]:
+        module = path.relative_to(PACKAGE).as_posix() if path.is_relative_to(PACKAGE) \
+            else path.relative_to(CLI.parent).as_posix()
         if module not in EXECUTOR:
             removals = IN_CHECKPOINT if module.startswith("checkpoint/") else REMOVALS
             found |= {(module, name) for name in removals_in(path, removals)}
@@ -153,3 +160,58 @@ def test_the_retainer_and_the_memory_tier_s_persisting_refuse_it_alike(
         Persister(MemoryTier(memory.root), memory, durable, None, keep_last)
     with pytest.raises(ConfigError, match=refusal):
         retain_durable(durable, keep_last)
+
+
+def _commit(saver: cycler.AtomicDirectory) -> None:
+    path = saver.prepare_checkpoint_directory()
+    (Path(path) / "model.pt").write_bytes(b"weights")
+    saver.symlink_latest(path)
+
+
+def _by_one_saver(root: Path, keep_last: int) -> None:
+    saver = cycler.AtomicDirectory(str(root), keep_last=keep_last)
+    for _ in range(5):
+        _commit(saver)
+
+
+def _set_on_a_running_saver(root: Path, keep_last: int) -> None:
+    saver = cycler.AtomicDirectory(str(root), keep_last=-1)
+    _commit(saver)
+    saver.keep_last = keep_last
+    for _ in range(4):
+        _commit(saver)
+
+
+def _by_a_new_saver_per_commit(root: Path, keep_last: int) -> None:
+    for _ in range(5):
+        _commit(cycler.AtomicDirectory(str(root), keep_last=keep_last))
+
+
+def _by_cycle_prune(root: Path, keep_last: int) -> None:
+    _by_one_saver(root, -1)
+    result = CliRunner().invoke(app, ["prune", str(root), "--keep-last", str(keep_last)])
+    if result.exit_code == 2:
+        raise ConfigError(result.output.strip().removeprefix("cycle: error: "))
+    assert result.exit_code == 0, result.output
+
+
+def _outcome(root: Path, way: Callable[[Path, int], None], keep_last: int) -> str:
+    try:
+        way(root, keep_last)
+    except ConfigError as error:
+        return f"refused: {error}"
+    return " ".join(indices(root))
+
+
+@pytest.mark.parametrize("keep_last", [0, 1, 2, -1])
+def test_keep_last_keeps_the_same_in_a_running_saver_a_new_saver_and_cycle_prune(
+        tmp_path: Path, keep_last: int) -> None:
+    """Five commits, then what is kept: at ``keep_last=0`` a running saver had kept all five
+    and a new saver's first commit all but the latest (issue 37); now every way refuses it in
+    the same line, and every other value keeps the same checkpoints every way."""
+    ways = [_by_one_saver, _set_on_a_running_saver, _by_a_new_saver_per_commit, _by_cycle_prune]
+    outcomes = {way.__name__: _outcome(tmp_path / way.__name__, way, keep_last) for way in ways}
+    expected = {0: "refused: keep_last=0 would keep no checkpoint: give 1 or more to keep the "
+                   "newest N (the latest counts), or -1 to keep them all",
+                1: "4", 2: "3 4", -1: "0 1 2 3 4"}[keep_last]
+    assert outcomes == dict.fromkeys(outcomes, expected)
