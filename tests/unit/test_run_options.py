@@ -11,6 +11,7 @@ from cycler.errors import ConfigError
 from cycler.protocol.environment import (
     ENV_CHECKPOINT_DIR,
     ENV_CONTROL_FILE,
+    ENV_MEMORY_TIER,
     ENV_NODE_DIR,
     ENV_PROGRESS_DIR,
     ENV_RESTART_COUNT,
@@ -293,7 +294,7 @@ def test_standalone_ignores_the_schedulers_node_count_but_not_a_given_one():
 def test_the_memory_tier_reaches_one_nodes_workers_with_its_persist_interval(
         tmp_path: Path) -> None:
     from cycler.checkpoint.memory_roots import memory_base, memory_root
-    from cycler.protocol.environment import ENV_MEMORY_TIER, ENV_PERSIST_EVERY
+    from cycler.protocol.environment import ENV_PERSIST_EVERY
 
     options = resolve_run_options(script="train.py", environ={},
                                   flags={"memory_tier": True, "persist_every": 7,
@@ -311,8 +312,6 @@ def test_the_memory_tier_reaches_one_nodes_workers_with_its_persist_interval(
 
 
 def test_the_memory_tier_reaches_the_workers_of_every_node() -> None:
-    from cycler.protocol.environment import ENV_MEMORY_TIER
-
     options = resolve_run_options(script="train.py", environ=ISC, flags={"memory_tier": True})
     assert options.nnodes == 2 and options.memory_layout is not None
     env = worker_environment(options, start_number=0, resume_from=None, environ={})
@@ -331,22 +330,71 @@ def test_the_config_file_turns_the_memory_tier_on_or_points_it(
     assert options.memory_dir == (None if directory is None else Path(directory))
 
 
-def test_a_memory_dir_given_is_used_as_it_is_even_the_default_one(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def dry_run_environment(tmp_path: Path, *arguments: str) -> dict[str, str]:
+    """The workers' environment ``cycle run --dry-run ARGUMENTS`` prints (it creates nothing)."""
+    from typer.testing import CliRunner
+
+    from cycler_cli.main import app
+
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    result = CliRunner().invoke(app, ["run", "--dry-run", "--checkpoint-dir",
+                                      str(tmp_path / "ck"), *arguments, str(script)])
+    assert result.exit_code == 0, result.output
+    pairs = (line.split("=", 1) for line in result.output.splitlines())
+    return {name: value for name, value in pairs if name.isupper()}
+
+
+def private_runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: int = 0o700,
+                        ) -> Path:
+    """A ``$XDG_RUNTIME_DIR`` of ``mode`` (0700: private, so the default place to take)."""
+    runtime = tmp_path / "run-user"
+    runtime.mkdir()
+    runtime.chmod(mode)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    return runtime
+
+
+@pytest.mark.parametrize("where", [
+    ("--memory-dir", "/dev/shm"), ("--memory-dir=/dev/shm",), ("--memory-dir", "{ram}"),
+    ("--config", "{config}")])
+def test_a_memory_dir_given_reaches_the_workers_as_given_even_the_default_dev_shm(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: tuple[str, ...]) -> None:
     # Issue 37: --memory-dir /dev/shm was taken for "not given" and replaced by a private
     # $XDG_RUNTIME_DIR, contrary to docs/memory-tier.md.
-    from cycler.checkpoint.memory_roots import DEFAULT_MEMORY_DIR
+    private_runtime_dir(tmp_path, monkeypatch)
+    ram = tmp_path / "ram"
+    config = write_config(tmp_path, "memory_dir: /dev/shm\n")
+    arguments = [part.format(ram=ram, config=config) for part in where]
+    given = ram if str(ram) in arguments else Path("/dev/shm")
+    env = dry_run_environment(tmp_path, *arguments)
+    uid = os.geteuid()
+    assert Path(env[ENV_MEMORY_TIER]).parent == given / f"cycler-{uid}"
+    assert Path(env[ENV_NODE_DIR]).parent == given / f"cycler-{uid}-run"
 
-    runtime = tmp_path / "run-user"
-    runtime.mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
-    for given in (str(DEFAULT_MEMORY_DIR), str(tmp_path / "ram")):
-        options = resolve_run_options(script="train.py", environ={},
-                                      flags={"memory_dir": given})
-        assert options.memory_tier and options.memory_layout is not None
-        assert Path(given) in options.memory_layout.root.parents, options.memory_layout.root
-    unsaid = resolve_run_options(script="train.py", environ={}, flags={"memory_tier": True})
-    assert unsaid.memory_layout is not None and runtime in unsaid.memory_layout.root.parents
+
+def test_without_a_memory_dir_the_memory_tier_is_in_a_private_xdg_runtime_dir(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = private_runtime_dir(tmp_path, monkeypatch)
+    for arguments in (["--memory-tier"], ["--config", str(write_config(
+            tmp_path, "memory_tier: on\n"))]):
+        env = dry_run_environment(tmp_path, *arguments)
+        assert Path(env[ENV_MEMORY_TIER]).parent == runtime / "cycler"
+        assert Path(env[ENV_NODE_DIR]).parent == runtime / "cycler-run"
+
+
+@pytest.mark.parametrize("runtime", ["unset", "open to others", "relative"])
+def test_without_a_memory_dir_or_a_private_xdg_runtime_dir_the_memory_tier_is_in_dev_shm(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runtime: str) -> None:
+    if runtime == "unset":
+        monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    elif runtime == "open to others":
+        private_runtime_dir(tmp_path, monkeypatch, mode=0o755)
+    else:
+        monkeypatch.setenv("XDG_RUNTIME_DIR", "run-user")
+    env = dry_run_environment(tmp_path, "--memory-tier")
+    assert Path(env[ENV_MEMORY_TIER]).parent == Path(f"/dev/shm/cycler-{os.geteuid()}")
+    assert Path(env[ENV_NODE_DIR]).parent == Path(f"/dev/shm/cycler-{os.geteuid()}-run")
 
 
 @pytest.mark.parametrize("every", [0, -3, True])
