@@ -274,8 +274,7 @@ def make_parents_private(path: Path) -> None:
         missing.append(path)
         path = path.parent
     for directory in reversed(missing):
-        with contextlib.suppress(FileExistsError):  # made meanwhile: checked after
-            os.mkdir(directory, PRIVATE_DIRECTORY_MODE)
+        create_private(directory)  # one made meanwhile is left as it is: checked after
 
 
 def restrict_tree(path: Path) -> None:
