@@ -15,7 +15,10 @@ from cycler.checkpoint.commit import CommitRounds
 from cycler.checkpoint.layout import MANIFEST_NAME, CheckpointLayout
 from cycler.checkpoint.listing import latest_checkpoint
 from cycler.checkpoint.manifest import read_manifest
+from cycler.checkpoint.nodes.node_commit import JOB_MANIFEST_NAME
+from cycler.checkpoint.nodes.topology import Nodes
 from cycler.checkpoint.placement import Placement
+from cycler.checkpoint.tiers import MemoryTier
 from cycler.errors import CheckpointDirectoryError, RankFailed
 
 
@@ -165,3 +168,60 @@ def test_a_lone_process_commits_without_a_store(tmp_path: Path) -> None:
     path = saved(coordinator, tmp_path)
     assert rounds_of(coordinator, tmp_path)[0].commit(path, None, lambda: None) == 1
     assert json.loads((path / MANIFEST_NAME).read_text())["world_size"] == 1
+
+
+# --- in the memory tier of several nodes: two nodes of two ranks, each node its memory root ----
+
+
+def on_two_nodes(tmp_path: Path) -> list[tuple[Any, BaseException | None]]:
+    """A save prepared and committed by the 4 ranks of two nodes in memory: per rank its path
+    (its node's copy) and what its commit returned, or its error."""
+    durable = CheckpointLayout(tmp_path / "disk")
+    durable.root.mkdir()
+
+    def save_and_commit(coordinator: FakeCoordinator) -> tuple[Path, int | None]:
+        nodes = Nodes(node=coordinator.rank // 2, count=2, local_rank=coordinator.rank % 2,
+                      local_size=2)
+        memory = tmp_path / f"memory-node{nodes.node}"
+        memory.mkdir(exist_ok=True)
+        placement = Placement(durable, MemoryTier(memory, 1), nodes)
+        rounds = CommitRounds(coordinator, placement, "sync_any")
+        path = Path(rounds.prepare(False, placement.create))
+        (path / f"rank{coordinator.rank}.pt").write_bytes(b"x" * (coordinator.rank + 1))
+        return path, rounds.commit(path, {"step": 5}, lambda: None)
+
+    return on_every_rank(4, save_and_commit)
+
+
+def test_on_several_nodes_every_node_commits_its_own_files_under_the_job_s_manifest(
+        tmp_path: Path) -> None:
+    outcomes = on_two_nodes(tmp_path)
+    assert [error for _, error in outcomes] == [None] * 4
+    paths = [path for (path, _), _ in outcomes]
+    assert len({path.name for path in paths}) == 1  # the rounds agree on one checkpoint
+    assert [path.parent.name for path in paths] == ["memory-node0"] * 2 + ["memory-node1"] * 2
+    assert [size for (_, size), _ in outcomes] == [1 + 2, None, 3 + 4, None]  # the leaders
+    for node, files in ((0, {"rank0.pt", "rank1.pt"}), (1, {"rank2.pt", "rank3.pt"})):
+        path = paths[2 * node]
+        assert latest_checkpoint(path.parent) == path
+        assert set(read_manifest(path).files) == files | {JOB_MANIFEST_NAME}
+        sidecar = json.loads((path / JOB_MANIFEST_NAME).read_text())
+        assert sorted(sidecar["files"]) == [f"rank{rank}.pt" for rank in range(4)]
+    assert latest_checkpoint(tmp_path / "disk") is None  # nothing persisted yet
+
+
+def test_a_node_without_room_sends_the_checkpoint_to_the_checkpoint_root_on_every_rank(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def has_room(tier: MemoryTier, needed: int) -> bool:
+        return tier.root.name != "memory-node1"
+
+    monkeypatch.setattr(MemoryTier, "has_room", has_room)
+    outcomes = on_two_nodes(tmp_path)
+    assert [error for _, error in outcomes] == [None] * 4
+    paths = {path for (path, _), _ in outcomes}
+    assert len(paths) == 1 and next(iter(paths)).parent == tmp_path / "disk"
+    path = next(iter(paths))
+    assert set(read_manifest(path).files) == {f"rank{rank}.pt" for rank in range(4)}
+    assert latest_checkpoint(tmp_path / "disk") == path
+    for node in (0, 1):
+        assert latest_checkpoint(tmp_path / f"memory-node{node}") is None
