@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 from saver_fakes import checkpoint, indices
 
-from cycler.checkpoint import durable_copy
+from cycler.checkpoint import durable_copy, persisting
 from cycler.checkpoint.layout import CheckpointLayout, CheckpointName
 from cycler.checkpoint.persisting import Persister
 from cycler.checkpoint.tiers import MemoryTier
+from cycler.errors import ConfigError
 
 HELD = 30.0
 """The longest a held copy waits to be let go: never reached by a test that passes."""
@@ -134,3 +135,76 @@ def test_leaving_the_memory_tier_waits_for_the_copies_queued(tmp_path: Path) -> 
         committed(persister, memory, index)
     persister.before_leaving()
     assert indices(durable.root)[-1] == "2" and persister.queued is None
+
+
+def test_a_keep_last_that_would_keep_nothing_is_refused_when_the_persister_is_made(
+        tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="keep_last=0 would keep no checkpoint") as refused:
+        persister_of(tmp_path, keep_last=0)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_pinned_checkpoint_queued_behind_a_copy_stays_in_memory_until_it_is_persisted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    persister, memory, durable = persister_of(tmp_path, every=100)
+    entered, release = hold_first_copy(monkeypatch)
+    committed(persister, memory, 0)
+    assert entered.wait(HELD)
+    committed(persister, memory, 1, pinned=True)
+    for index in range(2, 6):  # memory keeps the newest two: 1P only while it is queued
+        committed(persister, memory, index)
+    release.set()
+    persister.finish()
+    assert indices(durable.root) == ["0", "1P"]
+    assert indices(memory.root) == ["4", "5"] and persister.busy == set()
+
+
+def released_when_waited_for(persister: Persister, release: threading.Event,
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy held by :func:`hold_first_copy` goes on once the saver waits for the persister
+    (nothing else lets it go: a wait that never comes leaves it held)."""
+    finish = persister.finish
+
+    def released_then_finished() -> None:
+        release.set()
+        finish()
+
+    monkeypatch.setattr(persister, "finish", released_then_finished)
+
+
+def test_a_stop_persists_its_checkpoint_once_and_waits_for_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    persister, memory, durable = persister_of(tmp_path, every=2)
+    copied: list[int] = []
+    real = persisting.persist
+
+    def persist(memory: CheckpointLayout, durable: CheckpointLayout, name: CheckpointName,
+                abandon: Any) -> None:
+        copied.append(name.index)
+        real(memory, durable, name, abandon)
+
+    monkeypatch.setattr(persisting, "persist", persist)
+    _, release = hold_first_copy(monkeypatch)
+    released_when_waited_for(persister, release, monkeypatch)
+    try:
+        committed(persister, memory, 4, stop=True)  # an every-K-th one too: copied once
+        assert indices(durable.root) == ["4"] and persister.queued is None
+    finally:
+        release.set()
+        persister.wait()
+    assert copied == [4] and persister.busy == set()
+
+
+def test_leaving_the_memory_tier_during_a_stop_gives_up_the_older_copy_in_flight(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    persister, memory, durable = persister_of(tmp_path)
+    entered, release = hold_first_copy(monkeypatch)
+    committed(persister, memory, 0)
+    assert entered.wait(HELD)
+    monkeypatch.setattr(persisting, "stopping", lambda: True)
+    released_when_waited_for(persister, release, monkeypatch)
+    with caplog.at_level(logging.INFO, logger="cycler.checkpoint.persisting"):
+        persister.before_leaving()
+    assert "gave way to the stop's" in caplog.text
+    assert indices(durable.root) == [] and copies_in(durable) == []
