@@ -4,6 +4,7 @@ DCP, one process) for a fake saver, with a fake coordinator saying which rank th
 from __future__ import annotations
 
 import errno
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,9 @@ import pytest
 import torch
 from saver_fakes import FakeCoordinator
 
-from cycler.checkpoint.dcp import DcpSaves
+from cycler.checkpoint import dcp
+from cycler.checkpoint.dcp import DcpSaves, disk_full_or
+from cycler.checkpoint.in_flight import InFlight
 from cycler.checkpoint.layout import MANIFEST_NAME
 from cycler.checkpoint.manifest import sealed
 from cycler.errors import DiskFull
@@ -167,3 +170,89 @@ def test_a_background_failure_nobody_was_told_of_fails_the_next_save_once(
         saves.save(saver, {"weights": torch.ones(2)})
     saves.save(saver, {"weights": torch.ones(2)}, {"step": 3})
     assert [metadata for _, metadata in saver.committed] == [{"step": 3}]
+
+
+HELD = 30.0
+"""The longest a held save waits to be let go: never reached by a test that passes."""
+
+
+class HeldSaver(FakeSaver):
+    """A :class:`FakeSaver` whose saves in the background wait, before they prepare, until the
+    script's thread waits for a save in flight (or prepares one itself); its prepares and
+    commits logged in order."""
+
+    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        super().__init__(root)
+        self.log: list[str] = []
+        self.waited = threading.Event()
+        self._script = threading.current_thread()
+        real, waited = InFlight.wait, self.waited
+
+        def wait(in_flight: InFlight, reported_too: bool = True) -> None:
+            waited.set()
+            real(in_flight, reported_too)
+
+        monkeypatch.setattr(InFlight, "wait", wait)
+
+    def _prepare(self, force_save: bool) -> str:
+        if threading.current_thread() is self._script:
+            self.waited.set()  # nothing else could let the save in flight go on now
+        else:
+            assert self.waited.wait(HELD)
+        path = super()._prepare(force_save)
+        self.log.append(f"prepare {Path(path).name}")
+        return path
+
+    def _commit(self, checkpoint_directory: str | Path, metadata: Mapping[str, Any] | None,
+                committed: Callable[[], None] = lambda: None) -> None:
+        super()._commit(checkpoint_directory, metadata, committed)
+        self.log.append(f"commit {Path(checkpoint_directory).name}")
+
+
+@NEEDS_STAGER
+def test_the_next_save_waits_for_the_save_in_flight_before_it_prepares(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    saves, saver = DcpSaves(FakeCoordinator(), "sync_any"), HeldSaver(tmp_path, monkeypatch)
+    saves.save(saver, {"weights": torch.ones(2)}, {"step": 1}, asynchronous=True)
+    saves.save(saver, {"weights": torch.ones(2)}, {"step": 2})
+    assert saver.log == ["prepare checkpoint_0", "commit checkpoint_0",
+                         "prepare checkpoint_1", "commit checkpoint_1"]
+
+
+@NEEDS_STAGER
+def test_a_load_waits_for_the_save_in_flight_and_reads_what_it_committed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    saves, saver = DcpSaves(FakeCoordinator(), "sync_any"), HeldSaver(tmp_path, monkeypatch)
+    saves.save(saver, {"weights": torch.arange(3.0)}, {"step": 1}, asynchronous=True)
+    loaded = {"weights": torch.zeros(3)}
+    try:
+        assert saves.load(saver, loaded) == {"step": 1}
+    finally:
+        saver.waited.set()
+        saves.wait()
+    assert torch.equal(loaded["weights"], torch.arange(3.0))
+
+
+@NEEDS_STAGER
+def test_the_stop_s_own_asynchronous_save_is_committed_before_save_returns(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dcp, "stopping", lambda: True)
+    saves, saver = DcpSaves(FakeCoordinator(), "sync_any"), HeldSaver(tmp_path, monkeypatch)
+    try:
+        handle = saves.save(saver, {"weights": torch.ones(2)}, {"step": 9}, asynchronous=True)
+        assert handle.done() and [metadata for _, metadata in saver.committed] == [{"step": 9}]
+    finally:
+        saver.waited.set()
+        saves.wait()
+
+
+def test_a_full_disk_on_any_rank_of_a_dcp_save_is_disk_full_in_one_line(tmp_path: Path) -> None:
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    full = OSError(errno.ENOSPC, "No space left on device")
+    failed = CheckpointException("save failed", {0: (ValueError("x"), None), 3: (full, None)})
+    raised = disk_full_or(failed, str(tmp_path / "checkpoint_4"))
+    assert isinstance(raised, DiskFull) and raised.errno == errno.ENOSPC
+    assert "\n" not in str(raised) and "writing checkpoint_4" in str(raised)
+    other = CheckpointException("save failed", {1: (ValueError("a bad tensor"), None)})
+    assert disk_full_or(other, str(tmp_path)) is other
