@@ -171,7 +171,7 @@ class Runner:
 
     def _watch(self, process: subprocess.Popen[bytes], record: RunRecord,
                pending: list[Interruption], count_delay: float) -> int:
-        capture, beacons = record.capture, self._beacons(record.capture.root)
+        capture, beacons = record.capture, self._beacons(record)
         stopping, shown, began = False, 0.0, time.monotonic()
         stop_sent = began
         first_seen: dict[int, int] | None = {}  # pid -> its first step; None once one stepped
@@ -199,11 +199,14 @@ class Runner:
             record.resumes[-1] = _resumed_from(record.resumes[-1], capture)
         return code
 
-    def _beacons(self, root: Path) -> Path:
-        """Where the workers of ``cycle run`` on ``root`` keep their beacons (node 0's
-        runtime directory, in the ``--memory-dir`` the user's options name, if any)."""
+    def _beacons(self, record: RunRecord) -> Path:
+        """Where the workers of ``cycle run`` for ``record`` keep their beacons (node 0's
+        runtime directory, in the ``--memory-dir`` the user's options name, if any: a relative
+        one is taken from the run's working directory, as ``cycle run`` there takes it)."""
         memory_dir = _option_value(self.run_args, "--memory-dir")
-        directory = runtime_dir(root, 0, memory_dir, self.environ)
+        if memory_dir is not None:
+            memory_dir = os.path.join(record.workdir, memory_dir)
+        directory = runtime_dir(record.capture.root, 0, memory_dir, self.environ)
         return NodeFiles.in_directory(directory, 0).progress_dir
 
     def _interrupt(self, process: subprocess.Popen[bytes], record: RunRecord,
