@@ -70,6 +70,9 @@ CAUSES: dict[str, tuple[str, str]] = {
                      "batches that are multiples of N (.grad is not in any checkpoint, so a "
                      "resume in the middle of an accumulation loses what was summed) "
                      f"({DOCS}#gradient-accumulation)"),
+    "not_loaded": ("the checkpoint, never loaded", "at start, load the newest checkpoint "
+                   "(saver.latest_checkpoint()) with everything in it, the step counter "
+                   f"included, before the first step ({DOCS}#loading-the-checkpoint)"),
     "model": ("the model alone", "save model.state_dict() and load it on resume; a buffer "
               "registered with persistent=False or a plain attribute is not in it "
               f"({DOCS}#the-model-alone)"),

@@ -146,6 +146,8 @@ def _verify(options: VerifyOptions, runner: Runner, seed: int,
                              go_on=deterministic_so_far)
     result.runs.append(interrupted)
     if result.verdict == IDENTICAL:
+        _went_back(reference, interrupted, result, ignored)
+    if result.verdict == IDENTICAL:
         last = _compare(reference, interrupted, result, compared, ignored)
         if result.verdict == IDENTICAL and interrupted.finished:
             _compare_ends(reference, interrupted, result, last, {key for _, key in ignored})
@@ -225,6 +227,54 @@ def _compare(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
             _differs(result, interrupted, pair, diff)
             return diff
     return diff
+
+
+def went_back(interrupted: RunRecord) -> tuple[Captured, Resume] | None:
+    """The first checkpoint a resumed start committed at a step before the one it resumed from,
+    and that resume: the start went back (it loaded no checkpoint, or not its step counter)."""
+    for checkpoint in interrupted.capture.kept:
+        if checkpoint.segment == 0 or checkpoint.step is None \
+                or checkpoint.segment > len(interrupted.resumes):
+            continue
+        resume = interrupted.resumes[checkpoint.segment - 1]
+        if resume.from_step is not None and checkpoint.step < resume.from_step:
+            return checkpoint, resume
+    return None
+
+
+def _went_back(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
+               ignored: set[tuple[str, tuple[str, ...]]]) -> None:
+    """DIFFERENT when a resumed start went back (:func:`went_back`). Pairing by step would
+    take its later commits for the reference's and find them equal: a script that never loads
+    its checkpoint trains each start from step 0, deterministically, to the same end. Its
+    commit equal to the reference's at that step means nothing was loaded; else the step
+    counter was lost."""
+    found = went_back(interrupted)
+    if found is None:
+        return
+    checkpoint, resume = found
+    same = [c for c in reference.capture.kept
+            if (c.step, c.manifest.epoch) == (checkpoint.step, checkpoint.manifest.epoch)]
+    files = sorted(checkpoint.manifest.files)
+    diff = CheckpointDiff([], tensors=0) if not same else compare_checkpoints(
+        same[-1].path, checkpoint.path, sorted({*same[-1].manifest.files, *files}),
+        trusted=True).without(ignored)
+    back = (resume.from_step or 0) - (checkpoint.step or 0)
+    step = Difference("the commit's metadata", ("step",), "values", largest=float(back),
+                      scalar=True)
+    name = "not_loaded" if same and diff.identical else "counters"
+    part, fix = CAUSES[name]
+    why = (f"after resuming from the checkpoint of step {resume.from_step}, the run committed "
+           f"step {checkpoint.step} again" + (
+               ", equal to the uninterrupted run's: it started over from step 0 without "
+               "loading the checkpoint" if name == "not_loaded" else
+               ": its step counter went back"))
+    result.verdict = DIFFERENT
+    result.compared.append((f"step {checkpoint.step}", checkpoint.segment, False))
+    result.first = FirstDifference(
+        None, f"step {checkpoint.step}", checkpoint.name,
+        CheckpointDiff([step, *diff.differences], diff.keys, diff.tensors, diff.skipped),
+        Cause(name, part, why, fix, step), resume, checkpoint.segment)
 
 
 def _compare_ends(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,

@@ -1,0 +1,41 @@
+"""The parts of a verify session that judge the runs without starting any: a resumed start
+that went back."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from cycler.checkpoint.manifest import Manifest
+from cycler.verify.capture import Capture, Captured
+from cycler.verify.plan import STOP, Interruption
+from cycler.verify.runner import Resume, RunRecord
+from cycler.verify.session import went_back
+
+
+def run_with(tmp_path: Path, commits: list[tuple[int, int]], resumed_from: list[int]) -> RunRecord:
+    """A run whose (step, segment) commits and whose resumes' steps are given."""
+    capture = Capture(tmp_path / "root", tmp_path / "kept")
+    for index, (step, segment) in enumerate(commits):
+        manifest = Manifest(index=index, files={}, created_at=time.time(), step=step)
+        capture.kept.append(Captured(tmp_path / str(index), f"c{index}", manifest, segment))
+    record = RunRecord("interrupted", capture, tmp_path / "log", tmp_path / "work")
+    record.resumes = [Resume(Interruption(STOP, step), step, step, f"c{step}")
+                      for step in resumed_from]
+    return record
+
+
+def test_a_start_that_commits_a_step_before_the_one_it_resumed_from_went_back(
+        tmp_path: Path) -> None:
+    # A script that never loads its checkpoint: the second start commits 10 and 20 again.
+    record = run_with(tmp_path, [(10, 0), (20, 0), (25, 0), (10, 1), (20, 1), (30, 1)], [25])
+    found = went_back(record)
+    assert found is not None
+    checkpoint, resume = found
+    assert (checkpoint.name, checkpoint.step, resume.from_step) == ("c3", 10, 25)
+
+
+def test_starts_that_go_on_from_their_resume_did_not_go_back(tmp_path: Path) -> None:
+    # Going on from the resumed step, a stop's checkpoint at a periodic step included.
+    record = run_with(tmp_path, [(10, 0), (20, 0), (20, 0), (30, 1), (34, 1), (40, 2)], [20, 34])
+    assert went_back(record) is None
