@@ -73,6 +73,10 @@ CAUSES: dict[str, tuple[str, str]] = {
     "not_loaded": ("the checkpoint, never loaded", "at start, load the newest checkpoint "
                    "(saver.latest_checkpoint()) with everything in it, the step counter "
                    f"included, before the first step ({DOCS}#loading-the-checkpoint)"),
+    "unsaved": ("state the checkpoint does not hold", "save every object that changes while "
+                "training (an EMA of the weights, a buffer registered with persistent=False, a "
+                "variable of the script's own) in the checkpoint and load it on resume "
+                f"({DOCS}#state-the-checkpoint-does-not-hold)"),
     "model": ("the model alone", "save model.state_dict() and load it on resume; a buffer "
               "registered with persistent=False or a plain attribute is not in it "
               f"({DOCS}#the-model-alone)"),
@@ -110,16 +114,31 @@ def name_cause(diff: CheckpointDiff, *, world_size: int, files: Iterable[str],
     upstream = _upstream(diff.differences, differing)
     if upstream is not None:
         name, why, evidence = upstream
-    elif checkpoint is not None and "scheduler" not in saved:
+    elif checkpoint is not None and "scheduler" not in saved \
+            and not _no_scheduler(checkpoint.keys):
         name, evidence = "scheduler", None
         why = ("the last checkpoint is identical and the end of training differs: state the "
                "checkpoint does not hold acted after it, and it holds no scheduler (whose "
                "learning rate changes with the step)")
+    elif checkpoint is not None:
+        name, evidence = "unsaved", None
+        why = (f"the last checkpoint is identical and the end of training differs in "
+               f"{', '.join(sorted({d.file for d in diff.differences}))}: state the checkpoint "
+               "does not hold acted after it (not a scheduler: "
+               + ("the checkpoint saves it" if "scheduler" in saved else "the saved optimizer's "
+                  "param_groups carry no initial_lr, which every torch scheduler sets") + ")")
     else:
         (name, why), evidence = _unsaved(differing, saved, world_size, list(files),
                                          (checkpoint or diff).keys), None
     part, fix = CAUSES[name]
     return Cause(name, part, why, fix, evidence)
+
+
+def _no_scheduler(keys: Iterable[tuple[str, tuple[str, ...]]]) -> bool:
+    """Whether the checkpoint shows that no torch scheduler drives its optimizer: it saves the
+    optimizer's ``lr`` and no ``initial_lr`` (which every ``LRScheduler`` adds to it)."""
+    names = {key[-1] for file, key in keys if key and part_of(file, key) == "optimizer"}
+    return "lr" in names and "initial_lr" not in names
 
 
 def _upstream(differences: list[Difference],

@@ -173,3 +173,30 @@ def test_a_script_s_own_optimizer_that_differs_with_every_input_equal_is_still_n
     assert cause_of(tmp_path, {"train.pt": train_state(), "rank-0.pt": rank_state()},
                     {"train.pt": train_state(model=1.5, momentum=0.7),
                      "rank-0.pt": rank_state()}) == "optimizer"
+
+
+def end_cause(tmp_path: Path, checkpoint: dict[str, Any], end: tuple[Any, Any]) -> str:
+    """The cause named when the last checkpoint (``checkpoint``, equal in both runs) is
+    identical and the runs' ``ema.pt`` at the end differs."""
+    for name, value in (("a", end[0]), ("b", end[1])):
+        (tmp_path / name).mkdir()
+        torch.save(checkpoint, tmp_path / name / "train.pt")
+        torch.save(value, tmp_path / name / "ema.pt")
+    last = compare_checkpoints(tmp_path / "a", tmp_path / "b", ["train.pt"])
+    diff = compare_checkpoints(tmp_path / "a", tmp_path / "b", ["ema.pt"])
+    assert last.identical and not diff.identical
+    return name_cause(diff, world_size=1, files=["ema.pt"], checkpoint=last).name
+
+
+def test_only_the_end_differing_names_the_unsaved_scheduler_where_one_may_drive_the_optimizer(
+        tmp_path: Path) -> None:
+    scheduled = train_state()
+    scheduled["optimizer"]["param_groups"][0]["initial_lr"] = 0.1  # a torch scheduler's mark
+    assert end_cause(tmp_path, scheduled, (torch.ones(2), torch.zeros(2))) == "scheduler"
+
+
+def test_only_the_end_differing_with_no_scheduler_anywhere_names_unsaved_state(
+        tmp_path: Path) -> None:
+    # An EMA of the weights, never saved, written at the end: verify blamed a scheduler the
+    # script does not have (its optimizer holds no initial_lr).
+    assert end_cause(tmp_path, train_state(), (torch.ones(2), torch.zeros(2))) == "unsaved"
