@@ -357,6 +357,14 @@ def nondeterminism(diff: CheckpointDiff) -> Cause:
                      "seed every generator from a fixed seed (torch.manual_seed(seed), the "
                      "sampler's seed=, the DataLoader's generator=) "
                      "(docs/verify.md#a-nondeterministic-script)", shown)
+    if not any(part_of(file, key) == "rng" for file, key in diff.keys):
+        return Cause("unseeded", "unseeded randomness or nondeterministic kernels", "the "
+                     "tensors differ between two runs that were never interrupted, and the "
+                     "checkpoint holds no RNG state to tell whether the random streams did",
+                     "seed every generator from a fixed seed (torch.manual_seed(seed), the "
+                     "sampler's seed=, the DataLoader's generator=); if they are, "
+                     "torch.use_deterministic_algorithms(True) and "
+                     "CUBLAS_WORKSPACE_CONFIG=:4096:8 (docs/verify.md#a-nondeterministic-script)")
     return Cause("kernels", "nondeterministic kernels", "the RNG and data are equal but the "
                  "tensors differ between two runs that were never interrupted",
                  "torch.use_deterministic_algorithms(True) and CUBLAS_WORKSPACE_CONFIG=:4096:8 "

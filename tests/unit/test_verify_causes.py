@@ -150,6 +150,18 @@ def test_two_uninterrupted_runs_that_differ_are_told_apart_by_what_differs(
     assert nondeterminism(kernels).name == "kernels"
 
 
+def test_two_uninterrupted_runs_whose_checkpoint_holds_no_rng_are_not_blamed_on_kernels(
+        tmp_path: Path) -> None:
+    # Dropout seeded from the clock, no RNG saved: only the weights differ, and verify said
+    # "nondeterministic kernels" (equal RNG) for an RNG it never saw.
+    for name, model in (("a", 1.0), ("b", 2.0)):
+        (tmp_path / name).mkdir()
+        torch.save(train_state(model=model), tmp_path / name / "train.pt")
+    diff = compare_checkpoints(tmp_path / "a", tmp_path / "b", ["train.pt"])
+    cause = nondeterminism(diff)
+    assert cause.name == "unseeded" and "no RNG state" in cause.why
+
+
 def lightning_checkpoint(model: float, momentum: float) -> dict[str, Any]:
     return {"state_dict": {"layer.weight": torch.full((3, 2), model)},
             "optimizer_states": [{"state": {0: {"momentum_buffer": torch.full((3, 2), momentum)}},
