@@ -106,6 +106,16 @@ def test_an_integer_under_a_time_name_is_a_counter_and_a_float_there_a_wall_cloc
     assert record_value(("created_at",), "2026-11-27", "2026-11-28")
 
 
+def test_a_tensor_under_a_time_like_name_is_state_not_a_wall_clock_time() -> None:
+    # A diffusion model's time embedding or a TTS duration predictor: their weights were left
+    # out of every comparison as "a wall-clock time", so a resume that changed only them was
+    # IDENTICAL.
+    for key in ("time_embedding.linear_1.weight", "duration_predictor.0.bias", "t_at"):
+        assert record_value(("model", key), torch.ones(2), torch.zeros(2)) is None, key
+    assert record_value(("time_embed",), torch.ones(2), None) is None
+    assert record_value(("time_elapsed",), 1.5, 2.5)  # a clock's float stays a record
+
+
 def test_what_two_uninterrupted_runs_differ_in_is_a_record_unless_rng_data_or_a_tensor(
         tmp_path: Path) -> None:
     for name, clock in (("a", 1.0), ("b", 2.0)):
