@@ -95,13 +95,30 @@ _RANK_FILE = re.compile(r"(?:rank|rng_state|rng|random_states)[-_]?(\d+)")
 Accelerate's ``random_states_N.pkl``."""
 
 
-def part_of(file: str, key: tuple[str, ...]) -> str:
-    """Which part of the training state a leaf belongs to (``model`` when nothing else fits)."""
+_NEVER_FLOATING = ("rng", "data", "counters")
+"""Parts whose leaves are never floating-point tensors (RNG states are bytes or integers)."""
+
+
+def part_of(file: str, key: tuple[str, ...], floating: bool = False) -> str:
+    """Which part of the training state a leaf belongs to (``model`` when nothing else fits).
+    ``floating``: the leaf is a floating-point tensor, so not an RNG state, a data position or
+    a counter whatever its name says (a GAN's ``generator.0.weight``, ``upsamplers``)."""
     words = [word.lower() for word in (*key, file.rsplit(".", 1)[0])]
     for part, pattern in _PARTS:
+        if floating and part in _NEVER_FLOATING:
+            continue
         if any(pattern.search(word) for word in words):
             return part
     return "model"
+
+
+def part_of_difference(difference: Difference) -> str:
+    return part_of(difference.file, difference.key, difference.floating)
+
+
+def saved_parts(diff: CheckpointDiff) -> set[str]:
+    """The parts a checkpoint saves at all (its leaves' parts)."""
+    return {part_of(file, key, (file, key) in diff.weights) for file, key in diff.keys}
 
 
 def name_cause(diff: CheckpointDiff, *, world_size: int, files: Iterable[str],
@@ -109,8 +126,8 @@ def name_cause(diff: CheckpointDiff, *, world_size: int, files: Iterable[str],
     """The likely cause of ``diff``, the first differences after a resume. ``checkpoint``: the
     last committed checkpoint, compared identical, when ``diff`` is the end of training (files
     the script wrote after its last checkpoint, which may hold the model alone)."""
-    differing = {part_of(d.file, d.key) for d in diff.differences}
-    saved = {part_of(file, key) for file, key in (checkpoint or diff).keys}
+    differing = {part_of_difference(d) for d in diff.differences}
+    saved = saved_parts(checkpoint or diff)
     upstream = _upstream(diff.differences, differing)
     if upstream is not None:
         name, why, evidence = upstream
@@ -154,17 +171,17 @@ def _upstream(differences: list[Difference],
                                        "ahead: a DataLoader without a generator drew its "
                                        "workers' seed from it when iterated after the "
                                        "resume"), drawn
-        shown = first(lambda d: part_of(d.file, d.key) == "rng")
+        shown = first(lambda d: part_of_difference(d) == "rng")
         assert shown is not None
         return "rng", "the saved RNG state differs from the uninterrupted run's", shown
     for part in ("data", "scheduler", "scaler", "counters"):
-        shown = next((d for d in differences if part_of(d.file, d.key) == part), None)
+        shown = next((d for d in differences if part_of_difference(d) == part), None)
         if shown is not None:
             return part, "it differs from the uninterrupted run's", shown
     shown = first(_is_learning_rate)
     if shown is not None:
         return "scheduler", "the learning rate differs and no saved scheduler explains it", shown
-    shown = first(lambda d: part_of(d.file, d.key) == "optimizer" and (
+    shown = first(lambda d: part_of_difference(d) == "optimizer" and (
         not d.is_tensor or d.key[-1] == "step"))
     if shown is not None:
         return "optimizer", "the optimizer's own bookkeeping (param_groups, step) differs", shown
@@ -209,7 +226,7 @@ def _unsaved(differing: set[str], saved: set[str], world_size: int,
 
 
 def _is_learning_rate(d: Difference) -> bool:
-    return part_of(d.file, d.key) == "optimizer" and bool(d.key) and d.key[-1] in (
+    return part_of_difference(d) == "optimizer" and bool(d.key) and d.key[-1] in (
         "lr", "initial_lr")
 
 

@@ -56,6 +56,10 @@ class Difference:
     """Why the value is a record of the run rather than its state (:mod:`.records`)."""
     scalar: bool = False
     """Both values are plain numbers or strings (not tensors, arrays or containers)."""
+    floating: bool = False
+    """Both values are floating-point tensors: weights or statistics, never an RNG state, a
+    data position or a counter, whatever their names (a GAN's ``generator.*``, a U-Net's
+    ``downsamplers.*``)."""
 
     @property
     def is_tensor(self) -> bool:
@@ -78,6 +82,8 @@ class CheckpointDiff:
     """How many tensors the reference holds."""
     skipped: list[Skipped] = field(default_factory=list)
     """Files and values left out as records of the run (logs, times, paths)."""
+    weights: frozenset[tuple[str, tuple[str, ...]]] = frozenset()
+    """The (file, key path) of :attr:`keys` that hold floating-point tensors."""
 
     @property
     def identical(self) -> bool:
@@ -90,7 +96,7 @@ class CheckpointDiff:
     def without(self, ignored: set[tuple[str, tuple[str, ...]]]) -> CheckpointDiff:
         """The same comparison with the differences at ``ignored`` (file, key) leaves left out."""
         kept = [d for d in self.differences if (d.file, d.key) not in ignored]
-        return CheckpointDiff(kept, self.keys, self.tensors, self.skipped)
+        return replace(self, differences=kept)
 
     @property
     def largest(self) -> float | None:
@@ -108,6 +114,7 @@ def compare_checkpoints(reference: Path, resumed: Path, files: list[str], *,
     differences: list[Difference] = []
     keys: list[tuple[str, tuple[str, ...]]] = []
     skipped: list[Skipped] = []
+    weights: set[tuple[str, tuple[str, ...]]] = set()
     tensors = 0
     for name in units(files):
         why = record_file(name, in_workdir=workdirs)
@@ -119,12 +126,14 @@ def compare_checkpoints(reference: Path, resumed: Path, files: list[str], *,
             if value is not None:  # a None holds no state: "rng": None saves no RNG
                 keys.append((name, key))
             tensors += isinstance(value, torch.Tensor)
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                weights.add((name, key))
         for difference in diff_objects(name, left, right):
             if difference.record is None:
                 differences.append(difference)
             else:
                 skipped.append(Skipped(difference.where(), difference.record))
-    return CheckpointDiff(differences, keys, tensors, skipped)
+    return CheckpointDiff(differences, keys, tensors, skipped, frozenset(weights))
 
 
 def units(files: list[str]) -> list[str]:
@@ -349,7 +358,8 @@ def _diff_tensors(file: str, key: tuple[str, ...], left: Any, right: Any) -> Ite
         return
     yield Difference(file, key, "values", largest=_largest(left, right),
                      elements=_elements_differing(left, right),
-                     one_draw_ahead=one_draw_ahead(left, right))
+                     one_draw_ahead=one_draw_ahead(left, right),
+                     floating=left.is_floating_point())
 
 
 def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:

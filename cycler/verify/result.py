@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cycler.verify.causes import Cause, part_of
+from cycler.verify.causes import Cause, part_of_difference
 from cycler.verify.compare import CheckpointDiff, Difference
 from cycler.verify.records import Skipped
 from cycler.verify.runner import Resume, RunRecord
@@ -54,7 +54,7 @@ class FirstDifference:
         return sorted(self.diff.differences, key=self._rank)[0]
 
     def _rank(self, difference: Difference) -> int:
-        part = part_of(difference.file, difference.key)
+        part = part_of_difference(difference)
         order = [self.cause.name, "model", "optimizer"]
         return order.index(part) if part in order else 3 + (part == "metrics")
 

@@ -18,13 +18,21 @@ import itertools
 import random
 import shutil
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cycler.errors import ConfigError, CyclerError
 from cycler.protocol.exit_codes import EXIT_USAGE
 from cycler.verify.capture import Captured
-from cycler.verify.causes import CAUSES, Cause, mid_accumulation, name_cause, part_of
+from cycler.verify.causes import (
+    CAUSES,
+    Cause,
+    mid_accumulation,
+    name_cause,
+    part_of,
+    part_of_difference,
+    saved_parts,
+)
 from cycler.verify.compare import (
     CheckpointDiff,
     Difference,
@@ -185,7 +193,8 @@ def idle_streams(first: Captured, last: Captured) -> set[tuple[str, tuple[str, .
     diff = compare_checkpoints(first.path, last.path, files, trusted=True)
     changed = {(d.file, d.key) for d in diff.differences}
     return {(file, key) for file, key in diff.keys
-            if part_of(file, key) == "rng" and (file, key) not in changed}
+            if part_of(file, key, (file, key) in diff.weights) == "rng"
+            and (file, key) not in changed}
 
 
 def seen_to_vary(diff: CheckpointDiff) -> list[Difference]:
@@ -193,7 +202,7 @@ def seen_to_vary(diff: CheckpointDiff) -> list[Difference]:
     numbers or strings outside the RNG and the data position (a wall-clock time, whatever its
     name). A tensor, an RNG state or a data position differing there is nondeterminism."""
     return [d for d in diff.differences
-            if d.scalar and part_of(d.file, d.key) not in ("rng", "data")]
+            if d.scalar and part_of_difference(d) not in ("rng", "data")]
 
 
 def _compare(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
@@ -273,7 +282,7 @@ def _went_back(reference: RunRecord, interrupted: RunRecord, result: VerifyResul
     result.compared.append((f"step {checkpoint.step}", checkpoint.segment, False))
     result.first = FirstDifference(
         None, f"step {checkpoint.step}", checkpoint.name,
-        CheckpointDiff([step, *diff.differences], diff.keys, diff.tensors, diff.skipped),
+        replace(diff, differences=[step, *diff.differences]),
         Cause(name, part, why, fix, step), resume, checkpoint.segment)
 
 
@@ -349,7 +358,7 @@ def _accumulation(interrupted: RunRecord, resume: Resume) -> Cause | None:
 
 def nondeterminism(diff: CheckpointDiff) -> Cause:
     """Which kind of nondeterminism two uninterrupted runs show."""
-    shown = next((d for d in diff.differences if part_of(d.file, d.key) in ("rng", "data")),
+    shown = next((d for d in diff.differences if part_of_difference(d) in ("rng", "data")),
                  None)
     if shown is not None:
         return Cause("unseeded", "unseeded randomness", "the RNG state or the data order "
@@ -357,7 +366,7 @@ def nondeterminism(diff: CheckpointDiff) -> Cause:
                      "seed every generator from a fixed seed (torch.manual_seed(seed), the "
                      "sampler's seed=, the DataLoader's generator=) "
                      "(docs/verify.md#a-nondeterministic-script)", shown)
-    if not any(part_of(file, key) == "rng" for file, key in diff.keys):
+    if "rng" not in saved_parts(diff):
         return Cause("unseeded", "unseeded randomness or nondeterministic kernels", "the "
                      "tensors differ between two runs that were never interrupted, and the "
                      "checkpoint holds no RNG state to tell whether the random streams did",

@@ -212,3 +212,19 @@ def test_only_the_end_differing_with_no_scheduler_anywhere_names_unsaved_state(
     # An EMA of the weights, never saved, written at the end: verify blamed a scheduler the
     # script does not have (its optimizer holds no initial_lr).
     assert end_cause(tmp_path, train_state(), (torch.ones(2), torch.zeros(2))) == "unsaved"
+
+
+def test_weights_named_like_a_generator_or_a_sampler_are_the_model_not_the_rng_or_data(
+        tmp_path: Path) -> None:
+    # A GAN's generator.* and a U-Net's downsamplers.* weights: named by their words, they were
+    # "the RNG streams" and "the data position" when a lost optimizer state changed them.
+    def gan(weights: float, momentum: float) -> dict[str, Any]:
+        state = train_state(momentum=momentum)
+        state["model"] = {"generator.0.weight": torch.full((2, 2), weights),
+                          "unet.downsamplers.0.conv.weight": torch.full((2,), weights)}
+        return state
+
+    assert part_of("train.pt", ("model", "generator.0.weight"), floating=True) == "model"
+    assert part_of("train.pt", ("model", "downsamplers.0.conv.weight"), floating=True) == "model"
+    assert cause_of(tmp_path, {"train.pt": gan(1.0, 0.5), "rank-0.pt": rank_state()},
+                    {"train.pt": gan(1.5, 0.7), "rank-0.pt": rank_state()}) == "optimizer"
