@@ -42,7 +42,7 @@ from cycler.verify.compare import (
     units,
 )
 from cycler.verify.matching import Pair, pair_checkpoints
-from cycler.verify.plan import Interruption, ReferenceShape, plan_interruptions
+from cycler.verify.plan import KILL, Interruption, ReferenceShape, plan_interruptions
 from cycler.verify.records import ONLY_ONE_RUN, VARIES, Skipped, record_file
 from cycler.verify.result import (
     DIFFERENT,
@@ -240,13 +240,20 @@ def _compare(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
 
 def went_back(interrupted: RunRecord) -> tuple[Captured, Resume] | None:
     """The first checkpoint a resumed start committed at a step before the one it resumed from,
-    and that resume: the start went back (it loaded no checkpoint, or not its step counter)."""
-    for checkpoint in interrupted.capture.kept:
+    and that resume: the start went back (it loaded no checkpoint, or not its step counter).
+    After a kill, the checkpoint before the newest: one committed as the kill landed may not
+    be the one its latest link names yet, and the restart resumes from the link's."""
+    kept = interrupted.capture.kept
+    for checkpoint in kept:
         if checkpoint.segment == 0 or checkpoint.step is None \
                 or checkpoint.segment > len(interrupted.resumes):
             continue
         resume = interrupted.resumes[checkpoint.segment - 1]
-        if resume.from_step is not None and checkpoint.step < resume.from_step:
+        bound = resume.from_step
+        if bound is not None and resume.interruption.kind == KILL:
+            bound = max((c.step for c in kept if c.segment < checkpoint.segment
+                         and c.step is not None and c.step < bound), default=None)
+        if bound is not None and checkpoint.step < bound:
             return checkpoint, resume
     return None
 

@@ -8,19 +8,20 @@ from pathlib import Path
 
 from cycler.checkpoint.manifest import Manifest
 from cycler.verify.capture import Capture, Captured
-from cycler.verify.plan import STOP, Interruption
+from cycler.verify.plan import KILL, STOP, Interruption
 from cycler.verify.runner import Resume, RunRecord
 from cycler.verify.session import went_back
 
 
-def run_with(tmp_path: Path, commits: list[tuple[int, int]], resumed_from: list[int]) -> RunRecord:
+def run_with(tmp_path: Path, commits: list[tuple[int, int]], resumed_from: list[int],
+             kind: str = STOP) -> RunRecord:
     """A run whose (step, segment) commits and whose resumes' steps are given."""
     capture = Capture(tmp_path / "root", tmp_path / "kept")
     for index, (step, segment) in enumerate(commits):
         manifest = Manifest(index=index, files={}, created_at=time.time(), step=step)
         capture.kept.append(Captured(tmp_path / str(index), f"c{index}", manifest, segment))
     record = RunRecord("interrupted", capture, tmp_path / "log", tmp_path / "work")
-    record.resumes = [Resume(Interruption(STOP, step), step, step, f"c{step}")
+    record.resumes = [Resume(Interruption(kind, step), step, step, f"c{step}")
                       for step in resumed_from]
     return record
 
@@ -39,3 +40,13 @@ def test_starts_that_go_on_from_their_resume_did_not_go_back(tmp_path: Path) -> 
     # Going on from the resumed step, a stop's checkpoint at a periodic step included.
     record = run_with(tmp_path, [(10, 0), (20, 0), (20, 0), (30, 1), (34, 1), (40, 2)], [20, 34])
     assert went_back(record) is None
+
+
+def test_a_kill_as_a_commit_landed_may_resume_from_the_checkpoint_before_it(
+        tmp_path: Path) -> None:
+    # Killed between the commit of step 30 and its latest link: the restart resumed from 20
+    # (and a stop's checkpoint of its own came at 25).
+    assert went_back(run_with(tmp_path, [(10, 0), (20, 0), (30, 0), (25, 1)], [30],
+                              kind=KILL)) is None
+    found = went_back(run_with(tmp_path, [(10, 0), (20, 0), (30, 0), (10, 1)], [30], kind=KILL))
+    assert found is not None and found[0].step == 10
