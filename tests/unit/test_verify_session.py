@@ -6,7 +6,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from cycler.checkpoint.manifest import Manifest
+import torch
+
+from cycler.checkpoint.manifest import FileRecord, Manifest
 from cycler.verify.capture import Capture, Captured
 from cycler.verify.plan import KILL, STOP, Interruption
 from cycler.verify.runner import Resume, RunRecord
@@ -50,3 +52,24 @@ def test_a_kill_as_a_commit_landed_may_resume_from_the_checkpoint_before_it(
                               kind=KILL)) is None
     found = went_back(run_with(tmp_path, [(10, 0), (20, 0), (30, 0), (10, 1)], [30], kind=KILL))
     assert found is not None and found[0].step == 10
+
+
+def test_a_start_without_steps_that_commits_a_data_position_from_before_its_resume_went_back(
+        tmp_path: Path) -> None:
+    # Checkpoints without a step are paired by data position, the later commit of a position
+    # winning: a script that never loads its checkpoint was IDENTICAL there too.
+    def run(*commits: tuple[int, int]) -> RunRecord:
+        record = run_with(tmp_path / str(commits), [], [])
+        for index, (progress, segment) in enumerate(commits):
+            directory = tmp_path / str(commits) / f"p{index}"
+            directory.mkdir(parents=True)
+            torch.save({"sampler": {"epoch": 0, "progress": progress}}, directory / "train.pt")
+            manifest = Manifest(index=index, files={"train.pt": FileRecord(1, "0")},
+                                created_at=time.time(), step=None)
+            record.capture.kept.append(Captured(directory, f"p{index}", manifest, segment))
+        record.resumes = [Resume(Interruption(STOP, None, after_checkpoints=2), -1, None, "p2")]
+        return record
+
+    found = went_back(run((16, 0), (32, 0), (40, 0), (16, 1), (32, 1)))
+    assert found is not None and found[0].name == "p3"
+    assert went_back(run((16, 0), (32, 0), (40, 0), (48, 1), (64, 1))) is None
