@@ -219,10 +219,23 @@ def _unsaved(differing: set[str], saved: set[str], world_size: int,
                               "position, the learning rate and the counters equal, and the "
                               "framework restores its optimizer itself: the batches differed, "
                               "drawn in an order the checkpoint does not hold")
+    if differing & {"optimizer"} and _counts_its_steps(saved_keys):
+        return "data_order", ("the model and optimizer differ with the RNG, the loader's "
+                              "position, the learning rate and the optimizer's own step "
+                              "counts equal (so it was restored): the gradients differed, from "
+                              "batches drawn in an order the checkpoint does not hold (or a "
+                              "model state it lacks)")
     if differing & {"optimizer"}:
         return "optimizer", ("the optimizer's state differs with every input to it (RNG, data "
                              "position, learning rate) equal")
     return "model", "only the model's tensors differ"
+
+
+def _counts_its_steps(keys: Iterable[tuple[str, tuple[str, ...]]]) -> bool:
+    """Whether the saved optimizer counts its steps per parameter (Adam's, AdamW's ``step``):
+    equal there, it was restored, since a fresh one counts from 0."""
+    return any(key and key[-1] == "step" and part_of(file, key, True) == "optimizer"
+               for file, key in keys)
 
 
 def _is_learning_rate(d: Difference) -> bool:

@@ -228,3 +228,18 @@ def test_weights_named_like_a_generator_or_a_sampler_are_the_model_not_the_rng_o
     assert part_of("train.pt", ("model", "downsamplers.0.conv.weight"), floating=True) == "model"
     assert cause_of(tmp_path, {"train.pt": gan(1.0, 0.5), "rank-0.pt": rank_state()},
                     {"train.pt": gan(1.5, 0.7), "rank-0.pt": rank_state()}) == "optimizer"
+
+
+def test_an_adam_whose_step_counts_agree_points_at_the_data_order_not_the_optimizer(
+        tmp_path: Path) -> None:
+    # DataLoader(shuffle=True, generator=g), g never saved: a resume in the second epoch drew
+    # the first epoch's order. Adam's per-parameter step counts agree, so it was restored, and
+    # "the optimizer" was a wrong cause.
+    def adam(weights: float, exp_avg: float) -> dict[str, Any]:
+        state = train_state(model=weights)
+        state["optimizer"]["state"] = {0: {"step": torch.tensor(16.0),
+                                           "exp_avg": torch.full((3, 2), exp_avg)}}
+        return state
+
+    assert cause_of(tmp_path, {"train.pt": adam(1.0, 0.5), "rank-0.pt": rank_state()},
+                    {"train.pt": adam(1.5, 0.7), "rank-0.pt": rank_state()}) == "data_order"
