@@ -158,7 +158,7 @@ def _verify(options: VerifyOptions, runner: Runner, seed: int,
     if result.verdict == IDENTICAL:
         last = _compare(reference, interrupted, result, compared, ignored)
         if result.verdict == IDENTICAL and interrupted.finished:
-            _compare_ends(reference, interrupted, result, last, {key for _, key in ignored})
+            compare_ends(reference, interrupted, result, last, {key for _, key in ignored})
     if result.verdict == IDENTICAL and not any(segment > 0 for _, segment, _ in result.compared):
         if plan and interrupted.finished and interrupted.starts == 1:
             raise NothingToVerify(f"the run ended (step {interrupted.last_step}) before its first "
@@ -313,7 +313,7 @@ def _same_moment(mine: Captured, theirs: Captured) -> bool:
     return mine.step is None and data_position(mine) == data_position(theirs)
 
 
-def _compare_ends(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
+def compare_ends(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
                   last: CheckpointDiff | None, varying: set[tuple[str, ...]]) -> None:
     """Compare what the two runs left in their working directories at the end of training
     (the files a script writes after its loop, ``final.pt``), when they left anything; the
@@ -330,8 +330,12 @@ def _compare_ends(reference: RunRecord, interrupted: RunRecord, result: VerifyRe
     diff = compare_checkpoints(reference.workdir, interrupted.workdir, files, trusted=True,
                                workdirs=True)
     diff = diff.without({(d.file, d.key) for d in diff.differences if d.key in varying})
-    result.note_skipped(diff.skipped)
     end = interrupted.last_step if interrupted.last_step >= 0 else None
+    if _state_shown_equal(diff, end, result.last_step_compared):
+        records = [d for d in diff.differences if d.scalar]
+        diff = diff.without({(d.file, d.key) for d in records})
+        result.note_skipped([Skipped(d.where(), AT_THE_END) for d in records])
+    result.note_skipped(diff.skipped)
     result.compared.append(("the end of training", interrupted.capture.segment, diff.identical))
     if diff.identical:
         if end is not None and diff.keys:
@@ -343,6 +347,20 @@ def _compare_ends(reference: RunRecord, interrupted: RunRecord, result: VerifyRe
     result.first = FirstDifference(end, "the end of training (the files the runs left in their "
                                    "working directories)", "work/", diff, cause, resume,
                                    len(interrupted.resumes))
+
+
+AT_THE_END = ("a number or string that differs at the end of training while the state is seen "
+              "equal there (every tensor the runs wrote, or a checkpoint of the last step): a "
+              "throughput, a timing, a run id")
+
+
+def _state_shown_equal(diff: CheckpointDiff, end: int | None, compared_to: int | None) -> bool:
+    """Whether the end files' differences can only be records: plain numbers or strings while
+    the training state is seen equal at the end (the end files hold tensors and none differs,
+    or the last checkpoint compared identical was taken at the run's last step)."""
+    if not diff.differences or not all(d.scalar for d in diff.differences):
+        return False
+    return diff.tensors > 0 or (end is not None and compared_to == end)
 
 
 def _files_in(directory: Path) -> list[str]:

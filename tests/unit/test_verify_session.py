@@ -1,8 +1,9 @@
 """The parts of a verify session that judge the runs without starting any: a resumed start
-that went back."""
+that went back; the end of training's records."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -11,8 +12,9 @@ import torch
 from cycler.checkpoint.manifest import FileRecord, Manifest
 from cycler.verify.capture import Capture, Captured
 from cycler.verify.plan import KILL, STOP, Interruption
+from cycler.verify.result import DIFFERENT, IDENTICAL, VerifyResult
 from cycler.verify.runner import Resume, RunRecord
-from cycler.verify.session import went_back
+from cycler.verify.session import compare_ends, went_back
 
 
 def run_with(tmp_path: Path, commits: list[tuple[int, int]], resumed_from: list[int],
@@ -73,3 +75,53 @@ def test_a_start_without_steps_that_commits_a_data_position_from_before_its_resu
     found = went_back(run((16, 0), (32, 0), (40, 0), (16, 1), (32, 1)))
     assert found is not None and found[0].name == "p3"
     assert went_back(run((16, 0), (32, 0), (40, 0), (48, 1), (64, 1))) is None
+
+
+def ends(tmp_path: Path, final: tuple[float, float], metrics: tuple[dict, dict],
+         compared_to: int | None = None) -> VerifyResult:
+    """The end comparison of two runs that wrote final.pt (unless ``final`` is empty) and
+    metrics.json in their working directories, the last checkpoint compared at ``compared_to``
+    of their 60 steps."""
+    runs = []
+    for name, weight, values in zip(("reference", "interrupted"), final, metrics, strict=True):
+        work = tmp_path / name / "work"
+        work.mkdir(parents=True)
+        torch.save({"w": torch.full((2,), weight)}, work / "final.pt")
+        (work / "metrics.json").write_text(json.dumps(values))
+        run = RunRecord(name, Capture(tmp_path / name / "root", tmp_path / name / "kept"),
+                        tmp_path / name / "log", work)
+        run.last_step = 60
+        runs.append(run)
+    result = VerifyResult(IDENTICAL, runs, 0, tmp_path, last_step_compared=compared_to)
+    compare_ends(runs[0], runs[1], result, None, set())
+    return result
+
+
+def test_a_throughput_or_run_id_at_the_end_is_a_record_when_every_tensor_there_is_equal(
+        tmp_path: Path) -> None:
+    # metrics.json's tokens_per_sec and a random run id made an exact resume DIFFERENT.
+    result = ends(tmp_path, (1.0, 1.0), ({"loss": 0.5, "tokens_per_sec": 812.4, "id": "a1"},
+                                         {"loss": 0.5, "tokens_per_sec": 790.1, "id": "b2"}))
+    assert result.verdict == IDENTICAL
+    assert sorted(next(iter(result.skipped.values()))) == ["metrics.json: id",
+                                                            "metrics.json: tokens_per_sec"]
+
+
+def test_numbers_at_the_end_still_differ_where_a_tensor_there_differs(tmp_path: Path) -> None:
+    result = ends(tmp_path, (1.0, 2.0), ({"loss": 0.5}, {"loss": 0.7}))
+    assert result.verdict == DIFFERENT
+
+
+def test_numbers_at_the_end_differ_without_a_tensor_or_a_last_step_checkpoint_to_show_state(
+        tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    result = ends(tmp_path / "a", (1.0, 1.0), ({"lr": 0.1}, {"lr": 0.001}))
+    assert result.verdict == IDENTICAL  # final.pt equal: the lr did not act
+    for name in ("reference", "interrupted"):
+        (tmp_path / "a" / name / "work" / "final.pt").unlink()
+    result = VerifyResult(IDENTICAL, result.runs, 0, tmp_path, last_step_compared=50)
+    compare_ends(result.runs[0], result.runs[1], result, None, set())
+    assert result.verdict == DIFFERENT
+    result = VerifyResult(IDENTICAL, result.runs, 0, tmp_path, last_step_compared=60)
+    compare_ends(result.runs[0], result.runs[1], result, None, set())
+    assert result.verdict == IDENTICAL
