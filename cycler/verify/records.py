@@ -7,7 +7,7 @@ else (model, optimizer, scheduler, scaler, RNG, data position, an integration's 
 compared bit for bit. A pure function of names and values: the stacks' files are named here.
 
 - Whole files: logs (TensorBoard, ``*.log``, W&B, MLflow; in a working directory also
-  ``*.txt``, ``*.csv`` and plots: in a checkpoint a ``step.txt`` is state),
+  ``*.txt``, ``*.csv``, ``*.jsonl`` and plots: in a checkpoint a ``step.txt`` is state),
   files in a run's working directory that the other run did not write and whose names hold
   a number (a time, a pid, a start count), Lightning's ``version_N``
   folders (its logger and ModelCheckpoint write into a new one at each start), HF's
@@ -71,7 +71,7 @@ class Skipped:
 
 
 _WORKDIR_FILES: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"\.(txt|csv|tsv)$"), "a text or CSV log"),
+    (re.compile(r"\.(txt|csv|tsv|jsonl|ndjson)$"), "a text, CSV or JSON-lines log"),
     (re.compile(r"\.(png|jpe?g|svg|pdf|html)$"), "a plot or report"),
 ]
 """Records only in a run's working directory: inside a checkpoint a ``step.txt`` is state."""

@@ -75,6 +75,14 @@ def test_logs_and_lightning_version_folders_are_records_and_state_files_are_not(
         assert record_file(state) is None, state
 
 
+def test_a_json_lines_log_in_a_working_directory_is_a_record() -> None:
+    # A resumed run appends its lines again (with their times): its log.jsonl made an exact
+    # resume DIFFERENT at the end of training.
+    assert record_file("out/log.jsonl", in_workdir=True)
+    assert record_file("metrics.ndjson", in_workdir=True)
+    assert record_file("metrics.json", in_workdir=True) is None
+
+
 def test_values_are_records_only_when_named_or_shaped_as_times_logs_or_paths() -> None:
     assert record_value(("train_runtime",), 1.0, 2.0)
     assert record_value(("callbacks", "ModelCheckpoint", "dirpath"), "/a", "/b")
