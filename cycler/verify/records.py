@@ -57,7 +57,8 @@ _FILES: list[tuple[re.Pattern[str], str]] = [
 _LOGS = re.compile(r"^(log_history|logs?)$")
 _FLAGS = re.compile(r"^should_(training_stop|save|evaluate|log|epoch_stop)$")
 _TIMES = re.compile(r"(^|_)(time|times|timestamp|runtime|duration|elapsed|date|datetime|"
-                    r"wall|created|started|finished)($|_)|_per_second$|_at$")
+                    r"wall|created|started|finished|seconds|secs|throughput|mfu)($|_)|"
+                    r"_per_sec(ond)?s?$|_per_s$|_ms$|_at$")
 _PATH_FIELDS = re.compile(r"(^|_)(path|paths|dir|dirpath|directory|filename|filepath|"
                           r"best_model_checkpoint|checkpoint_path|output_dir|logging_dir)$")
 

@@ -107,6 +107,17 @@ def test_a_resume_from_the_middle_of_a_gradient_accumulation_is_named() -> None:
     assert mid_accumulation({}) is None
 
 
+def test_throughputs_and_durations_in_seconds_or_ms_are_wall_clock_readings() -> None:
+    # Written into a checkpoint only from the first evaluation on (after the determinism
+    # check's checkpoints), they made an exact resume DIFFERENT.
+    for name in ("eval_seconds", "last_eval_secs", "tokens_per_sec", "samples_per_s",
+                 "step_ms", "mfu", "throughput"):
+        assert record_value(("stats", name), 1.25, 1.5), name
+    for name in ("ms_ssim", "lr", "loss", "lr_s"):
+        assert record_value(("stats", name), 0.5, 0.6) is None, name
+    assert record_value(("stats", "seconds"), 5, 6) is None  # an integer: a counter
+
+
 def test_an_integer_under_a_time_name_is_a_counter_and_a_float_there_a_wall_clock_time() -> None:
     assert record_value(("time",), 5, 6) is None
     assert record_value(("optimizer", "timestamp"), 7, 8) is None
