@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from cycler._fs import pid_alive
-from cycler.checkpoint.memory_roots import runtime_dir
+from cycler.checkpoint.memory_roots import memory_base, memory_root, runtime_dir
 from cycler.errors import ConfigError, CyclerError
 from cycler.protocol.environment import ENV_VERIFY
 from cycler.protocol.exit_codes import EXIT_REQUEUE, EXIT_SUCCESS, EXIT_USAGE
@@ -126,7 +126,8 @@ class Runner:
         is left there, ``record.finished`` false)."""
         directory = self.scratch / name
         directory.mkdir(mode=0o700)
-        record = RunRecord(name, Capture(directory / "checkpoints", directory / "kept"),
+        root = directory / "checkpoints"
+        record = RunRecord(name, Capture(root, directory / "kept", self._memory_root(root)),
                            directory / "cycle-run.log", directory / "work")
         record.workdir.mkdir(mode=0o700)
         pending = list(interruptions)
@@ -198,6 +199,12 @@ class Runner:
         if stopping and record.resumes:
             record.resumes[-1] = _resumed_from(record.resumes[-1], capture)
         return code
+
+    def _memory_root(self, root: Path) -> Path:
+        """Where ``cycle run`` on ``root`` keeps its memory tier, if the user's options turn it
+        on (in the ``--memory-dir`` they name, if any)."""
+        return memory_root(memory_base(_option_value(self.run_args, "--memory-dir"),
+                                       self.environ), root)
 
     def _beacons(self, root: Path) -> Path:
         """Where the workers of ``cycle run`` on ``root`` keep their beacons (node 0's

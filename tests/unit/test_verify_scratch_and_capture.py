@@ -77,3 +77,19 @@ def test_capture_skips_a_torn_directory_and_keeps_it_once_committed(tmp_path: Pa
     saver.symlink_latest(directory, metadata={"step": 1})
     assert [c.step for c in capture.poll()] == [1]
     assert capture.poll() == []
+
+
+def test_capture_keeps_the_memory_tiers_checkpoints_once_and_misses_none_it_removed(
+        tmp_path: Path) -> None:
+    # Under --memory-dir the root held only the checkpoints the tier persisted (3 of 8 in a
+    # verify run): the others were never compared, and a kill's resume point was misreported.
+    root, memory = tmp_path / "root", tmp_path / "memory"
+    capture = Capture(root, tmp_path / "kept", memory)
+    in_memory, persisted = AtomicDirectory(memory, keep_last=1), AtomicDirectory(root)
+    for step in (4, 8, 12):
+        commit(in_memory, step)
+        capture.poll()
+    commit(persisted, 4)  # the root's copies carry the memory tier's names
+    commit(persisted, 8)
+    capture.poll()
+    assert [c.step for c in capture.kept] == [4, 8, 12] and capture.missed == []
