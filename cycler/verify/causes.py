@@ -77,9 +77,10 @@ CAUSES: dict[str, tuple[str, str]] = {
                 "training (an EMA of the weights, a buffer registered with persistent=False, a "
                 "variable of the script's own) in the checkpoint and load it on resume "
                 f"({DOCS}#state-the-checkpoint-does-not-hold)"),
-    "model": ("the model alone", "save model.state_dict() and load it on resume; a buffer "
-              "registered with persistent=False or a plain attribute is not in it "
-              f"({DOCS}#the-model-alone)"),
+    "model": ("the model alone, or a part saved beside it", "load every part the checkpoint "
+              "saves on resume (model.state_dict(), an EMA of the weights, a metric's state); "
+              "a buffer registered with persistent=False or a plain attribute is in no "
+              f"state_dict: save it too ({DOCS}#the-model-alone)"),
 }
 _PARTS: list[tuple[str, re.Pattern[str]]] = [
     ("rng", re.compile(r"rng|random|generator")),
@@ -145,8 +146,10 @@ def name_cause(diff: CheckpointDiff, *, world_size: int, files: Iterable[str],
                + ("the checkpoint saves it" if "scheduler" in saved else "the saved optimizer's "
                   "param_groups carry no initial_lr, which every torch scheduler sets") + ")")
     else:
-        (name, why), evidence = _unsaved(differing, saved, world_size, list(files),
-                                         (checkpoint or diff).keys), None
+        held = checkpoint or diff
+        trained = any(part_of(file, key, True) == "optimizer" for file, key in held.weights)
+        (name, why), evidence = _unsaved(differing, saved, world_size, list(files), held.keys,
+                                         trained), None
     part, fix = CAUSES[name]
     return Cause(name, part, why, fix, evidence)
 
@@ -200,9 +203,16 @@ def _framework_restores_optimizer(keys: Iterable[tuple[str, tuple[str, ...]]]) -
 
 
 def _unsaved(differing: set[str], saved: set[str], world_size: int,
-             files: list[str], saved_keys: Iterable[tuple[str, tuple[str, ...]]] = ()
-             ) -> tuple[str, str]:
-    """With nothing upstream differing: the part the checkpoint does not save at all."""
+             files: list[str], saved_keys: Iterable[tuple[str, tuple[str, ...]]] = (),
+             trained: bool = False) -> tuple[str, str]:
+    """With nothing upstream differing: the part the checkpoint does not save at all. An
+    optimizer whose saved tensors (``trained``: momentum, Adam's moments) are equal shows that
+    the gradients, so the RNG and the data, were equal: what differs then was not restored
+    itself (an EMA of the weights, a metric)."""
+    if trained and "optimizer" not in differing:
+        return "model", ("it differs with the optimizer equal, so with the gradients, the "
+                         "data and the RNG that fed them equal: it was saved but not restored "
+                         "as it was, or it is not in the checkpoint")
     if "rng" not in saved:
         return "rng", "the checkpoint holds no RNG state, so dropout and augmentation draw " \
                       "differently after a resume"

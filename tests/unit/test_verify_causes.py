@@ -243,3 +243,29 @@ def test_an_adam_whose_step_counts_agree_points_at_the_data_order_not_the_optimi
 
     assert cause_of(tmp_path, {"train.pt": adam(1.0, 0.5), "rank-0.pt": rank_state()},
                     {"train.pt": adam(1.5, 0.7), "rank-0.pt": rank_state()}) == "data_order"
+
+
+def test_an_ema_saved_but_not_restored_with_the_optimizer_equal_is_not_blamed_on_the_data(
+        tmp_path: Path) -> None:
+    # A nanoGPT-style loop (batches drawn from the RNG: no sampler) saving an EMA it does not
+    # load: with the optimizer equal, "the checkpoint holds no sampler" was a wrong cause.
+    def ema(value: float) -> dict[str, Any]:
+        state = train_state()
+        del state["sampler"]
+        return {**state, "ema": {"0.weight": torch.full((3, 2), value)}}
+
+    assert cause_of(tmp_path, {"train.pt": ema(1.0), "rank-0.pt": rank_state()},
+                    {"train.pt": ema(0.9), "rank-0.pt": rank_state()}) == "model"
+
+
+def test_an_sgd_without_momentum_holds_no_gradients_and_shows_nothing_equal(
+        tmp_path: Path) -> None:
+    # Its state holds no tensor: equal whatever the gradients, so no evidence that the RNG
+    # was equal; a checkpoint without RNG state still points at the RNG.
+    def plain_sgd(model: float) -> dict[str, Any]:
+        state = train_state(model=model)
+        state["optimizer"]["state"] = {}
+        return state
+
+    assert cause_of(tmp_path, {"train.pt": plain_sgd(1.0)},
+                    {"train.pt": plain_sgd(1.5)}) == "rng"
