@@ -166,10 +166,25 @@ def _verify(options: VerifyOptions, runner: Runner, seed: int,
                                   "interrupt; run more or longer steps (the runs are in "
                                   f"{runner.scratch})")
         raise NothingToVerify("no checkpoint after a resume could be compared with the "
-                              "reference's: commit more often or run longer (the runs are in "
-                              f"{runner.scratch})")
+                              f"reference's: {why_unpaired(reference, interrupted)} (the runs "
+                              f"are in {runner.scratch})")
     _note(result, reference, interrupted, plan_size=len(plan))
     return result
+
+
+def why_unpaired(reference: RunRecord, interrupted: RunRecord) -> str:
+    """Why no checkpoint after a resume has a counterpart, and what to do."""
+    after = [c.step for c in interrupted.capture.kept if c.segment > 0 and c.step is not None]
+    theirs = {c.step for c in reference.capture.kept}
+    if after and not theirs & set(after):
+        resumed = interrupted.resumes[0].from_step if interrupted.resumes else None
+        start = min(after) if resumed is None else resumed
+        shown = sorted(s for s in theirs if s is not None and s > start)[:5]
+        return (f"after its resume the interrupted run committed at steps {after[:5]}, the "
+                f"uninterrupted run at {shown}: no step in common (a schedule that follows the "
+                "clock shifts them, as does a StepControl whose state_dict is not restored); "
+                "commit at fixed steps (StepControl(every_steps=N)) and restore its state")
+    return "commit more often or run longer"
 
 
 def _plan(reference: RunRecord, options: VerifyOptions,

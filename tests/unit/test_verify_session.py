@@ -14,7 +14,7 @@ from cycler.verify.capture import Capture, Captured
 from cycler.verify.plan import KILL, STOP, Interruption
 from cycler.verify.result import DIFFERENT, IDENTICAL, VerifyResult
 from cycler.verify.runner import Resume, RunRecord
-from cycler.verify.session import compare_ends, went_back
+from cycler.verify.session import compare_ends, went_back, why_unpaired
 
 
 def run_with(tmp_path: Path, commits: list[tuple[int, int]], resumed_from: list[int],
@@ -99,12 +99,13 @@ def ends(tmp_path: Path, final: tuple[float, float], metrics: tuple[dict, dict],
 
 def test_a_throughput_or_run_id_at_the_end_is_a_record_when_every_tensor_there_is_equal(
         tmp_path: Path) -> None:
-    # metrics.json's tokens_per_sec and a random run id made an exact resume DIFFERENT.
-    result = ends(tmp_path, (1.0, 1.0), ({"loss": 0.5, "tokens_per_sec": 812.4, "id": "a1"},
-                                         {"loss": 0.5, "tokens_per_sec": 790.1, "id": "b2"}))
+    # metrics.json's throughput (a name of the script's own) and a random run id made an
+    # exact resume DIFFERENT.
+    result = ends(tmp_path, (1.0, 1.0), ({"loss": 0.5, "speed": 812.4, "id": "a1"},
+                                         {"loss": 0.5, "speed": 790.1, "id": "b2"}))
     assert result.verdict == IDENTICAL
     assert sorted(next(iter(result.skipped.values()))) == ["metrics.json: id",
-                                                            "metrics.json: tokens_per_sec"]
+                                                            "metrics.json: speed"]
 
 
 def test_numbers_at_the_end_still_differ_where_a_tensor_there_differs(tmp_path: Path) -> None:
@@ -125,3 +126,13 @@ def test_numbers_at_the_end_differ_without_a_tensor_or_a_last_step_checkpoint_to
     result = VerifyResult(IDENTICAL, result.runs, 0, tmp_path, last_step_compared=60)
     compare_ends(result.runs[0], result.runs[1], result, None, set())
     assert result.verdict == IDENTICAL
+
+
+def test_runs_that_commit_at_no_common_step_after_a_resume_are_told_why_not_to_run_longer(
+        tmp_path: Path) -> None:
+    # A clock-driven schedule (or a StepControl not restored) was told "commit more often".
+    reference = run_with(tmp_path / "r", [(10, 0), (20, 0), (30, 0), (40, 0)], [])
+    interrupted = run_with(tmp_path / "i", [(10, 0), (25, 0), (35, 1), (45, 1)], [25])
+    why = why_unpaired(reference, interrupted)
+    assert "[35, 45]" in why and "[30, 40]" in why and "no step in common" in why
+    assert why_unpaired(reference, run_with(tmp_path / "j", [(10, 0)], [])).startswith("commit")
