@@ -55,6 +55,13 @@ class Capture:
         self.segment = 0
         self._seen: set[str] = set()
 
+    def newest(self) -> Captured | None:
+        """The kept checkpoint of the latest step (the last kept where steps are unknown): under
+        the memory tier one persisted to the root may be kept after a newer one in memory."""
+        if not self.kept or any(c.step is None for c in self.kept):
+            return self.kept[-1] if self.kept else None
+        return max(reversed(self.kept), key=lambda c: c.step or 0)
+
     def poll(self) -> list[Captured]:
         """Keep what was committed since the last poll; returns the new ones."""
         new: list[Captured] = []

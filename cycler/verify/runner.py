@@ -242,7 +242,7 @@ def _due(planned: Interruption, record: RunRecord, readings: list[Reading],
 
 
 def _resumed_from(resume: Resume, capture: Capture) -> Resume:
-    latest = capture.kept[-1] if capture.kept else None
+    latest = capture.newest()
     return Resume(resume.interruption, resume.sent_at_step,
                   latest.step if latest else None, latest.name if latest else None)
 

@@ -461,7 +461,7 @@ def _note(result: VerifyResult, reference: RunRecord, interrupted: RunRecord,
                             "writes its final state (integrations and LoopState commit it "
                             "under verify; else save it, or write final.pt in the working "
                             "directory)")
-    ended, stopped = reference.capture.kept[-1].step, interrupted.capture.kept[-1].step
+    ended, stopped = (_newest_step(run) for run in (reference, interrupted))
     # A later last checkpoint may be a stop's; an earlier one means steps were skipped.
     if result.verdict == IDENTICAL and interrupted.finished and ended is not None \
             and stopped is not None and stopped < ended:
@@ -469,3 +469,8 @@ def _note(result: VerifyResult, reference: RunRecord, interrupted: RunRecord,
         result.notes.append(f"the interrupted run ended at step {stopped}, before the "
                             f"uninterrupted run's last checkpoint (step {ended}): "
                             f"{CAUSES['counters'][1]}")
+
+
+def _newest_step(run: RunRecord) -> int | None:
+    newest = run.capture.newest()
+    return None if newest is None else newest.step

@@ -93,3 +93,23 @@ def test_capture_keeps_the_memory_tiers_checkpoints_once_and_misses_none_it_remo
     commit(persisted, 8)
     capture.poll()
     assert [c.step for c in capture.kept] == [4, 8, 12] and capture.missed == []
+
+
+def test_the_newest_kept_checkpoint_is_the_latest_step_not_the_last_kept(tmp_path: Path) -> None:
+    # A root copy the memory tier persisted is kept after a newer one in memory: taken for the
+    # newest, it misreported a kill's resume point and could end a run "early".
+    root, memory = tmp_path / "root", tmp_path / "memory"
+    capture = Capture(root, tmp_path / "kept", memory)
+    in_memory, persisted = AtomicDirectory(memory, keep_last=1), AtomicDirectory(root)
+    commit(persisted, 4)
+    capture.poll()
+    commit(in_memory, 4)
+    commit(in_memory, 8)
+    capture.poll()
+    assert [c.step for c in capture.kept] == [4, 8]
+    in_memory_only = Capture(root, tmp_path / "kept2", memory)
+    commit(in_memory, 12)
+    in_memory_only.poll()  # memory: 12 (retention removed 8); root: 4, kept after it
+    assert [c.step for c in in_memory_only.kept] == [12, 4]
+    newest = in_memory_only.newest()
+    assert newest is not None and newest.step == 12
