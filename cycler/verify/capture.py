@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,8 +53,25 @@ class Capture:
         """The run's memory root, where the memory tier commits first (``None``: no tier)."""
         self.kept: list[Captured] = []
         self.missed: list[str] = []
-        self.segment = 0
+        self._starts: list[float] = []
+        """When each start after the first began (its interruption: a kill, or a stopped
+        start's exit), on the clock of the manifests' ``created_at``."""
         self._seen: set[str] = set()
+
+    @property
+    def segment(self) -> int:
+        """Which start of the run goes on now (0: the first)."""
+        return len(self._starts)
+
+    def next_segment(self) -> None:
+        """A new start begins now: checkpoints committed from now on belong to it."""
+        self._starts.append(time.time())
+
+    def segment_of(self, manifest: Manifest) -> int:
+        """The start that committed a checkpoint, by its commit time: one kept late (the root's
+        copy of a checkpoint the memory tier removed before it was seen) belongs to the start
+        that committed it, not to the one going on when it was kept."""
+        return sum(1 for start in self._starts if start <= manifest.created_at)
 
     def newest(self) -> Captured | None:
         """The kept checkpoint of the latest step (the last kept where steps are unknown): under
@@ -97,7 +115,7 @@ class Capture:
                 self.missed.append(f"{entry} ({problem})")
             return None
         self._seen.add(entry)
-        return Captured(target, entry, manifest, self.segment)
+        return Captured(target, entry, manifest, self.segment_of(manifest))
 
 
 def _prefixes(root: Path) -> list[str]:

@@ -146,7 +146,7 @@ class Runner:
                                     f"{record.log}; it ran in the empty directory "
                                     f"{record.workdir}: give the script's inputs as absolute "
                                     "paths)")
-                record.capture.segment += 1
+                record.capture.next_segment()
                 if not go_on(record):
                     break
         record.seconds = time.monotonic() - started
@@ -223,7 +223,7 @@ class Runner:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(victim.pid, signal.SIGKILL)
             record.resumes.append(_resumed_from(resume, record.capture))
-            record.capture.segment += 1
+            record.capture.next_segment()
             return False
         process.send_signal(signal.SIGTERM)
         record.resumes.append(resume)

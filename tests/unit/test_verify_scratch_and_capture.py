@@ -113,3 +113,15 @@ def test_the_newest_kept_checkpoint_is_the_latest_step_not_the_last_kept(tmp_pat
     assert [c.step for c in in_memory_only.kept] == [12, 4]
     newest = in_memory_only.newest()
     assert newest is not None and newest.step == 12
+
+
+def test_a_checkpoint_kept_after_a_resume_belongs_to_the_start_that_committed_it(
+        tmp_path: Path) -> None:
+    # Kept late (the root's copy of one the memory tier removed before it was seen), it was
+    # taken for the resumed start's, a step behind the resume: a start that went back.
+    root = tmp_path / "root"
+    capture, saver = Capture(root, tmp_path / "kept"), AtomicDirectory(root)
+    commit(saver, 4)
+    capture.next_segment()  # the stop's start ended after that commit; it is seen only now
+    commit(saver, 8)
+    assert [(c.step, c.segment) for c in capture.poll()] == [(4, 0), (8, 1)]
