@@ -88,6 +88,8 @@ class VerifyResult:
     """Where the runs are kept (``None``: removed, they were identical)."""
     compared: list[tuple[str, int, bool]] = field(default_factory=list)
     """Every moment compared: (``step 24``, the interrupted run's segment, identical)."""
+    paired: set[tuple[Path, Path]] = field(default_factory=set)
+    """The checkpoints compared so far (the reference's, the interrupted run's)."""
     first: FirstDifference | None = None
     notes: list[str] = field(default_factory=list)
     determinism_checked: int = 0

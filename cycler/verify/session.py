@@ -18,7 +18,7 @@ import itertools
 import random
 import shutil
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from cycler.errors import ConfigError, CyclerError
@@ -41,8 +41,8 @@ from cycler.verify.compare import (
     load_unit,
     units,
 )
-from cycler.verify.matching import Pair, data_position, pair_checkpoints
-from cycler.verify.plan import KILL, Interruption, ReferenceShape, plan_interruptions
+from cycler.verify.matching import Pair, pair_checkpoints
+from cycler.verify.plan import Interruption, ReferenceShape, plan_interruptions
 from cycler.verify.records import ONLY_ONE_RUN, VARIES, Skipped, record_file
 from cycler.verify.result import (
     DIFFERENT,
@@ -53,6 +53,7 @@ from cycler.verify.result import (
 )
 from cycler.verify.runner import Progress, Resume, Runner, RunRecord
 from cycler.verify.scratch import make_scratch
+from cycler.verify.went_back import judge_went_back
 
 NEEDS = ("verify compares the checkpoints a run commits with cycler's savers: save with "
          "AtomicDirectory(default_checkpoint_root()) and commit at least "
@@ -147,16 +148,16 @@ def _verify(options: VerifyOptions, runner: Runner, seed: int,
     def deterministic_so_far(interrupted: RunRecord) -> bool:
         if not options.determinism_check or interrupted.capture.segment != 1:
             return True
-        _compare(reference, interrupted, result, compared, ignored, segments=1)
+        compare_pairs(reference, interrupted, result, compared, ignored, segments=1)
         return result.verdict == IDENTICAL
 
     interrupted = runner.run("interrupted", plan, count_delay=count_delay,
                              go_on=deterministic_so_far)
     result.runs.append(interrupted)
     if result.verdict == IDENTICAL:
-        _went_back(reference, interrupted, result, ignored)
+        judge_went_back(reference, interrupted, result, ignored)
     if result.verdict == IDENTICAL:
-        last = _compare(reference, interrupted, result, compared, ignored)
+        last = compare_pairs(reference, interrupted, result, compared, ignored)
         if result.verdict == IDENTICAL and interrupted.finished:
             compare_ends(reference, interrupted, result, last, {key for _, key in ignored})
     if result.verdict == IDENTICAL and not any(segment > 0 for _, segment, _ in result.compared):
@@ -220,7 +221,7 @@ def seen_to_vary(diff: CheckpointDiff) -> list[Difference]:
             if d.scalar and part_of_difference(d) not in ("rng", "data")]
 
 
-def _compare(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
+def compare_pairs(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
              compared: Compared, ignored: set[tuple[str, tuple[str, ...]]],
              segments: int | None = None) -> CheckpointDiff | None:
     """Compare the pairs not compared yet (of the first ``segments`` only), oldest first,
@@ -228,12 +229,16 @@ def _compare(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
     grows by what two uninterrupted runs are seen to vary in (:func:`seen_to_vary`)."""
     diff = None
     done = len(result.compared)
-    pairs = pair_checkpoints(reference.capture.kept, interrupted.capture.kept)[done:]
+    # Not the first ``done`` pairs: a checkpoint kept after the determinism check (the memory
+    # tier's, seen late) may pair before the pairs it compared.
+    pairs = [pair for pair in pair_checkpoints(reference.capture.kept, interrupted.capture.kept)
+             if (pair.reference.path, pair.interrupted.path) not in result.paired]
     if segments is not None:
         pairs = [pair for pair in pairs if pair.interrupted.segment < segments]
     for number, pair in enumerate(pairs, start=done + 1):
         compared(number, done + len(pairs))
         mine, theirs = pair.reference, pair.interrupted
+        result.paired.add((mine.path, theirs.path))
         files = sorted({*mine.manifest.files, *theirs.manifest.files})
         diff = compare_checkpoints(mine.path, theirs.path, files, trusted=True).without(ignored)
         if theirs.segment == 0:
@@ -251,81 +256,6 @@ def _compare(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
             _differs(result, interrupted, pair, diff)
             return diff
     return diff
-
-
-def went_back(interrupted: RunRecord) -> tuple[Captured, Resume] | None:
-    """The first checkpoint a resumed start committed at a step before the one it resumed from,
-    and that resume: the start went back (it loaded no checkpoint, or not its step counter).
-    After a kill, the checkpoint before the newest: one committed as the kill landed may not
-    be the one its latest link names yet, and the restart resumes from the link's."""
-    kept = interrupted.capture.kept
-    for index, checkpoint in enumerate(kept):
-        if checkpoint.segment == 0 or checkpoint.segment > len(interrupted.resumes):
-            continue
-        resume = interrupted.resumes[checkpoint.segment - 1]
-        if checkpoint.step is None:
-            if _position_seen_before(kept, index, resume):
-                return checkpoint, resume
-            continue
-        bound = resume.from_step
-        if bound is not None and resume.interruption.kind == KILL:
-            bound = max((c.step for c in kept if c.segment < checkpoint.segment
-                         and c.step is not None and c.step < bound), default=None)
-        if bound is not None and checkpoint.step < bound:
-            return checkpoint, resume
-    return None
-
-
-def _position_seen_before(kept: list[Captured], index: int, resume: Resume) -> bool:
-    """Whether the data position of ``kept[index]`` (a checkpoint without a step) was committed
-    before the checkpoint ``resume`` went on from (after a kill, before the one before it)."""
-    names = [c.name for c in kept[:index]]
-    if resume.from_name not in names:
-        return False
-    start = names.index(resume.from_name) - (resume.interruption.kind == KILL)
-    position = data_position(kept[index])
-    return bool(position) and any(data_position(c) == position for c in kept[:max(start, 0)])
-
-
-def _went_back(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
-               ignored: set[tuple[str, tuple[str, ...]]]) -> None:
-    """DIFFERENT when a resumed start went back (:func:`went_back`). Pairing by moment would
-    take its later commits for the reference's and find them equal: a script that never loads
-    its checkpoint trains each start from step 0, deterministically, to the same end. Its
-    commit equal to the reference's at that moment means nothing was loaded; else the step
-    counter (or the data position) was lost."""
-    found = went_back(interrupted)
-    if found is None:
-        return
-    checkpoint, resume = found
-    same = [c for c in reference.capture.kept if _same_moment(c, checkpoint)]
-    diff = CheckpointDiff([]) if not same else compare_checkpoints(
-        same[-1].path, checkpoint.path,
-        sorted({*same[-1].manifest.files, *checkpoint.manifest.files}),
-        trusted=True).without(ignored)
-    name = "not_loaded" if same and diff.identical else "counters"
-    moment = (f"step {checkpoint.step}" if checkpoint.step is not None
-              else f"the data position of {checkpoint.name}")
-    since = (f"step {resume.from_step}" if resume.from_step is not None
-             else str(resume.from_name))
-    shown = Difference("the commit's place in training", ("went back",), "values", scalar=True)
-    part, fix = CAUSES[name]
-    why = (f"after resuming from the checkpoint of {since}, the run committed {moment} again, "
-           + ("equal to the uninterrupted run's: it started over without loading the "
-              "checkpoint" if name == "not_loaded" else "where it had been before the "
-              "checkpoint it resumed from: its counters went back"))
-    result.verdict = DIFFERENT
-    result.compared.append((moment, checkpoint.segment, False))
-    result.first = FirstDifference(None, moment, checkpoint.name,
-                                   replace(diff, differences=[shown, *diff.differences]),
-                                   Cause(name, part, why, fix, shown), resume,
-                                   checkpoint.segment)
-
-
-def _same_moment(mine: Captured, theirs: Captured) -> bool:
-    if theirs.step is not None:
-        return (mine.step, mine.manifest.epoch) == (theirs.step, theirs.manifest.epoch)
-    return mine.step is None and data_position(mine) == data_position(theirs)
 
 
 def compare_ends(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,

@@ -14,7 +14,8 @@ from cycler.verify.capture import Capture, Captured
 from cycler.verify.plan import KILL, STOP, Interruption
 from cycler.verify.result import DIFFERENT, IDENTICAL, VerifyResult
 from cycler.verify.runner import Resume, RunRecord
-from cycler.verify.session import compare_ends, went_back, why_unpaired
+from cycler.verify.session import compare_ends, compare_pairs, why_unpaired
+from cycler.verify.went_back import went_back
 
 
 def run_with(tmp_path: Path, commits: list[tuple[int, int]], resumed_from: list[int],
@@ -136,3 +137,27 @@ def test_runs_that_commit_at_no_common_step_after_a_resume_are_told_why_not_to_r
     why = why_unpaired(reference, interrupted)
     assert "[35, 45]" in why and "[30, 40]" in why and "no step in common" in why
     assert why_unpaired(reference, run_with(tmp_path / "j", [(10, 0)], [])).startswith("commit")
+
+
+def test_a_checkpoint_kept_after_the_determinism_check_is_still_compared(
+        tmp_path: Path) -> None:
+    # The determinism check compared 6 and 18; the memory tier's 12, seen only later, pairs
+    # between them: skipping the first two pairs compared 18 twice and 12 never.
+    def checkpoint(run: str, step: int, weight: float) -> Captured:
+        directory = tmp_path / run / str(step)
+        directory.mkdir(parents=True)
+        torch.save({"model": torch.full((2,), weight)}, directory / "model.pt")
+        manifest = Manifest(index=step, files={"model.pt": FileRecord(1, "0")},
+                            created_at=time.time(), step=step)
+        return Captured(directory, f"{run}{step}", manifest, 0)
+
+    reference = run_with(tmp_path / "r", [], [])
+    reference.capture.kept = [checkpoint("r", step, 1.0) for step in (6, 12, 18)]
+    interrupted = run_with(tmp_path / "i", [], [])
+    interrupted.capture.kept = [checkpoint("i", 6, 1.0), checkpoint("i", 18, 1.0)]
+    result = VerifyResult(IDENTICAL, [reference, interrupted], 0, tmp_path)
+    compare_pairs(reference, interrupted, result, lambda done, total: None, set(), segments=1)
+    interrupted.capture.kept.insert(1, checkpoint("i", 12, 2.0))
+    compare_pairs(reference, interrupted, result, lambda done, total: None, set())
+    assert [moment for moment, _, _ in result.compared] == ["step 6", "step 18", "step 12"]
+    assert result.verdict == "nondeterministic"
