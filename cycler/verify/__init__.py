@@ -6,6 +6,7 @@ to an uninterrupted one, and name what was not restored when it does not.
 - :mod:`.plan` chooses where to interrupt (a pure function);
 - :mod:`.compare` compares two checkpoints bit for bit;
 - :mod:`.causes` names the likely cause of a difference;
+- :mod:`.went_back` finds a resumed start that went back (a checkpoint never loaded);
 - :mod:`.session` puts them together; :mod:`.result` is what it found.
 """
 

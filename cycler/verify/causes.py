@@ -70,9 +70,17 @@ CAUSES: dict[str, tuple[str, str]] = {
                      "batches that are multiples of N (.grad is not in any checkpoint, so a "
                      "resume in the middle of an accumulation loses what was summed) "
                      f"({DOCS}#gradient-accumulation)"),
-    "model": ("the model alone", "save model.state_dict() and load it on resume; a buffer "
-              "registered with persistent=False or a plain attribute is not in it "
-              f"({DOCS}#the-model-alone)"),
+    "not_loaded": ("the checkpoint, never loaded", "at start, load the newest checkpoint "
+                   "(saver.latest_checkpoint()) with everything in it, the step counter "
+                   f"included, before the first step ({DOCS}#loading-the-checkpoint)"),
+    "unsaved": ("state the checkpoint does not hold", "save every object that changes while "
+                "training (an EMA of the weights, a buffer registered with persistent=False, a "
+                "variable of the script's own) in the checkpoint and load it on resume "
+                f"({DOCS}#state-the-checkpoint-does-not-hold)"),
+    "model": ("the model alone, or a part saved beside it", "load every part the checkpoint "
+              "saves on resume (model.state_dict(), an EMA of the weights, a metric's state); "
+              "a buffer registered with persistent=False or a plain attribute is in no "
+              f"state_dict: save it too ({DOCS}#the-model-alone)"),
 }
 _PARTS: list[tuple[str, re.Pattern[str]]] = [
     ("rng", re.compile(r"rng|random|generator")),
@@ -88,13 +96,30 @@ _RANK_FILE = re.compile(r"(?:rank|rng_state|rng|random_states)[-_]?(\d+)")
 Accelerate's ``random_states_N.pkl``."""
 
 
-def part_of(file: str, key: tuple[str, ...]) -> str:
-    """Which part of the training state a leaf belongs to (``model`` when nothing else fits)."""
+_NEVER_FLOATING = ("rng", "data", "counters")
+"""Parts whose leaves are never floating-point tensors (RNG states are bytes or integers)."""
+
+
+def part_of(file: str, key: tuple[str, ...], floating: bool = False) -> str:
+    """Which part of the training state a leaf belongs to (``model`` when nothing else fits).
+    ``floating``: the leaf is a floating-point tensor, so not an RNG state, a data position or
+    a counter whatever its name says (a GAN's ``generator.0.weight``, ``upsamplers``)."""
     words = [word.lower() for word in (*key, file.rsplit(".", 1)[0])]
     for part, pattern in _PARTS:
+        if floating and part in _NEVER_FLOATING:
+            continue
         if any(pattern.search(word) for word in words):
             return part
     return "model"
+
+
+def part_of_difference(difference: Difference) -> str:
+    return part_of(difference.file, difference.key, difference.floating)
+
+
+def saved_parts(diff: CheckpointDiff) -> set[str]:
+    """The parts a checkpoint saves at all (its leaves' parts)."""
+    return {part_of(file, key, (file, key) in diff.weights) for file, key in diff.keys}
 
 
 def name_cause(diff: CheckpointDiff, *, world_size: int, files: Iterable[str],
@@ -102,21 +127,38 @@ def name_cause(diff: CheckpointDiff, *, world_size: int, files: Iterable[str],
     """The likely cause of ``diff``, the first differences after a resume. ``checkpoint``: the
     last committed checkpoint, compared identical, when ``diff`` is the end of training (files
     the script wrote after its last checkpoint, which may hold the model alone)."""
-    differing = {part_of(d.file, d.key) for d in diff.differences}
-    saved = {part_of(file, key) for file, key in (checkpoint or diff).keys}
+    differing = {part_of_difference(d) for d in diff.differences}
+    saved = saved_parts(checkpoint or diff)
     upstream = _upstream(diff.differences, differing)
     if upstream is not None:
         name, why, evidence = upstream
-    elif checkpoint is not None and "scheduler" not in saved:
+    elif checkpoint is not None and "scheduler" not in saved \
+            and not _no_scheduler(checkpoint.keys):
         name, evidence = "scheduler", None
         why = ("the last checkpoint is identical and the end of training differs: state the "
                "checkpoint does not hold acted after it, and it holds no scheduler (whose "
                "learning rate changes with the step)")
+    elif checkpoint is not None:
+        name, evidence = "unsaved", None
+        why = (f"the last checkpoint is identical and the end of training differs in "
+               f"{', '.join(sorted({d.file for d in diff.differences}))}: state the checkpoint "
+               "does not hold acted after it (not a scheduler: "
+               + ("the checkpoint saves it" if "scheduler" in saved else "the saved optimizer's "
+                  "param_groups carry no initial_lr, which every torch scheduler sets") + ")")
     else:
-        (name, why), evidence = _unsaved(differing, saved, world_size, list(files),
-                                         (checkpoint or diff).keys), None
+        held = checkpoint or diff
+        trained = any(part_of(file, key, True) == "optimizer" for file, key in held.weights)
+        (name, why), evidence = _unsaved(differing, saved, world_size, list(files), held.keys,
+                                         trained), None
     part, fix = CAUSES[name]
     return Cause(name, part, why, fix, evidence)
+
+
+def _no_scheduler(keys: Iterable[tuple[str, tuple[str, ...]]]) -> bool:
+    """Whether the checkpoint shows that no torch scheduler drives its optimizer: it saves the
+    optimizer's ``lr`` and no ``initial_lr`` (which every ``LRScheduler`` adds to it)."""
+    names = {key[-1] for file, key in keys if key and part_of(file, key) == "optimizer"}
+    return "lr" in names and "initial_lr" not in names
 
 
 def _upstream(differences: list[Difference],
@@ -132,17 +174,17 @@ def _upstream(differences: list[Difference],
                                        "ahead: a DataLoader without a generator drew its "
                                        "workers' seed from it when iterated after the "
                                        "resume"), drawn
-        shown = first(lambda d: part_of(d.file, d.key) == "rng")
+        shown = first(lambda d: part_of_difference(d) == "rng")
         assert shown is not None
         return "rng", "the saved RNG state differs from the uninterrupted run's", shown
     for part in ("data", "scheduler", "scaler", "counters"):
-        shown = next((d for d in differences if part_of(d.file, d.key) == part), None)
+        shown = next((d for d in differences if part_of_difference(d) == part), None)
         if shown is not None:
             return part, "it differs from the uninterrupted run's", shown
     shown = first(_is_learning_rate)
     if shown is not None:
         return "scheduler", "the learning rate differs and no saved scheduler explains it", shown
-    shown = first(lambda d: part_of(d.file, d.key) == "optimizer" and (
+    shown = first(lambda d: part_of_difference(d) == "optimizer" and (
         not d.is_tensor or d.key[-1] == "step"))
     if shown is not None:
         return "optimizer", "the optimizer's own bookkeeping (param_groups, step) differs", shown
@@ -161,9 +203,16 @@ def _framework_restores_optimizer(keys: Iterable[tuple[str, tuple[str, ...]]]) -
 
 
 def _unsaved(differing: set[str], saved: set[str], world_size: int,
-             files: list[str], saved_keys: Iterable[tuple[str, tuple[str, ...]]] = ()
-             ) -> tuple[str, str]:
-    """With nothing upstream differing: the part the checkpoint does not save at all."""
+             files: list[str], saved_keys: Iterable[tuple[str, tuple[str, ...]]] = (),
+             trained: bool = False) -> tuple[str, str]:
+    """With nothing upstream differing: the part the checkpoint does not save at all. An
+    optimizer whose saved tensors (``trained``: momentum, Adam's moments) are equal shows that
+    the gradients, so the RNG and the data, were equal: what differs then was not restored
+    itself (an EMA of the weights, a metric)."""
+    if trained and "optimizer" not in differing:
+        return "model", ("it differs with the optimizer equal, so with the gradients, the "
+                         "data and the RNG that fed them equal: it was saved but not restored "
+                         "as it was, or it is not in the checkpoint")
     if "rng" not in saved:
         return "rng", "the checkpoint holds no RNG state, so dropout and augmentation draw " \
                       "differently after a resume"
@@ -180,14 +229,27 @@ def _unsaved(differing: set[str], saved: set[str], world_size: int,
                               "position, the learning rate and the counters equal, and the "
                               "framework restores its optimizer itself: the batches differed, "
                               "drawn in an order the checkpoint does not hold")
+    if differing & {"optimizer"} and _counts_its_steps(saved_keys):
+        return "data_order", ("the model and optimizer differ with the RNG, the loader's "
+                              "position, the learning rate and the optimizer's own step "
+                              "counts equal (so it was restored): the gradients differed, from "
+                              "batches drawn in an order the checkpoint does not hold (or a "
+                              "model state it lacks)")
     if differing & {"optimizer"}:
         return "optimizer", ("the optimizer's state differs with every input to it (RNG, data "
                              "position, learning rate) equal")
     return "model", "only the model's tensors differ"
 
 
+def _counts_its_steps(keys: Iterable[tuple[str, tuple[str, ...]]]) -> bool:
+    """Whether the saved optimizer counts its steps per parameter (Adam's, AdamW's ``step``):
+    equal there, it was restored, since a fresh one counts from 0."""
+    return any(key and key[-1] == "step" and part_of(file, key, True) == "optimizer"
+               for file, key in keys)
+
+
 def _is_learning_rate(d: Difference) -> bool:
-    return part_of(d.file, d.key) == "optimizer" and bool(d.key) and d.key[-1] in (
+    return part_of_difference(d) == "optimizer" and bool(d.key) and d.key[-1] in (
         "lr", "initial_lr")
 
 

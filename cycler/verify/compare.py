@@ -6,7 +6,9 @@ A file is loaded the way its writer saved it: ``torch.save`` files with
 directory, the full unpickler where a file holds more than tensors and plain containers); a
 torch.distributed.checkpoint save (its ``.metadata`` and ``*.distcp`` shards) as one state dict
 per directory; JSON by value; ``safetensors`` by tensor; plain pickles (Accelerate's
-``random_states_N.pkl``) by value inside the scratch; anything else byte for byte. What
+``random_states_N.pkl``) by value inside the scratch; anything else byte for byte. Inside
+an object, numpy arrays are compared bit for bit as tensors, and objects of a class that
+compares by identity (generators, a script's own classes) by what pickling them saves. What
 :mod:`.records` calls a record of the run (logs, wall-clock times, paths) is left out and listed.
 """
 
@@ -16,6 +18,7 @@ import json
 import math
 import pickle
 import re
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -53,6 +56,10 @@ class Difference:
     """Why the value is a record of the run rather than its state (:mod:`.records`)."""
     scalar: bool = False
     """Both values are plain numbers or strings (not tensors, arrays or containers)."""
+    floating: bool = False
+    """Both values are floating-point tensors: weights or statistics, never an RNG state, a
+    data position or a counter, whatever their names (a GAN's ``generator.*``, a U-Net's
+    ``downsamplers.*``)."""
 
     @property
     def is_tensor(self) -> bool:
@@ -75,6 +82,8 @@ class CheckpointDiff:
     """How many tensors the reference holds."""
     skipped: list[Skipped] = field(default_factory=list)
     """Files and values left out as records of the run (logs, times, paths)."""
+    weights: frozenset[tuple[str, tuple[str, ...]]] = frozenset()
+    """The (file, key path) of :attr:`keys` that hold floating-point tensors."""
 
     @property
     def identical(self) -> bool:
@@ -87,7 +96,7 @@ class CheckpointDiff:
     def without(self, ignored: set[tuple[str, tuple[str, ...]]]) -> CheckpointDiff:
         """The same comparison with the differences at ``ignored`` (file, key) leaves left out."""
         kept = [d for d in self.differences if (d.file, d.key) not in ignored]
-        return CheckpointDiff(kept, self.keys, self.tensors, self.skipped)
+        return replace(self, differences=kept)
 
     @property
     def largest(self) -> float | None:
@@ -105,6 +114,7 @@ def compare_checkpoints(reference: Path, resumed: Path, files: list[str], *,
     differences: list[Difference] = []
     keys: list[tuple[str, tuple[str, ...]]] = []
     skipped: list[Skipped] = []
+    weights: set[tuple[str, tuple[str, ...]]] = set()
     tensors = 0
     for name in units(files):
         why = record_file(name, in_workdir=workdirs)
@@ -116,12 +126,14 @@ def compare_checkpoints(reference: Path, resumed: Path, files: list[str], *,
             if value is not None:  # a None holds no state: "rng": None saves no RNG
                 keys.append((name, key))
             tensors += isinstance(value, torch.Tensor)
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                weights.add((name, key))
         for difference in diff_objects(name, left, right):
             if difference.record is None:
                 differences.append(difference)
             else:
                 skipped.append(Skipped(difference.where(), difference.record))
-    return CheckpointDiff(differences, keys, tensors, skipped)
+    return CheckpointDiff(differences, keys, tensors, skipped, frozenset(weights))
 
 
 def units(files: list[str]) -> list[str]:
@@ -243,9 +255,13 @@ def diff_objects(file: str, left: Any, right: Any,
             yield Difference(file, key, "only in the resumed run" if left is MISSING
                              else "only in the reference", record=record)
         return
+    left, right = _as_tensor(left), _as_tensor(right)
     if isinstance(left, torch.Tensor) or isinstance(right, torch.Tensor):
         for difference in _diff_tensors(file, key, left, right):
             yield difference if record is None else replace(difference, record=record)
+        return
+    if _opaque(left, right) and len(key) < _DEEPEST:
+        yield from diff_objects(file, _reduced(left), _reduced(right), key)
         return
     mine, theirs = _children(left), _children(right)
     if mine is None or theirs is None:
@@ -263,6 +279,50 @@ def diff_objects(file: str, left: Any, right: Any,
             yield Difference(file, key, "values", record=record)  # a whole log: one line
         return
     yield from inner
+
+
+_DEEPEST = 64
+"""Objects nested deeper are compared by value, not taken apart (a cycle of references)."""
+
+
+def _as_tensor(value: Any) -> Any:
+    """A numpy array as a tensor of the same bits (compared bit for bit; ``==`` on arrays gives
+    no truth value, and their ``repr`` hides digits and elements); an array of objects as a
+    list; anything else as it is."""
+    numpy = sys.modules.get("numpy")  # not loaded: no array was unpickled
+    if numpy is None or not isinstance(value, numpy.ndarray):
+        return value
+    if value.dtype.hasobject:
+        return value.tolist()
+    array = numpy.ascontiguousarray(value)
+    try:
+        return torch.from_numpy(array)
+    except TypeError:  # a dtype torch lacks: its bytes, element by element
+        return torch.from_numpy(array.view(numpy.uint8).reshape(*array.shape, -1))
+
+
+def _opaque(left: Any, right: Any) -> bool:
+    """Two objects of one class that compares by identity (no ``__eq__`` of its own: a
+    ``torch.Generator``, a numpy ``Generator``, a plain class's instance): ``==`` says two
+    equal ones differ, so they are compared by what pickling them saves."""
+    kind = type(left)
+    return kind is type(right) and left is not right and kind.__eq__ is object.__eq__ \
+        and not isinstance(left, type) and _reduced(left) is not None
+
+
+def _reduced(value: Any) -> dict[str, Any] | None:
+    """What pickling ``value`` saves of it: its constructor's arguments and its state."""
+    try:
+        reduced = value.__reduce_ex__(4)
+    except Exception:  # noqa: BLE001 (not picklable: compared by value)
+        return None
+    if not isinstance(reduced, tuple) or len(reduced) < 2:
+        return None  # a global's name: compared by value
+    parts = {"args": reduced[1], "state": reduced[2] if len(reduced) > 2 else None}
+    for name, index in (("items", 3), ("entries", 4)):
+        if len(reduced) > index and reduced[index] is not None:
+            parts[name] = list(reduced[index])
+    return parts
 
 
 def _same_value(left: Any, right: Any) -> bool:
@@ -298,7 +358,8 @@ def _diff_tensors(file: str, key: tuple[str, ...], left: Any, right: Any) -> Ite
         return
     yield Difference(file, key, "values", largest=_largest(left, right),
                      elements=_elements_differing(left, right),
-                     one_draw_ahead=one_draw_ahead(left, right))
+                     one_draw_ahead=one_draw_ahead(left, right),
+                     floating=left.is_floating_point())
 
 
 def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ else (model, optimizer, scheduler, scaler, RNG, data position, an integration's 
 compared bit for bit. A pure function of names and values: the stacks' files are named here.
 
 - Whole files: logs (TensorBoard, ``*.log``, W&B, MLflow; in a working directory also
-  ``*.txt``, ``*.csv`` and plots: in a checkpoint a ``step.txt`` is state),
+  ``*.txt``, ``*.csv``, ``*.jsonl`` and plots: in a checkpoint a ``step.txt`` is state),
   files in a run's working directory that the other run did not write and whose names hold
   a number (a time, a pid, a start count), Lightning's ``version_N``
   folders (its logger and ModelCheckpoint write into a new one at each start), HF's
@@ -16,10 +16,11 @@ compared bit for bit. A pure function of names and values: the stacks' files are
 - Values inside a state file: a run's log history (HF's ``log_history``: a resume averages
   its logged loss over fewer steps), wall-clock times (a float or a string named as one:
   ``train_runtime``, ``*_per_second``, ``time_elapsed``, ``created_at``...; an integer under
-  such a name is a counter, state), and paths (an absolute or ``./`` string, or a field
-  named as one: ``best_model_checkpoint``, ``dirpath``, ``*_path``, ``*_dir``), and the
-  flags of the moment of a save (HF's ``TrainerControl.should_training_stop``: a stop's
-  checkpoint says stop, a periodic one at the same step does not).
+  such a name is a counter, a tensor (``time_embedding.linear_1.weight``) weights: state),
+  and paths (an absolute or ``./`` string, or a field named as one:
+  ``best_model_checkpoint``, ``dirpath``, ``*_path``, ``*_dir``), and the flags of the
+  moment of a save (HF's ``TrainerControl.should_training_stop``: a stop's checkpoint says
+  stop, a periodic one at the same step does not).
 
 - Values that differ between two uninterrupted runs of the script (verify's determinism check
   runs it twice before the first interruption), by observation rather than by name: a number
@@ -56,7 +57,8 @@ _FILES: list[tuple[re.Pattern[str], str]] = [
 _LOGS = re.compile(r"^(log_history|logs?)$")
 _FLAGS = re.compile(r"^should_(training_stop|save|evaluate|log|epoch_stop)$")
 _TIMES = re.compile(r"(^|_)(time|times|timestamp|runtime|duration|elapsed|date|datetime|"
-                    r"wall|created|started|finished)($|_)|_per_second$|_at$")
+                    r"wall|created|started|finished|seconds|secs|throughput|mfu)($|_)|"
+                    r"_per_sec(ond)?s?$|_per_s$|_ms$|_at$")
 _PATH_FIELDS = re.compile(r"(^|_)(path|paths|dir|dirpath|directory|filename|filepath|"
                           r"best_model_checkpoint|checkpoint_path|output_dir|logging_dir)$")
 
@@ -70,7 +72,7 @@ class Skipped:
 
 
 _WORKDIR_FILES: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"\.(txt|csv|tsv)$"), "a text or CSV log"),
+    (re.compile(r"\.(txt|csv|tsv|jsonl|ndjson)$"), "a text, CSV or JSON-lines log"),
     (re.compile(r"\.(png|jpe?g|svg|pdf|html)$"), "a plot or report"),
 ]
 """Records only in a run's working directory: inside a checkpoint a ``step.txt`` is state."""
@@ -94,7 +96,7 @@ def record_value(key: tuple[str, ...], left: Any, right: Any) -> str | None:
     if words and _FLAGS.match(words[-1]):
         return ("a flag of the moment of the save (HF's TrainerControl: a stop's checkpoint "
                 "says stop)")
-    if words and _TIMES.search(words[-1]) and not _counts(left, right):
+    if words and _TIMES.search(words[-1]) and _clock_reading(left, right):
         return "a wall-clock time"
     if any(_is_path(word) for word in key) or any(
             isinstance(v, str) and _is_path(v) for v in (left, right)) or (
@@ -102,6 +104,12 @@ def record_value(key: tuple[str, ...], left: Any, right: Any) -> str | None:
             and all(isinstance(v, str) or v is None for v in (left, right))):
         return "a path (each run works in a directory of its own)"
     return None
+
+
+def _clock_reading(*values: Any) -> bool:
+    """Values a clock could give: floats or strings, or absent (an integer is a counter; a
+    tensor is state: ``time_embedding.linear_1.weight``, ``duration_predictor.bias``)."""
+    return not _counts(*values) and not any(hasattr(v, "shape") for v in values)
 
 
 def _counts(*values: Any) -> bool:

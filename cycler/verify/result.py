@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cycler.verify.causes import Cause, part_of
+from cycler.verify.causes import Cause, part_of_difference
 from cycler.verify.compare import CheckpointDiff, Difference
 from cycler.verify.records import Skipped
 from cycler.verify.runner import Resume, RunRecord
@@ -54,7 +54,7 @@ class FirstDifference:
         return sorted(self.diff.differences, key=self._rank)[0]
 
     def _rank(self, difference: Difference) -> int:
-        part = part_of(difference.file, difference.key)
+        part = part_of_difference(difference)
         order = [self.cause.name, "model", "optimizer"]
         return order.index(part) if part in order else 3 + (part == "metrics")
 
@@ -88,6 +88,8 @@ class VerifyResult:
     """Where the runs are kept (``None``: removed, they were identical)."""
     compared: list[tuple[str, int, bool]] = field(default_factory=list)
     """Every moment compared: (``step 24``, the interrupted run's segment, identical)."""
+    paired: set[tuple[Path, Path]] = field(default_factory=set)
+    """The checkpoints compared so far (the reference's, the interrupted run's)."""
     first: FirstDifference | None = None
     notes: list[str] = field(default_factory=list)
     determinism_checked: int = 0

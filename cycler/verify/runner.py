@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from cycler._fs import pid_alive
-from cycler.checkpoint.memory_roots import runtime_dir
+from cycler.checkpoint.memory_roots import memory_base, memory_root, runtime_dir
 from cycler.errors import ConfigError, CyclerError
 from cycler.protocol.environment import ENV_VERIFY
 from cycler.protocol.exit_codes import EXIT_REQUEUE, EXIT_SUCCESS, EXIT_USAGE
@@ -126,7 +126,9 @@ class Runner:
         is left there, ``record.finished`` false)."""
         directory = self.scratch / name
         directory.mkdir(mode=0o700)
-        record = RunRecord(name, Capture(directory / "checkpoints", directory / "kept"),
+        root = directory / "checkpoints"
+        record = RunRecord(name, Capture(root, directory / "kept",
+                                         self._memory_root(root, directory / "work")),
                            directory / "cycle-run.log", directory / "work")
         record.workdir.mkdir(mode=0o700)
         pending = list(interruptions)
@@ -145,7 +147,7 @@ class Runner:
                                     f"{record.log}; it ran in the empty directory "
                                     f"{record.workdir}: give the script's inputs as absolute "
                                     "paths)")
-                record.capture.segment += 1
+                record.capture.next_segment()
                 if not go_on(record):
                     break
         record.seconds = time.monotonic() - started
@@ -199,14 +201,22 @@ class Runner:
             record.resumes[-1] = _resumed_from(record.resumes[-1], capture)
         return code
 
+    def _memory_dir(self, workdir: Path) -> str | None:
+        """The ``--memory-dir`` the user's options name, if any: a relative one is taken from
+        the run's working directory, as ``cycle run`` there takes it."""
+        memory_dir = _option_value(self.run_args, "--memory-dir")
+        return None if memory_dir is None else os.path.join(workdir, memory_dir)
+
+    def _memory_root(self, root: Path, workdir: Path) -> Path:
+        """Where ``cycle run`` on ``root`` keeps its memory tier, if the user's options turn it
+        on (in the ``--memory-dir`` they name, if any)."""
+        return memory_root(memory_base(self._memory_dir(workdir), self.environ), root)
+
     def _beacons(self, record: RunRecord) -> Path:
         """Where the workers of ``cycle run`` for ``record`` keep their beacons (node 0's
-        runtime directory, in the ``--memory-dir`` the user's options name, if any: a relative
-        one is taken from the run's working directory, as ``cycle run`` there takes it)."""
-        memory_dir = _option_value(self.run_args, "--memory-dir")
-        if memory_dir is not None:
-            memory_dir = os.path.join(record.workdir, memory_dir)
-        directory = runtime_dir(record.capture.root, 0, memory_dir, self.environ)
+        runtime directory, in the ``--memory-dir`` the user's options name, if any)."""
+        directory = runtime_dir(record.capture.root, 0, self._memory_dir(record.workdir),
+                                self.environ)
         return NodeFiles.in_directory(directory, 0).progress_dir
 
     def _interrupt(self, process: subprocess.Popen[bytes], record: RunRecord,
@@ -219,7 +229,7 @@ class Runner:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(victim.pid, signal.SIGKILL)
             record.resumes.append(_resumed_from(resume, record.capture))
-            record.capture.segment += 1
+            record.capture.next_segment()
             return False
         process.send_signal(signal.SIGTERM)
         record.resumes.append(resume)
@@ -238,7 +248,7 @@ def _due(planned: Interruption, record: RunRecord, readings: list[Reading],
 
 
 def _resumed_from(resume: Resume, capture: Capture) -> Resume:
-    latest = capture.kept[-1] if capture.kept else None
+    latest = capture.newest()
     return Resume(resume.interruption, resume.sent_at_step,
                   latest.step if latest else None, latest.name if latest else None)
 

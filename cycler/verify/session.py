@@ -24,7 +24,15 @@ from pathlib import Path
 from cycler.errors import ConfigError, CyclerError
 from cycler.protocol.exit_codes import EXIT_USAGE
 from cycler.verify.capture import Captured
-from cycler.verify.causes import CAUSES, Cause, mid_accumulation, name_cause, part_of
+from cycler.verify.causes import (
+    CAUSES,
+    Cause,
+    mid_accumulation,
+    name_cause,
+    part_of,
+    part_of_difference,
+    saved_parts,
+)
 from cycler.verify.compare import (
     CheckpointDiff,
     Difference,
@@ -45,6 +53,7 @@ from cycler.verify.result import (
 )
 from cycler.verify.runner import Progress, Resume, Runner, RunRecord
 from cycler.verify.scratch import make_scratch
+from cycler.verify.went_back import judge_went_back
 
 NEEDS = ("verify compares the checkpoints a run commits with cycler's savers: save with "
          "AtomicDirectory(default_checkpoint_root()) and commit at least "
@@ -139,16 +148,18 @@ def _verify(options: VerifyOptions, runner: Runner, seed: int,
     def deterministic_so_far(interrupted: RunRecord) -> bool:
         if not options.determinism_check or interrupted.capture.segment != 1:
             return True
-        _compare(reference, interrupted, result, compared, ignored, segments=1)
+        compare_pairs(reference, interrupted, result, compared, ignored, segments=1)
         return result.verdict == IDENTICAL
 
     interrupted = runner.run("interrupted", plan, count_delay=count_delay,
                              go_on=deterministic_so_far)
     result.runs.append(interrupted)
     if result.verdict == IDENTICAL:
-        last = _compare(reference, interrupted, result, compared, ignored)
+        judge_went_back(reference, interrupted, result, ignored)
+    if result.verdict == IDENTICAL:
+        last = compare_pairs(reference, interrupted, result, compared, ignored)
         if result.verdict == IDENTICAL and interrupted.finished:
-            _compare_ends(reference, interrupted, result, last, {key for _, key in ignored})
+            compare_ends(reference, interrupted, result, last, {key for _, key in ignored})
     if result.verdict == IDENTICAL and not any(segment > 0 for _, segment, _ in result.compared):
         if plan and interrupted.finished and interrupted.starts == 1:
             raise NothingToVerify(f"the run ended (step {interrupted.last_step}) before its first "
@@ -156,10 +167,25 @@ def _verify(options: VerifyOptions, runner: Runner, seed: int,
                                   "interrupt; run more or longer steps (the runs are in "
                                   f"{runner.scratch})")
         raise NothingToVerify("no checkpoint after a resume could be compared with the "
-                              "reference's: commit more often or run longer (the runs are in "
-                              f"{runner.scratch})")
+                              f"reference's: {why_unpaired(reference, interrupted)} (the runs "
+                              f"are in {runner.scratch})")
     _note(result, reference, interrupted, plan_size=len(plan))
     return result
+
+
+def why_unpaired(reference: RunRecord, interrupted: RunRecord) -> str:
+    """Why no checkpoint after a resume has a counterpart, and what to do."""
+    after = [c.step for c in interrupted.capture.kept if c.segment > 0 and c.step is not None]
+    theirs = {c.step for c in reference.capture.kept}
+    if after and not theirs & set(after):
+        resumed = interrupted.resumes[0].from_step if interrupted.resumes else None
+        start = min(after) if resumed is None else resumed
+        shown = sorted(s for s in theirs if s is not None and s > start)[:5]
+        return (f"after its resume the interrupted run committed at steps {after[:5]}, the "
+                f"uninterrupted run at {shown}: no step in common (a schedule that follows the "
+                "clock shifts them, as does a StepControl whose state_dict is not restored); "
+                "commit at fixed steps (StepControl(every_steps=N)) and restore its state")
+    return "commit more often or run longer"
 
 
 def _plan(reference: RunRecord, options: VerifyOptions,
@@ -183,7 +209,8 @@ def idle_streams(first: Captured, last: Captured) -> set[tuple[str, tuple[str, .
     diff = compare_checkpoints(first.path, last.path, files, trusted=True)
     changed = {(d.file, d.key) for d in diff.differences}
     return {(file, key) for file, key in diff.keys
-            if part_of(file, key) == "rng" and (file, key) not in changed}
+            if part_of(file, key, (file, key) in diff.weights) == "rng"
+            and (file, key) not in changed}
 
 
 def seen_to_vary(diff: CheckpointDiff) -> list[Difference]:
@@ -191,10 +218,10 @@ def seen_to_vary(diff: CheckpointDiff) -> list[Difference]:
     numbers or strings outside the RNG and the data position (a wall-clock time, whatever its
     name). A tensor, an RNG state or a data position differing there is nondeterminism."""
     return [d for d in diff.differences
-            if d.scalar and part_of(d.file, d.key) not in ("rng", "data")]
+            if d.scalar and part_of_difference(d) not in ("rng", "data")]
 
 
-def _compare(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
+def compare_pairs(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
              compared: Compared, ignored: set[tuple[str, tuple[str, ...]]],
              segments: int | None = None) -> CheckpointDiff | None:
     """Compare the pairs not compared yet (of the first ``segments`` only), oldest first,
@@ -202,12 +229,16 @@ def _compare(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
     grows by what two uninterrupted runs are seen to vary in (:func:`seen_to_vary`)."""
     diff = None
     done = len(result.compared)
-    pairs = pair_checkpoints(reference.capture.kept, interrupted.capture.kept)[done:]
+    # Not the first ``done`` pairs: a checkpoint kept after the determinism check (the memory
+    # tier's, seen late) may pair before the pairs it compared.
+    pairs = [pair for pair in pair_checkpoints(reference.capture.kept, interrupted.capture.kept)
+             if (pair.reference.path, pair.interrupted.path) not in result.paired]
     if segments is not None:
         pairs = [pair for pair in pairs if pair.interrupted.segment < segments]
     for number, pair in enumerate(pairs, start=done + 1):
         compared(number, done + len(pairs))
         mine, theirs = pair.reference, pair.interrupted
+        result.paired.add((mine.path, theirs.path))
         files = sorted({*mine.manifest.files, *theirs.manifest.files})
         diff = compare_checkpoints(mine.path, theirs.path, files, trusted=True).without(ignored)
         if theirs.segment == 0:
@@ -227,7 +258,7 @@ def _compare(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
     return diff
 
 
-def _compare_ends(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
+def compare_ends(reference: RunRecord, interrupted: RunRecord, result: VerifyResult,
                   last: CheckpointDiff | None, varying: set[tuple[str, ...]]) -> None:
     """Compare what the two runs left in their working directories at the end of training
     (the files a script writes after its loop, ``final.pt``), when they left anything; the
@@ -244,8 +275,12 @@ def _compare_ends(reference: RunRecord, interrupted: RunRecord, result: VerifyRe
     diff = compare_checkpoints(reference.workdir, interrupted.workdir, files, trusted=True,
                                workdirs=True)
     diff = diff.without({(d.file, d.key) for d in diff.differences if d.key in varying})
-    result.note_skipped(diff.skipped)
     end = interrupted.last_step if interrupted.last_step >= 0 else None
+    if _state_shown_equal(diff, end, result.last_step_compared):
+        records = [d for d in diff.differences if d.scalar]
+        diff = diff.without({(d.file, d.key) for d in records})
+        result.note_skipped([Skipped(d.where(), AT_THE_END) for d in records])
+    result.note_skipped(diff.skipped)
     result.compared.append(("the end of training", interrupted.capture.segment, diff.identical))
     if diff.identical:
         if end is not None and diff.keys:
@@ -257,6 +292,20 @@ def _compare_ends(reference: RunRecord, interrupted: RunRecord, result: VerifyRe
     result.first = FirstDifference(end, "the end of training (the files the runs left in their "
                                    "working directories)", "work/", diff, cause, resume,
                                    len(interrupted.resumes))
+
+
+AT_THE_END = ("a number or string that differs at the end of training while the state is seen "
+              "equal there (every tensor the runs wrote, or a checkpoint of the last step): a "
+              "throughput, a timing, a run id")
+
+
+def _state_shown_equal(diff: CheckpointDiff, end: int | None, compared_to: int | None) -> bool:
+    """Whether the end files' differences can only be records: plain numbers or strings while
+    the training state is seen equal at the end (the end files hold tensors and none differs,
+    or the last checkpoint compared identical was taken at the run's last step)."""
+    if not diff.differences or not all(d.scalar for d in diff.differences):
+        return False
+    return diff.tensors > 0 or (end is not None and compared_to == end)
 
 
 def _files_in(directory: Path) -> list[str]:
@@ -299,7 +348,7 @@ def _accumulation(interrupted: RunRecord, resume: Resume) -> Cause | None:
 
 def nondeterminism(diff: CheckpointDiff) -> Cause:
     """Which kind of nondeterminism two uninterrupted runs show."""
-    shown = next((d for d in diff.differences if part_of(d.file, d.key) in ("rng", "data")),
+    shown = next((d for d in diff.differences if part_of_difference(d) in ("rng", "data")),
                  None)
     if shown is not None:
         return Cause("unseeded", "unseeded randomness", "the RNG state or the data order "
@@ -307,6 +356,14 @@ def nondeterminism(diff: CheckpointDiff) -> Cause:
                      "seed every generator from a fixed seed (torch.manual_seed(seed), the "
                      "sampler's seed=, the DataLoader's generator=) "
                      "(docs/verify.md#a-nondeterministic-script)", shown)
+    if "rng" not in saved_parts(diff):
+        return Cause("unseeded", "unseeded randomness or nondeterministic kernels", "the "
+                     "tensors differ between two runs that were never interrupted, and the "
+                     "checkpoint holds no RNG state to tell whether the random streams did",
+                     "seed every generator from a fixed seed (torch.manual_seed(seed), the "
+                     "sampler's seed=, the DataLoader's generator=); if they are, "
+                     "torch.use_deterministic_algorithms(True) and "
+                     "CUBLAS_WORKSPACE_CONFIG=:4096:8 (docs/verify.md#a-nondeterministic-script)")
     return Cause("kernels", "nondeterministic kernels", "the RNG and data are equal but the "
                  "tensors differ between two runs that were never interrupted",
                  "torch.use_deterministic_algorithms(True) and CUBLAS_WORKSPACE_CONFIG=:4096:8 "
@@ -334,7 +391,7 @@ def _note(result: VerifyResult, reference: RunRecord, interrupted: RunRecord,
                             "writes its final state (integrations and LoopState commit it "
                             "under verify; else save it, or write final.pt in the working "
                             "directory)")
-    ended, stopped = reference.capture.kept[-1].step, interrupted.capture.kept[-1].step
+    ended, stopped = (_newest_step(run) for run in (reference, interrupted))
     # A later last checkpoint may be a stop's; an earlier one means steps were skipped.
     if result.verdict == IDENTICAL and interrupted.finished and ended is not None \
             and stopped is not None and stopped < ended:
@@ -342,3 +399,8 @@ def _note(result: VerifyResult, reference: RunRecord, interrupted: RunRecord,
         result.notes.append(f"the interrupted run ended at step {stopped}, before the "
                             f"uninterrupted run's last checkpoint (step {ended}): "
                             f"{CAUSES['counters'][1]}")
+
+
+def _newest_step(run: RunRecord) -> int | None:
+    newest = run.capture.newest()
+    return None if newest is None else newest.step

@@ -150,6 +150,18 @@ def test_two_uninterrupted_runs_that_differ_are_told_apart_by_what_differs(
     assert nondeterminism(kernels).name == "kernels"
 
 
+def test_two_uninterrupted_runs_whose_checkpoint_holds_no_rng_are_not_blamed_on_kernels(
+        tmp_path: Path) -> None:
+    # Dropout seeded from the clock, no RNG saved: only the weights differ, and verify said
+    # "nondeterministic kernels" (equal RNG) for an RNG it never saw.
+    for name, model in (("a", 1.0), ("b", 2.0)):
+        (tmp_path / name).mkdir()
+        torch.save(train_state(model=model), tmp_path / name / "train.pt")
+    diff = compare_checkpoints(tmp_path / "a", tmp_path / "b", ["train.pt"])
+    cause = nondeterminism(diff)
+    assert cause.name == "unseeded" and "no RNG state" in cause.why
+
+
 def lightning_checkpoint(model: float, momentum: float) -> dict[str, Any]:
     return {"state_dict": {"layer.weight": torch.full((3, 2), model)},
             "optimizer_states": [{"state": {0: {"momentum_buffer": torch.full((3, 2), momentum)}},
@@ -173,3 +185,87 @@ def test_a_script_s_own_optimizer_that_differs_with_every_input_equal_is_still_n
     assert cause_of(tmp_path, {"train.pt": train_state(), "rank-0.pt": rank_state()},
                     {"train.pt": train_state(model=1.5, momentum=0.7),
                      "rank-0.pt": rank_state()}) == "optimizer"
+
+
+def end_cause(tmp_path: Path, checkpoint: dict[str, Any], end: tuple[Any, Any]) -> str:
+    """The cause named when the last checkpoint (``checkpoint``, equal in both runs) is
+    identical and the runs' ``ema.pt`` at the end differs."""
+    for name, value in (("a", end[0]), ("b", end[1])):
+        (tmp_path / name).mkdir()
+        torch.save(checkpoint, tmp_path / name / "train.pt")
+        torch.save(value, tmp_path / name / "ema.pt")
+    last = compare_checkpoints(tmp_path / "a", tmp_path / "b", ["train.pt"])
+    diff = compare_checkpoints(tmp_path / "a", tmp_path / "b", ["ema.pt"])
+    assert last.identical and not diff.identical
+    return name_cause(diff, world_size=1, files=["ema.pt"], checkpoint=last).name
+
+
+def test_only_the_end_differing_names_the_unsaved_scheduler_where_one_may_drive_the_optimizer(
+        tmp_path: Path) -> None:
+    scheduled = train_state()
+    scheduled["optimizer"]["param_groups"][0]["initial_lr"] = 0.1  # a torch scheduler's mark
+    assert end_cause(tmp_path, scheduled, (torch.ones(2), torch.zeros(2))) == "scheduler"
+
+
+def test_only_the_end_differing_with_no_scheduler_anywhere_names_unsaved_state(
+        tmp_path: Path) -> None:
+    # An EMA of the weights, never saved, written at the end: verify blamed a scheduler the
+    # script does not have (its optimizer holds no initial_lr).
+    assert end_cause(tmp_path, train_state(), (torch.ones(2), torch.zeros(2))) == "unsaved"
+
+
+def test_weights_named_like_a_generator_or_a_sampler_are_the_model_not_the_rng_or_data(
+        tmp_path: Path) -> None:
+    # A GAN's generator.* and a U-Net's downsamplers.* weights: named by their words, they were
+    # "the RNG streams" and "the data position" when a lost optimizer state changed them.
+    def gan(weights: float, momentum: float) -> dict[str, Any]:
+        state = train_state(momentum=momentum)
+        state["model"] = {"generator.0.weight": torch.full((2, 2), weights),
+                          "unet.downsamplers.0.conv.weight": torch.full((2,), weights)}
+        return state
+
+    assert part_of("train.pt", ("model", "generator.0.weight"), floating=True) == "model"
+    assert part_of("train.pt", ("model", "downsamplers.0.conv.weight"), floating=True) == "model"
+    assert cause_of(tmp_path, {"train.pt": gan(1.0, 0.5), "rank-0.pt": rank_state()},
+                    {"train.pt": gan(1.5, 0.7), "rank-0.pt": rank_state()}) == "optimizer"
+
+
+def test_an_adam_whose_step_counts_agree_points_at_the_data_order_not_the_optimizer(
+        tmp_path: Path) -> None:
+    # DataLoader(shuffle=True, generator=g), g never saved: a resume in the second epoch drew
+    # the first epoch's order. Adam's per-parameter step counts agree, so it was restored, and
+    # "the optimizer" was a wrong cause.
+    def adam(weights: float, exp_avg: float) -> dict[str, Any]:
+        state = train_state(model=weights)
+        state["optimizer"]["state"] = {0: {"step": torch.tensor(16.0),
+                                           "exp_avg": torch.full((3, 2), exp_avg)}}
+        return state
+
+    assert cause_of(tmp_path, {"train.pt": adam(1.0, 0.5), "rank-0.pt": rank_state()},
+                    {"train.pt": adam(1.5, 0.7), "rank-0.pt": rank_state()}) == "data_order"
+
+
+def test_an_ema_saved_but_not_restored_with_the_optimizer_equal_is_not_blamed_on_the_data(
+        tmp_path: Path) -> None:
+    # A nanoGPT-style loop (batches drawn from the RNG: no sampler) saving an EMA it does not
+    # load: with the optimizer equal, "the checkpoint holds no sampler" was a wrong cause.
+    def ema(value: float) -> dict[str, Any]:
+        state = train_state()
+        del state["sampler"]
+        return {**state, "ema": {"0.weight": torch.full((3, 2), value)}}
+
+    assert cause_of(tmp_path, {"train.pt": ema(1.0), "rank-0.pt": rank_state()},
+                    {"train.pt": ema(0.9), "rank-0.pt": rank_state()}) == "model"
+
+
+def test_an_sgd_without_momentum_holds_no_gradients_and_shows_nothing_equal(
+        tmp_path: Path) -> None:
+    # Its state holds no tensor: equal whatever the gradients, so no evidence that the RNG
+    # was equal; a checkpoint without RNG state still points at the RNG.
+    def plain_sgd(model: float) -> dict[str, Any]:
+        state = train_state(model=model)
+        state["optimizer"]["state"] = {}
+        return state
+
+    assert cause_of(tmp_path, {"train.pt": plain_sgd(1.0)},
+                    {"train.pt": plain_sgd(1.5)}) == "rng"

@@ -117,3 +117,45 @@ def test_a_generator_state_one_dataloader_seed_draw_ahead_is_recognised() -> Non
     assert one_draw_ahead(before, generator.get_state())
     torch.rand(3, generator=generator)
     assert not one_draw_ahead(before, generator.get_state())
+
+
+def test_numpy_arrays_are_compared_bit_for_bit_not_by_their_repr(tmp_path: Path) -> None:
+    # Compared by repr, an array of more than 1000 elements showed only its ends, and a float
+    # array only 8 digits: a resume that changed the middle or the 12th digit was identical.
+    import numpy as np
+
+    ema = np.linspace(0.0, 1.0, 5000)
+    tiny = ema.copy()
+    tiny[2500] += 1e-12
+    files = checkpoint(tmp_path / "a", {"train.pt": {"ema": ema, "same": ema}})
+    checkpoint(tmp_path / "b", {"train.pt": {"ema": tiny, "same": ema.copy()}})
+    diff = compare_checkpoints(tmp_path / "a", tmp_path / "b", files, trusted=True)
+    assert [(d.key, d.elements) for d in diff.differences] == [(("ema",), 1)]
+
+
+def test_generators_and_plain_objects_are_compared_by_what_they_hold_not_by_identity(
+        tmp_path: Path) -> None:
+    # Such objects compare by identity: two loaded from equal files always differed, and an
+    # exact resume that saved a numpy or torch generator object was DIFFERENT.
+    import numpy as np
+
+    def saved(draws: int) -> dict[str, Any]:
+        numpy_rng, torch_rng = np.random.default_rng(7), torch.Generator().manual_seed(7)
+        numpy_rng.random(draws)
+        torch.randn(draws, generator=torch_rng)
+        return {"numpy_rng": numpy_rng, "torch_rng": torch_rng, "ema": _Ema(draws)}
+
+    files = checkpoint(tmp_path / "a", {"train.pt": saved(3)})
+    checkpoint(tmp_path / "b", {"train.pt": saved(3)})
+    checkpoint(tmp_path / "c", {"train.pt": saved(4)})
+    same = compare_checkpoints(tmp_path / "a", tmp_path / "b", files, trusted=True)
+    assert same.identical, same.differences
+    other = compare_checkpoints(tmp_path / "a", tmp_path / "c", files, trusted=True)
+    assert {d.key[0] for d in other.differences} == {"numpy_rng", "torch_rng", "ema"}
+
+
+class _Ema:
+    """A plain class without ``__eq__``, as a script's own state often is."""
+
+    def __init__(self, updates: int) -> None:
+        self.updates = updates

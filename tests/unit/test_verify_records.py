@@ -75,6 +75,14 @@ def test_logs_and_lightning_version_folders_are_records_and_state_files_are_not(
         assert record_file(state) is None, state
 
 
+def test_a_json_lines_log_in_a_working_directory_is_a_record() -> None:
+    # A resumed run appends its lines again (with their times): its log.jsonl made an exact
+    # resume DIFFERENT at the end of training.
+    assert record_file("out/log.jsonl", in_workdir=True)
+    assert record_file("metrics.ndjson", in_workdir=True)
+    assert record_file("metrics.json", in_workdir=True) is None
+
+
 def test_values_are_records_only_when_named_or_shaped_as_times_logs_or_paths() -> None:
     assert record_value(("train_runtime",), 1.0, 2.0)
     assert record_value(("callbacks", "ModelCheckpoint", "dirpath"), "/a", "/b")
@@ -99,11 +107,32 @@ def test_a_resume_from_the_middle_of_a_gradient_accumulation_is_named() -> None:
     assert mid_accumulation({}) is None
 
 
+def test_throughputs_and_durations_in_seconds_or_ms_are_wall_clock_readings() -> None:
+    # Written into a checkpoint only from the first evaluation on (after the determinism
+    # check's checkpoints), they made an exact resume DIFFERENT.
+    for name in ("eval_seconds", "last_eval_secs", "tokens_per_sec", "samples_per_s",
+                 "step_ms", "mfu", "throughput"):
+        assert record_value(("stats", name), 1.25, 1.5), name
+    for name in ("ms_ssim", "lr", "loss", "lr_s"):
+        assert record_value(("stats", name), 0.5, 0.6) is None, name
+    assert record_value(("stats", "seconds"), 5, 6) is None  # an integer: a counter
+
+
 def test_an_integer_under_a_time_name_is_a_counter_and_a_float_there_a_wall_clock_time() -> None:
     assert record_value(("time",), 5, 6) is None
     assert record_value(("optimizer", "timestamp"), 7, 8) is None
     assert record_value(("time",), 1.5, 2.5)
     assert record_value(("created_at",), "2026-11-27", "2026-11-28")
+
+
+def test_a_tensor_under_a_time_like_name_is_state_not_a_wall_clock_time() -> None:
+    # A diffusion model's time embedding or a TTS duration predictor: their weights were left
+    # out of every comparison as "a wall-clock time", so a resume that changed only them was
+    # IDENTICAL.
+    for key in ("time_embedding.linear_1.weight", "duration_predictor.0.bias", "t_at"):
+        assert record_value(("model", key), torch.ones(2), torch.zeros(2)) is None, key
+    assert record_value(("time_embed",), torch.ones(2), None) is None
+    assert record_value(("time_elapsed",), 1.5, 2.5)  # a clock's float stays a record
 
 
 def test_what_two_uninterrupted_runs_differ_in_is_a_record_unless_rng_data_or_a_tensor(

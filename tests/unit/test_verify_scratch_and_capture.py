@@ -77,3 +77,51 @@ def test_capture_skips_a_torn_directory_and_keeps_it_once_committed(tmp_path: Pa
     saver.symlink_latest(directory, metadata={"step": 1})
     assert [c.step for c in capture.poll()] == [1]
     assert capture.poll() == []
+
+
+def test_capture_keeps_the_memory_tiers_checkpoints_once_and_misses_none_it_removed(
+        tmp_path: Path) -> None:
+    # Under --memory-dir the root held only the checkpoints the tier persisted (3 of 8 in a
+    # verify run): the others were never compared, and a kill's resume point was misreported.
+    root, memory = tmp_path / "root", tmp_path / "memory"
+    capture = Capture(root, tmp_path / "kept", memory)
+    in_memory, persisted = AtomicDirectory(memory, keep_last=1), AtomicDirectory(root)
+    for step in (4, 8, 12):
+        commit(in_memory, step)
+        capture.poll()
+    commit(persisted, 4)  # the root's copies carry the memory tier's names
+    commit(persisted, 8)
+    capture.poll()
+    assert [c.step for c in capture.kept] == [4, 8, 12] and capture.missed == []
+
+
+def test_the_newest_kept_checkpoint_is_the_latest_step_not_the_last_kept(tmp_path: Path) -> None:
+    # A root copy the memory tier persisted is kept after a newer one in memory: taken for the
+    # newest, it misreported a kill's resume point and could end a run "early".
+    root, memory = tmp_path / "root", tmp_path / "memory"
+    capture = Capture(root, tmp_path / "kept", memory)
+    in_memory, persisted = AtomicDirectory(memory, keep_last=1), AtomicDirectory(root)
+    commit(persisted, 4)
+    capture.poll()
+    commit(in_memory, 4)
+    commit(in_memory, 8)
+    capture.poll()
+    assert [c.step for c in capture.kept] == [4, 8]
+    in_memory_only = Capture(root, tmp_path / "kept2", memory)
+    commit(in_memory, 12)
+    in_memory_only.poll()  # memory: 12 (retention removed 8); root: 4, kept after it
+    assert [c.step for c in in_memory_only.kept] == [12, 4]
+    newest = in_memory_only.newest()
+    assert newest is not None and newest.step == 12
+
+
+def test_a_checkpoint_kept_after_a_resume_belongs_to_the_start_that_committed_it(
+        tmp_path: Path) -> None:
+    # Kept late (the root's copy of one the memory tier removed before it was seen), it was
+    # taken for the resumed start's, a step behind the resume: a start that went back.
+    root = tmp_path / "root"
+    capture, saver = Capture(root, tmp_path / "kept"), AtomicDirectory(root)
+    commit(saver, 4)
+    capture.next_segment()  # the stop's start ended after that commit; it is seen only now
+    commit(saver, 8)
+    assert [(c.step, c.segment) for c in capture.poll()] == [(4, 0), (8, 1)]

@@ -64,6 +64,9 @@ def test_verify_survives_a_kill_9_of_a_worker_and_still_finds_the_example_identi
     ("scheduler", "the learning-rate scheduler"),
     ("rank-state", "a rank's own state"),
     ("loader-seed", "an unseeded DataLoader"),
+    # Each start trained from step 0 to the same end: paired by step, its later commits
+    # equalled the reference's, and verify said IDENTICAL.
+    ("checkpoint", "the checkpoint, never loaded"),
 ])
 def test_verify_of_a_script_that_forgets_one_thing_exits_1_and_names_it(
         tmp_path: Path, forget: str, named: str) -> None:

@@ -11,6 +11,7 @@ catch and name.
                       RNG) is saved, and every rank restores it
 --forget loader-seed  the DataLoader has no generator of its own (iter() draws from the
                       global RNG after the resume), with one worker process
+--forget checkpoint   the checkpoint is saved but never loaded: every start trains from step 0
 --forget determinism  not a resume bug: dropout is reseeded from the OS, so no two runs agree
 --forget optimizer-t  the optimizer counts its steps in ``t`` (a name a wall-clock time could
                       have), saved in its state_dict but not restored
@@ -90,6 +91,10 @@ def forget_loader_seed() -> None:
     sys.argv += ["--workers", "1"]
 
 
+def forget_checkpoint() -> None:
+    train.AtomicDirectory.latest_checkpoint = lambda self: None
+
+
 def forget_determinism() -> None:
     make_model = train.make_model
 
@@ -134,7 +139,8 @@ def stamp(key: str) -> None:
 
 FORGET = {"rng": forget_rng, "sampler": forget_sampler, "optimizer": forget_optimizer,
           "scheduler": forget_scheduler, "rank-state": forget_rank_state,
-          "loader-seed": forget_loader_seed, "determinism": forget_determinism,
+          "loader-seed": forget_loader_seed, "checkpoint": forget_checkpoint,
+          "determinism": forget_determinism,
           "optimizer-t": forget_optimizer_t}
 
 if __name__ == "__main__":
