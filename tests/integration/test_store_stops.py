@@ -37,12 +37,17 @@ def links(tmp_path: Path) -> Iterator[tuple[RunRecord, list[StoreLink]]]:
             link.close()
 
 
+def say_sigterm(link: StoreLink) -> None:
+    """What the supervisor that gets SIGTERM says to every node."""
+    request = ControlRequest(sequence=1, action=Action.CHECKPOINT_AND_EXIT, reason="SIGTERM",
+                             requested_at=time.time(), deadline=None)
+    link.say_stop(request.to_json())
+
+
 def test_a_stop_from_any_node_reaches_every_node_through_the_store(
         links: tuple[RunRecord, list[StoreLink]]) -> None:
     run_record, made = links
-    request = ControlRequest(sequence=1, action=Action.CHECKPOINT_AND_EXIT, reason="SIGTERM",
-                             requested_at=time.time(), deadline=None)
-    made[2].say_stop(request.to_json())
+    say_sigterm(made[2])
     for node in (0, 1):
         found = stops_elsewhere(run_record, node, since=0.0, link=made[node])
         assert [r.reason for r in found] == ["SIGTERM"], f"node {node}"
@@ -103,9 +108,7 @@ def test_a_verdict_a_record_and_a_stop_written_by_a_stranger_are_ignored(
 def test_a_stop_request_a_stranger_erased_is_appended_again(
         links: tuple[RunRecord, list[StoreLink]]) -> None:
     run_record, made = links
-    request = ControlRequest(sequence=1, action=Action.CHECKPOINT_AND_EXIT, reason="SIGTERM",
-                             requested_at=time.time(), deadline=None)
-    made[2].say_stop(request.to_json())
+    say_sigterm(made[2])
     assert [r.reason for r in stops_elsewhere(run_record, 0, 0.0, made[0])] == ["SIGTERM"]
     store, prefix = stranger(run_record)
     store.set(prefix + "stops", "")
