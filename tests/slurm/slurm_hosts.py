@@ -32,13 +32,14 @@ def slurm_hosts() -> Iterator[list[SlurmHost]]:
     with two_hosts() as hosts:
         directories = [Path("/etc/netns") / host.namespace for host in hosts]
         try:
-            table = "".join(f"{host.address} {name}\n" for host, name in zip(hosts, NAMES))
-            for host, directory in zip(hosts, directories):
+            named = list(zip(hosts, NAMES, strict=True))
+            table = "".join(f"{host.address} {name}\n" for host, name in named)
+            for host, directory in zip(hosts, directories, strict=True):
                 directory.mkdir(parents=True, exist_ok=True)
                 (directory / "hosts").write_text(
                     f"127.0.0.1 localhost\n{table}{host.address} {socket.gethostname()}\n")
             yield [SlurmHost(name, host.address, tuple(host.command()))
-                   for host, name in zip(hosts, NAMES)]
+                   for host, name in named]
         finally:
             for directory in directories:
                 shutil.rmtree(directory, ignore_errors=True)
