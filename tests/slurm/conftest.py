@@ -3,9 +3,12 @@
 
 A test names its scenario (``@pytest.mark.scenario("requeue")``) and the modes it runs under
 (``@pytest.mark.proctrack(...)``, default cgroup and pgid); each mode runs the scenarios of the
-selected tests once, concurrently where they fit. The daemons live under a private temporary
-directory and are stopped by their pid files when the mode is done. Where Slurm cannot run (not
-root, packages missing, a daemon that does not start) every test is skipped with the one reason.
+selected tests once, concurrently where they fit. The two-host tests
+(test_slurm_across_hosts.py) have a cluster of their own, one slurmd on each of two simulated
+hosts, for as long as their module runs. The daemons live under a private temporary directory and
+are stopped by their pid files when the mode is done. Where Slurm cannot run (not root, packages
+missing, no network namespaces, a daemon that does not start) every test is skipped with the one
+reason.
 """
 
 from __future__ import annotations
@@ -161,7 +164,7 @@ def cluster(request: pytest.FixtureRequest, session_directory: Path) -> Iterator
     slurm.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def hosts() -> Iterator[list[SlurmHost]]:
     """Two simulated hosts, h1 and h2 (network namespaces); skipped with the reason where they
     cannot be made."""
@@ -171,12 +174,11 @@ def hosts() -> Iterator[list[SlurmHost]]:
         yield made
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster_across_hosts(request: pytest.FixtureRequest, session_directory: Path,
                          hosts: list[SlurmHost]) -> Iterator[LocalSlurm]:
-    """One slurmd on each host, slurmctld on h1; proctrack/pgid (see tests/slurm/README.md:
-    Debian's Slurm is built without multiple-slurmd, so two slurmds on one machine would share
-    each job's cgroup, and ``ip netns exec`` hides the cgroup hierarchy)."""
+    """One slurmd on each host, slurmctld on h1, proctrack/pgid (slurm_hosts.py says why not
+    cgroup); torn down when the module's tests are done."""
     if (reason := unavailable()) is not None:
         pytest.skip(f"real Slurm unavailable: {reason}")
     request.getfixturevalue("two_rank_reference")  # trains while the cluster starts and runs
@@ -190,7 +192,7 @@ def cluster_across_hosts(request: pytest.FixtureRequest, session_directory: Path
     slurm.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def outcomes_across_hosts(request: pytest.FixtureRequest, cluster_across_hosts: LocalSlurm,
                           session_directory: Path) -> dict[str, Outcome | str]:
     """The two-host scenarios that the selected tests judge, each run once."""

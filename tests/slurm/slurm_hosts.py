@@ -5,6 +5,14 @@ each, one shared filesystem, one pid namespace), each with an ``/etc/hosts`` of 
 (slurmd and so every job step on that host): the node names resolve to the hosts' addresses, as a
 cluster's DNS does, and this machine's host name to the host's own address, so that torchrun and
 gloo, which look up their own host name, advertise the address the other host can reach.
+
+Each slurmd runs in its host's namespace with its own address (the same port on both: they are
+different addresses), not as Slurm's "multiple slurmd" on one address with distinct ports:
+Debian 12's slurmd 22.05.8 is built without ``--enable-multiple-slurmd``, and namespaces are
+closer to real hosts (srun's I/O, torchrun's store and gloo go over the hosts' link). The
+cluster uses proctrack/pgid, not cgroup: without multiple-slurmd the two slurmds would put a job's
+processes in one cgroup (``freezer/slurm/uid_0/job_N`` is not per node), so one node's cleanup
+would signal the other's, and ``ip netns exec`` remounts ``/sys``, hiding the cgroup hierarchy.
 """
 
 from __future__ import annotations
