@@ -3,9 +3,12 @@
 
 A test names its scenario (``@pytest.mark.scenario("requeue")``) and the modes it runs under
 (``@pytest.mark.proctrack(...)``, default cgroup and pgid); each mode runs the scenarios of the
-selected tests once, concurrently where they fit. The daemons live under a private temporary
-directory and are stopped by their pid files when the mode is done. Where Slurm cannot run (not
-root, packages missing, a daemon that does not start) every test is skipped with the one reason.
+selected tests once, concurrently where they fit. The two-host tests
+(test_slurm_across_hosts.py) have a cluster of their own, one slurmd on each of two simulated
+hosts, for as long as their module runs. The daemons live under a private temporary directory and
+are stopped by their pid files when the mode is done. Where Slurm cannot run (not root, packages
+missing, no network namespaces, a daemon that does not start) every test is skipped with the one
+reason.
 """
 
 from __future__ import annotations
@@ -20,8 +23,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from local_slurm import LocalSlurm, SlurmUnavailable, cgroup_v1_freezer_problem, missing_binaries
-from scenarios import Scenarios
+from local_slurm import (
+    LocalSlurm,
+    SlurmHost,
+    SlurmUnavailable,
+    cgroup_v1_freezer_problem,
+    missing_binaries,
+)
+from scenarios import AcrossHosts, Scenarios
+from slurm_hosts import slurm_hosts
+from slurm_hosts import unavailable as hosts_unavailable
 from slurm_jobs import (
     EXAMPLE,
     REPO,
@@ -29,6 +40,7 @@ from slurm_jobs import (
     SAVER_ONLY_ARGS,
     TRAIN_ARGS,
     Outcome,
+    runs_of,
     write_environment,
 )
 
@@ -58,13 +70,13 @@ def session_directory() -> Iterator[Path]:
 class ReferenceRun:
     """The same training run uninterrupted, outside Slurm, started in the background."""
 
-    def __init__(self, directory: Path, script: list[str]) -> None:
+    def __init__(self, directory: Path, script: list[str], ranks: int = 1) -> None:
         directory.mkdir()
         self.final = directory / "final.pt"
         env = {key: value for key, value in os.environ.items()
                if not key.startswith(("SLURM_", "CYCLER_"))}
         env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-        command = [sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", "1",
+        command = [sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", str(ranks),
                    "--checkpoint-dir", str(directory / "checkpoints"), "--no-requeue",
                    *script, "--final-weights", str(self.final)]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE,
@@ -106,6 +118,16 @@ def saver_only_reference(session_directory: Path) -> dict[str, torch.Tensor]:
         run.stop()
 
 
+@pytest.fixture(scope="session")
+def two_rank_reference(session_directory: Path) -> Iterator[ReferenceRun]:
+    """The training of a two-node job (one rank per node) uninterrupted, as two ranks on one
+    machine outside Slurm (gloo sums two ranks' gradients alike wherever they run)."""
+    run = ReferenceRun(session_directory / "uninterrupted-two-ranks",
+                       [str(EXAMPLE), *TRAIN_ARGS], ranks=2)
+    yield run
+    run.stop()
+
+
 MODES = ("cgroup", "pgid", "linuxproc")
 DEFAULT_MODES = ("cgroup", "pgid")
 
@@ -142,6 +164,54 @@ def cluster(request: pytest.FixtureRequest, session_directory: Path) -> Iterator
     slurm.stop()
 
 
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[list[SlurmHost]]:
+    """Two simulated hosts, h1 and h2 (network namespaces); skipped with the reason where they
+    cannot be made."""
+    if (reason := hosts_unavailable()) is not None:
+        pytest.skip(f"simulated hosts unavailable: {reason}")
+    with slurm_hosts() as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def cluster_across_hosts(request: pytest.FixtureRequest, session_directory: Path,
+                         hosts: list[SlurmHost]) -> Iterator[LocalSlurm]:
+    """One slurmd on each host, slurmctld on h1, proctrack/pgid (slurm_hosts.py says why not
+    cgroup); torn down when the module's tests are done."""
+    if (reason := unavailable()) is not None:
+        pytest.skip(f"real Slurm unavailable: {reason}")
+    request.getfixturevalue("two_rank_reference")  # trains while the cluster starts and runs
+    slurm = LocalSlurm(session_directory / "hosts" / "slurm", "pgid", hosts)
+    try:
+        slurm.start()
+    except SlurmUnavailable as error:
+        slurm.stop()
+        pytest.skip(f"real Slurm across hosts unavailable: {error}")
+    yield slurm
+    slurm.stop()
+
+
+@pytest.fixture(scope="module")
+def outcomes_across_hosts(request: pytest.FixtureRequest, cluster_across_hosts: LocalSlurm,
+                          session_directory: Path) -> dict[str, Outcome | str]:
+    """The two-host scenarios that the selected tests judge, each run once."""
+    base = session_directory / "hosts"
+    environment = write_environment(base / "venv")
+    wanted = {item.get_closest_marker("scenario").args[0] for item in request.session.items
+              if "outcome_across_hosts" in getattr(item, "fixturenames", ())}
+    results = AcrossHosts(cluster_across_hosts, base, environment).run_all(wanted)
+    SUMMARY.extend(summary_lines("pgid, two hosts", results))
+    return results
+
+
+@pytest.fixture
+def outcome_across_hosts(request: pytest.FixtureRequest,
+                         outcomes_across_hosts: dict[str, Outcome | str]) -> Outcome:
+    """What the two-host scenario named by the test's ``scenario`` marker left behind."""
+    return _scenario_outcome(request, outcomes_across_hosts)
+
+
 @pytest.fixture(scope="session")
 def outcomes(request: pytest.FixtureRequest, cluster: LocalSlurm,
              session_directory: Path) -> dict[str, Outcome | str]:
@@ -167,6 +237,11 @@ def scenarios_wanted(items: list[pytest.Item], proctrack: str) -> set[str]:
 @pytest.fixture
 def outcome(request: pytest.FixtureRequest, outcomes: dict[str, Outcome | str]) -> Outcome:
     """What the scenario named by the test's ``scenario`` marker left behind."""
+    return _scenario_outcome(request, outcomes)
+
+
+def _scenario_outcome(request: pytest.FixtureRequest,
+                      outcomes: dict[str, Outcome | str]) -> Outcome:
     name = request.node.get_closest_marker("scenario").args[0]
     result = outcomes[name]
     if isinstance(result, str):
@@ -188,6 +263,10 @@ def summary_lines(proctrack: str, results: dict[str, Outcome | str]) -> list[str
         lines.append(f"proctrack/{proctrack} {name}: {outcome.seconds:.0f} s, "
                      f"Restarts={outcome.fields.get('Restarts')}, runs: {runs}; "
                      f"rerun after {_seconds(rerun_delay(outcome))}")
+        if outcome.fields.get("NumNodes", "1") != "1":
+            exits = "; ".join(f"node {node} exits {[run.code for run in runs_of(events)]}"
+                              for node, events in enumerate(outcome.every_node_events()))
+            lines.append(f"    on {outcome.fields.get('NodeList')}: {exits}")
     return lines
 
 
@@ -208,3 +287,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("Slurm scenarios")
         for line in SUMMARY:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def two_rank_weights(two_rank_reference: ReferenceRun) -> dict[str, torch.Tensor]:
+    """Final weights of the two-node job's training uninterrupted, outside Slurm."""
+    return two_rank_reference.weights()

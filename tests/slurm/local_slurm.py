@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -53,16 +54,31 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-class LocalSlurm:
-    """The daemons of one cluster under ``base``; :meth:`start` then :meth:`stop`."""
+@dataclass(frozen=True)
+class SlurmHost:
+    """Where one slurmd runs: its node name, address, and the prefix that runs a command there
+    (``ip netns exec NS`` for a simulated host, nothing for this machine)."""
 
-    def __init__(self, base: Path, proctrack: str) -> None:
+    name: str
+    address: str
+    prefix: tuple[str, ...] = field(default=())
+
+
+class LocalSlurm:
+    """The daemons of one cluster under ``base``; :meth:`start` then :meth:`stop`.
+
+    By default one node on 127.0.0.1, named after this machine. With ``hosts``, one slurmd per
+    host, each at its address, and slurmctld on the first host's address (clients run there
+    too, as on a login node)."""
+
+    def __init__(self, base: Path, proctrack: str, hosts: list[SlurmHost] | None = None) -> None:
         self.base = base
         self.proctrack = proctrack
         self.conf = base / "etc" / "slurm.conf"
         self.munge_socket = base / "munge-socket" / "munge.sock"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
-        self.node = ""
+        self.hosts = hosts or []
+        self.node = self.hosts[0].name if self.hosts else ""
 
     def start(self) -> None:
         """Start munged, slurmctld and slurmd and wait for the node; SlurmUnavailable if not."""
@@ -73,9 +89,11 @@ class LocalSlurm:
             directory.chmod(0o755)
         self._start_munged()
         self._write_config()
-        self._start_daemon("slurmctld", ["slurmctld"])
-        self._start_daemon("slurmd", ["slurmd", "-N", self.node])
-        self._wait_for_node()
+        self._start_daemon("slurmctld", [*self.hosts[0].prefix, "slurmctld"])
+        for host in self.hosts:
+            self._start_daemon(f"slurmd-{host.name}", [*host.prefix, "slurmd", "-N", host.name])
+        for host in self.hosts:
+            self._wait_for_node(host.name)
 
     def _start_munged(self) -> None:
         key = self.base / "munge" / "munge.key"
@@ -96,10 +114,16 @@ class LocalSlurm:
             raise SlurmUnavailable("`slurmd -C` printed no NodeName line")
         # UpTime=... is on the next line; the first one is the node's hardware, as slurm.conf
         # wants it.
-        self.node = node_line.split()[0].removeprefix("NodeName=")
+        name, hardware = node_line.split(maxsplit=1)
+        if not self.hosts:
+            self.hosts = [SlurmHost(name.removeprefix("NodeName="), "127.0.0.1")]
+            self.node = self.hosts[0].name
+        nodes = "\n".join(f"NodeName={host.name} NodeAddr={host.address} {hardware}"
+                           for host in self.hosts)
         values = {"BASE": str(self.base), "CTLD_PORT": str(free_port()),
                   "SLURMD_PORT": str(free_port()), "MUNGE_SOCKET": str(self.munge_socket),
-                  "PROCTRACK": self.proctrack, "NODE": node_line}
+                  "PROCTRACK": self.proctrack, "NODES": nodes,
+                  "CTLD_ADDRESS": self.hosts[0].address}
         text = (HERE / "slurm.conf.in").read_text()
         for name, value in values.items():
             text = text.replace(f"@{name}@", value)
@@ -120,24 +144,25 @@ class LocalSlurm:
             detail = " ".join((done.stdout + done.stderr).split()) or _tail_of(log)
             raise SlurmUnavailable(f"{name} failed to start: {detail[-400:]}")
 
-    def _wait_for_node(self, timeout: float = 60.0) -> None:
+    def _wait_for_node(self, node: str, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
-        while self.node_state() not in ("idle", "mixed", "allocated"):
+        while self.node_state(node) not in ("idle", "mixed", "allocated"):
             if time.monotonic() > deadline:
-                raise SlurmUnavailable(f"node {self.node} not usable after {timeout:g} s "
-                                       f"(state {self.node_state()!r}): {self._tail('slurmd')}")
+                raise SlurmUnavailable(
+                    f"node {node} not usable after {timeout:g} s (state "
+                    f"{self.node_state(node)!r}): {self._tail(f'slurmd-{node}')}")
             time.sleep(0.3)
 
-    def node_state(self) -> str:
-        """The node's state in its first partition (sinfo prints one line per partition)."""
-        states = self.run(["sinfo", "-h", "-N", "-n", self.node, "-o", "%T"]).split()
+    def node_state(self, node: str = "") -> str:
+        """A node's state in its first partition (sinfo prints one line per partition)."""
+        states = self.run(["sinfo", "-h", "-N", "-n", node or self.node, "-o", "%T"]).split()
         return states[0] if states else ""
 
     def stop(self) -> None:
         """Cancel every job, then stop slurmd, slurmctld and munged by their pid files."""
         with contextlib.suppress(subprocess.SubprocessError, OSError):
             self._cancel_everything()
-        for name in ("slurmd", "slurmctld", "munged"):
+        for name in (*(f"slurmd-{host.name}" for host in self.hosts), "slurmctld", "munged"):
             self._terminate(name)
 
     def _cancel_everything(self, timeout: float = 60.0) -> None:
@@ -166,15 +191,15 @@ class LocalSlurm:
         directory = self.base / ("munge" if name == "munged" else "run")
         with contextlib.suppress(OSError, ValueError, psutil.Error):
             pid = int((directory / f"{name}.pid").read_text().strip())
-            if psutil.Process(pid).name() == name:
+            if psutil.Process(pid).name() == name.split("-")[0]:
                 return pid
         return None
 
     def run(self, command: list[str], check: bool = False, env: dict[str, str] | None = None,
             cwd: Path | None = None) -> str:
         """A client command's stdout; with ``check``, an AssertionError if it fails."""
-        done = subprocess.run(command, capture_output=True, text=True, env=env or self.env,
-                              cwd=cwd, timeout=60, check=False)
+        done = subprocess.run([*self.hosts[0].prefix, *command], capture_output=True, text=True,
+                              env=env or self.env, cwd=cwd, timeout=60, check=False)
         if check and done.returncode != 0:
             raise AssertionError(f"{' '.join(command)} exited {done.returncode}: "
                                  f"{done.stdout}{done.stderr}")

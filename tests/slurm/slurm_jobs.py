@@ -89,6 +89,16 @@ class Outcome:
     def event_lines(self, name: str) -> list[dict[str, Any]]:
         return [event for event in self.events if event["event"] == name]
 
+    def every_node_events(self) -> list[list[dict[str, Any]]]:
+        """Each node's cycle events, node 0's first (they are :attr:`events`)."""
+        nodes = int(self.fields.get("NumNodes", "1"))
+        return [_events_of(self.directory, node) for node in range(nodes)]
+
+
+def _events_of(directory: Path, node: int) -> list[dict[str, Any]]:
+    path = directory / "checkpoints" / ".cycler" / f"events-node{node}.jsonl"
+    return read_events(path) if path.exists() else []
+
 
 def runs_of(events: list[dict[str, Any]]) -> list[Run]:
     """Split the events at each ``start``: one :class:`Run` per start of ``cycle run``."""
@@ -130,8 +140,7 @@ class SubmittedJob:
         return ""
 
     def events(self) -> list[dict[str, Any]]:
-        path = self.directory / "checkpoints" / ".cycler" / "events-node0.jsonl"
-        return read_events(path) if path.exists() else []
+        return _events_of(self.directory, 0)
 
     def fields(self) -> dict[str, str]:
         return self.cluster.job(self.id)
