@@ -38,10 +38,16 @@ def links(tmp_path: Path) -> Iterator[tuple[RunRecord, list[StoreLink]]]:
 
 
 def say_sigterm(link: StoreLink) -> None:
-    """What the supervisor that gets SIGTERM says to every node."""
+    """What the supervisor that gets SIGTERM says to every node; returns once its own link's
+    beat has put it in the store (say_stop sends it from the link's thread: a fresh read on
+    another node begun before that append would rightly see none)."""
     request = ControlRequest(sequence=1, action=Action.CHECKPOINT_AND_EXIT, reason="SIGTERM",
                              requested_at=time.time(), deadline=None)
     link.say_stop(request.to_json())
+    deadline = time.monotonic() + 10
+    while not link.stops():
+        assert time.monotonic() < deadline, "the stop never reached the store"
+        time.sleep(0.05)
 
 
 def test_a_stop_from_any_node_reaches_every_node_through_the_store(
