@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from cycler._fs import atomic_write, read_json_object
+from cycler._private import PRIVATE_FILE_MODE
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +67,6 @@ VERDICT = "lost"
 """The key under which node 0 names the first node found gone (``{}``: none)."""
 STOPS = "stops"
 """The key every node appends its stop requests to, one JSON line each."""
-PRIVATE = 0o600
-"""The address file's mode: it holds the secret that seals the job's values."""
 
 
 def seal(secret: bytes, key: str, value: str) -> str:
@@ -291,7 +290,7 @@ def _write_private(path: Path, data: bytes) -> None:
     written: the secret is never readable by others, even for an instant)."""
 
     def write(handle: Any) -> None:
-        os.fchmod(handle.fileno(), PRIVATE)
+        os.fchmod(handle.fileno(), PRIVATE_FILE_MODE)
         handle.write(data)
 
     atomic_write(path, write, durable=False)
