@@ -96,7 +96,7 @@ class StoreLink:
     ``period`` seconds. :meth:`records` is what it read last (``None``: unreachable)."""
 
     def __init__(self, address_path: Path, node_rank: int, nnodes: int, host: str,
-                 period: float) -> None:
+                 period: float, start: bool = True) -> None:
         self._address_path = address_path
         self._node, self._nnodes, self._host, self._period = node_rank, nnodes, host, period
         self._lock = threading.Lock()
@@ -118,7 +118,8 @@ class StoreLink:
         self._closed = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cycle-liveness", daemon=True)
-        self._thread.start()
+        if start:  # else the caller beats with step() (a simulation of many nodes)
+            self._thread.start()
 
     def publish(self, record: dict[str, Any]) -> None:
         """This node's record, sent at the next beat."""
@@ -185,24 +186,31 @@ class StoreLink:
 
     def _run(self) -> None:
         while not self._closed.is_set():
-            with self._lock:
-                self._begun += 1
-            try:
-                if self._store is None:
-                    self._store = self._connect()
-                if self._store is not None:
-                    self._beat(self._store)
-            except Exception as error:  # noqa: BLE001 (any failure of the store: unreachable)
-                log.debug("liveness store: %s", error)
-                with self._lock:
-                    self._records = self._stops = None
-                if self._node != 0:
-                    self._store = None  # connect again, through the address file
-            with self._beaten:
-                self._beats += 1
-                self._beaten.notify_all()
+            self.step()
             self._wake.wait(self._period)
             self._wake.clear()
+
+    def step(self) -> None:
+        """One beat, as the link's thread makes every ``period`` seconds: connect where not
+        connected, send this node's record and stops, read what it watches. Blocks up to the
+        store's timeout (twice where it connects): for a caller that drives many nodes' links
+        from a few threads (``start=False``), never from the supervisor's loop."""
+        with self._lock:
+            self._begun += 1
+        try:
+            if self._store is None:
+                self._store = self._connect()
+            if self._store is not None:
+                self._beat(self._store)
+        except Exception as error:  # noqa: BLE001 (any failure of the store: unreachable)
+            log.debug("liveness store: %s", error)
+            with self._lock:
+                self._records = self._stops = None
+            if self._node != 0:
+                self._store = None  # connect again, through the address file
+        with self._beaten:
+            self._beats += 1
+            self._beaten.notify_all()
 
     def _beat(self, store: Any) -> None:
         with self._lock:

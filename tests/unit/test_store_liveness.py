@@ -170,3 +170,26 @@ def test_where_the_store_does_not_answer_the_other_nodes_files_are_read(tmp_path
     write_control(run_record.control_path(2), ControlRequest.from_json(stop(50.0)))
     found = stops_elsewhere(run_record, 0, since=20.0, link=StopsLink(None))  # type: ignore[arg-type]
     assert [r.requested_at for r in found] == [50.0]
+
+
+def test_links_started_without_their_thread_beat_only_when_stepped(tmp_path: Path) -> None:
+    from cycler.supervisor.store_link import StoreLink
+
+    address = tmp_path / "store.json"
+    node0 = StoreLink(address, 0, 2, "127.0.0.1", 3600.0, start=False)
+    node1 = StoreLink(address, 1, 2, "127.0.0.1", 3600.0, start=False)
+    try:
+        assert not node0._thread.is_alive() and not node1._thread.is_alive()
+        assert node0.records() is None and not address.exists()  # nothing ran yet
+        node0.publish(beat(1))
+        node0.step()  # hosts the store, writes the address, reads node 1 (nothing yet)
+        node1.publish(beat(4))
+        node1.say_stop("stop")
+        node1.step()  # connects through the address, sends, reads node 0's record
+        node0.step()
+        assert node0.records() == {1: beat(4)}
+        assert node1.records() == {0: beat(1), VERDICT_NODE: {}}
+        assert node0.stops() == [{"node": 1, "request": "stop"}]
+    finally:
+        node1.close()
+        node0.close()
