@@ -53,9 +53,10 @@ from cycler.checkpoint.commit import finalize  # noqa: E402  # noqa: E402
 from cycler.checkpoint.layout import CheckpointLayout  # noqa: E402
 from cycler.checkpoint.manifest import (  # noqa: E402
     checkpoint_files,
-    files_of_rank,
+    commit_plan,
     record_files,
     sealed,
+    share_of_plan,
 )
 from cycler.protocol.control import Action, ControlRequest, write_control  # noqa: E402
 from cycler.protocol.names import LIVENESS_STORE_FILENAME  # noqa: E402
@@ -63,7 +64,7 @@ from cycler.protocol.record import RunRecord
 from cycler.supervisor.peers import BEAT_SECONDS, Heartbeat, PeerWatch  # noqa: E402
 from cycler.supervisor.root_io import RootIO  # noqa: E402
 from cycler.supervisor.shell import stops_elsewhere  # noqa: E402
-from cycler.supervisor.store_link import StoreLink  # noqa: E402
+from cycler.supervisor.store_link import LINK_SECONDS, StoreLink  # noqa: E402
 
 LOOP_SECONDS = 0.2
 """How often a simulated supervisor beats and looks (its real loop ticks every 0.1 s; both
@@ -146,7 +147,7 @@ class SimNode:
                  store: bool, root_io: RootIO) -> None:
         self.node = node
         self.link = StoreLink(run_record.directory / LIVENESS_STORE_FILENAME, node, nnodes,
-                              "127.0.0.1", BEAT_SECONDS, start=False) if store else None
+                              "127.0.0.1", LINK_SECONDS, start=False) if store else None
         self.heartbeat = Heartbeat(run_record, node, "bench", self.link,
                                    root_io=NodeIO(root_io, node))  # type: ignore[arg-type]
         self.peers = PeerWatch(run_record, node, nnodes, timeout=timeout, run="bench",
@@ -156,7 +157,9 @@ class SimNode:
         self.stepping = threading.Lock()
         """Held while its link beats: a kill waits for the beat under way, as SIGKILL would
         land between two."""
-        self.due = 0.0
+        self.due = time.monotonic() + random.uniform(0.0, LINK_SECONDS)
+        """When its link beats next: the nodes start at random moments of a period, as
+        nodes started by hand or by Slurm do (in phase, a stop would reach all at once)."""
 
     def tick(self, now: float) -> None:
         """One turn of the supervisor's loop: beat, look."""
@@ -228,7 +231,7 @@ class Drivers:
                     return
                 if node.alive:
                     due = node.due
-                    if node.step_link(time.monotonic()) and due:
+                    if node.step_link(time.monotonic()):
                         self.lag[k] = max(self.lag[k], time.monotonic() - due)
             self.wake[k].wait(0.05)
             self.wake[k].clear()
@@ -391,19 +394,21 @@ def commit_calls(ranks: int) -> dict[str, Any]:
         COUNTER.root = str(layout.root)
         COUNTER.reset()
         started = time.perf_counter()
+        plan = json.dumps(commit_plan(checkpoint_files(directory), ranks))  # rank 0, once
+        planned = COUNTER.total()
         records = {}
         per_rank = []
-        for rank in range(ranks):
+        for rank in range(ranks):  # each rank, from the plan it read in the store
             before = COUNTER.total()
-            names = checkpoint_files(directory)
-            records.update(record_files(directory, files_of_rank(names, rank, ranks)))
+            share = share_of_plan(json.loads(plan), rank, ranks)
+            records.update(record_files(directory, share))
             per_rank.append(COUNTER.total() - before)
         before = COUNTER.total()
         manifest = sealed(directory, index=0, world_size=ranks, records=records)
         finalize(layout, name, manifest)
         rank0 = COUNTER.total() - before
         seconds = time.perf_counter() - started
-        return {"ranks": ranks, "calls": COUNTER.total(),
+        return {"ranks": ranks, "calls": COUNTER.total(), "rank0_plan": planned,
                 "per_rank": statistics.median(per_rank), "rank0_seal": rank0,
                 "seconds": round(seconds, 2), "kinds": dict(COUNTER.calls)}
 

@@ -23,10 +23,12 @@ from cycler.checkpoint.manifest import (
     FileRecord,
     Manifest,
     checkpoint_files,
+    commit_plan,
     files_of_rank,
     make_manifest,
     record_files,
     sealed,
+    share_of_plan,
 )
 from cycler.checkpoint.nodes.node_commit import node_manifest
 from cycler.errors import CheckpointDirectoryError, CyclerError, RankFailed
@@ -95,23 +97,27 @@ class CommitRounds:
         coordinator.arrive(round_key, "done")
         coordinator.wait_for_all(round_key)  # every rank has written its files
         try:
-            mine = self._record_share(directory)
+            mine = self._record_share(directory, round_key)
         except BaseException as error:  # KeyboardInterrupt, MemoryError: nobody may wait
             coordinator.arrive(f"{round_key}/records", _error_share(coordinator.rank, error))
             raise
         coordinator.arrive(f"{round_key}/records", mine)
         return round_key, mine
 
-    def _record_share(self, directory: Path) -> str:
-        """This rank's share of the commit's fsyncs and checksums, as JSON (or the error);
-        on several nodes in memory, of its node's files, each record naming the node."""
+    def _record_share(self, directory: Path, round_key: str) -> str:
+        """This rank's share of the commit's fsyncs and checksums, as JSON (or the error):
+        by rank 0's plan (:func:`commit_plan`: one listing, not one per rank); on several
+        nodes in memory, of its node's files, each record naming the node."""
         coordinator = self._coordinator
         nodes = self._placement.nodes if self._placement.spans_nodes() else None
         try:
-            names = checkpoint_files(directory)
             if nodes is None:
-                share = files_of_rank(names, coordinator.rank, coordinator.world_size)
+                plan = coordinator.decide(f"{round_key}/plan", lambda: json.dumps(
+                    commit_plan(checkpoint_files(directory), coordinator.world_size)))
+                share = share_of_plan(json.loads(plan), coordinator.rank,
+                                      coordinator.world_size)
             else:
+                names = checkpoint_files(directory)
                 share = files_of_rank(names, nodes.local_rank, nodes.local_size)
             records = record_files(directory, share)
         except Exception as error:  # any kind: the other ranks fail at once with its text

@@ -81,9 +81,9 @@ class Coordinator:
         previous, self._previous[kind] = self._previous.get(kind), round_key
         if previous is None:
             return
-        keys = [f"{previous}/outcome"] + [f"{previous}{part}/rank/{rank}"
-                                          for part in ("", "/records")
-                                          for rank in range(self.world_size)]
+        keys = [f"{previous}/outcome", f"{previous}/plan/outcome"] + [
+            f"{previous}{part}/rank/{rank}" for part in ("", "/records")
+            for rank in range(self.world_size)]
         for key in keys:
             try:
                 self._store.delete_key(key)

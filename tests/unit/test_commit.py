@@ -14,7 +14,7 @@ from cycler.checkpoint import commit
 from cycler.checkpoint.commit import CommitRounds
 from cycler.checkpoint.layout import MANIFEST_NAME, CheckpointLayout
 from cycler.checkpoint.listing import latest_checkpoint
-from cycler.checkpoint.manifest import read_manifest
+from cycler.checkpoint.manifest import commit_plan, read_manifest, share_of_plan
 from cycler.checkpoint.nodes.node_commit import JOB_MANIFEST_NAME
 from cycler.checkpoint.nodes.topology import Nodes
 from cycler.checkpoint.placement import Placement
@@ -100,6 +100,41 @@ def test_consecutive_commits_leave_only_the_last_rounds_keys_in_the_store(
 
     assert [error for _, error in on_every_rank(2, three_saves)] == [None] * 2
     assert counts[1] == counts[2], counts
+
+
+def test_only_rank_0_lists_the_checkpoint_and_every_rank_records_its_share_of_the_plan(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """W ranks listing W files each would read W^2 entries in all."""
+    import threading
+
+    listed: list[str] = []
+    real = commit.checkpoint_files
+
+    def checkpoint_files(directory: Path) -> list[str]:
+        listed.append(threading.current_thread().name)
+        return real(directory)
+
+    monkeypatch.setattr(commit, "checkpoint_files", checkpoint_files)
+    outcomes, _ = commit_on_every_rank(tmp_path, 3)
+    assert [error for _, error in outcomes] == [None] * 3
+    assert listed == ["rank-0"]
+    assert set(read_manifest(outcomes[0][0][0]).files) == {"rank0.pt", "rank1.pt", "rank2.pt"}
+
+
+def test_the_commit_plan_gives_each_rank_its_own_shards_by_name_and_every_file_to_one_rank(
+        ) -> None:
+    regular = [f"{parent}__{rank}_{n}.distcp" for parent in ("", "model/")
+               for rank in range(3) for n in range(2)]
+    irregular = ["optim/__0_0.distcp", "optim/__2_0.distcp", "__7_0.distcp.tmp"]
+    names = sorted([*regular, *irregular, ".metadata", "rank1.pt"])
+    plan = commit_plan(names, 3)
+    assert plan["shards"] == {"": 2, "model": 2}
+    assert plan["others"] == sorted([*irregular, ".metadata", "rank1.pt"])
+    shares = [share_of_plan(plan, rank, 3) for rank in range(3)]
+    assert sorted(name for share in shares for name in share) == names
+    assert shares[1][:4] == ["__1_0.distcp", "__1_1.distcp", "model/__1_0.distcp",
+                             "model/__1_1.distcp"]
+    assert commit_plan(regular, 4)["shards"] == {}  # rank 3 wrote none: listed, spread
 
 
 def failing_share(failing_rank: int, error: BaseException) -> Any:
