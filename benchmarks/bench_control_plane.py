@@ -54,6 +54,7 @@ from cycler.checkpoint.layout import CheckpointLayout  # noqa: E402
 from cycler.checkpoint.manifest import (  # noqa: E402
     checkpoint_files,
     commit_plan,
+    files_of_rank,
     record_files,
     sealed,
     share_of_plan,
@@ -408,9 +409,14 @@ def commit_calls(ranks: int) -> dict[str, Any]:
         finalize(layout, name, manifest)
         rank0 = COUNTER.total() - before
         seconds = time.perf_counter() - started
+        listed = time.perf_counter()  # what each rank did before the plan: list, pick its own
+        files_of_rank(checkpoint_files(directory), ranks - 1, ranks)
+        listed = time.perf_counter() - listed
         return {"ranks": ranks, "calls": COUNTER.total(), "rank0_plan": planned,
                 "per_rank": statistics.median(per_rank), "rank0_seal": rank0,
-                "seconds": round(seconds, 2), "kinds": dict(COUNTER.calls)}
+                "seconds": round(seconds, 2), "kinds": dict(COUNTER.calls),
+                "names_read": 2 * ranks, "names_read_before": ranks * ranks + ranks,
+                "one_rank_listing_before_s": round(listed, 4)}
 
 
 def own_network() -> None:
@@ -427,7 +433,7 @@ def own_network() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, nargs="+", default=[2, 16, 128, 1024])
+    parser.add_argument("--nodes", type=int, nargs="*", default=[2, 16, 128, 1024])
     parser.add_argument("--mode", choices=("store", "files"), default="store")
     parser.add_argument("--window", type=float, default=10.0)
     parser.add_argument("--node-timeout", type=float, default=5.0)
