@@ -1,9 +1,11 @@
 """The control plane of N nodes on one machine: the real code, counted (issue 36).
 
-Each simulated node is a thread driving cycle run's own ``Heartbeat`` and ``PeerWatch``
+Each simulated node is cycle run's own ``Heartbeat`` and ``PeerWatch``
 (``cycler.supervisor.peers``) and, with ``--mode store``, its ``StoreLink`` to node 0's
-``TCPStore`` (``cycler.supervisor.store_link``), as the supervisor's loop does, over a real
-checkpoint root in a scratch directory. Every filesystem call that names a path in the root is
+``TCPStore`` (``cycler.supervisor.store_link``), over a real checkpoint root in a scratch
+directory, driven by a few threads for all nodes (:class:`Drivers`: one runs every node's loop,
+``--links`` beat the links; 1,024 nodes with threads of their own overloaded the machine).
+Every filesystem call that names a path in the root is
 counted (an audit hook for opens, renames, removals, listings; wrappers for ``stat``, ``lstat``,
 ``readlink``). Per N it prints:
 
@@ -16,13 +18,13 @@ counted (an audit hook for opens, renames, removals, listings; wrappers for ``st
   asked for the stop (``stops_elsewhere``: a fresh read of the store; every other node's
   control file with ``--mode files``).
 
-And the commit of one checkpoint of W ranks' files (one DCP shard each): every rank lists the
-checkpoint's directory and records its share (``checkpoint_files``, ``files_of_rank``,
-``record_files``), rank 0 seals it and moves the link (``sealed``, ``finalize``), run one rank
-after the other; calls in all and per rank.
+And the commit of one checkpoint of W ranks' files (one DCP shard each): rank 0 lists the
+checkpoint's directory once and plans who records what (``commit_plan``), every rank records
+its share (``share_of_plan``, ``record_files``), rank 0 seals it and moves the link
+(``sealed``, ``finalize``), run one rank after the other; calls in all and per rank.
 
     python benchmarks/bench_control_plane.py [--nodes 2 16 128 1024] [--mode store|files]
-        [--window 10] [--node-timeout 5] [--ranks 8 64 1024 8192]
+        [--window 10] [--node-timeout 5] [--ranks 8 64 1024 8192] [--netns] [--max-load 12]
 
 ``--mode files`` is the design before issue 36 (every node reads every node's heartbeat file
 each second), kept in the code as the fallback where node 0's store cannot be reached.

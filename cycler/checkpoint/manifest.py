@@ -32,7 +32,7 @@ MANIFEST_VERSION = 2
 _IO_THREADS = 4
 CHECKSUM_MISMATCH = "does not match its checksum"
 """How :func:`check_files` says a file's content changed since the commit."""
-_DCP_SHARD = re.compile(r"__(\d+)_\d+\.distcp")
+_DCP_SHARD = re.compile(r"__(\d+)_(\d+)\.distcp")
 
 
 @dataclass(frozen=True)
@@ -179,10 +179,9 @@ def commit_plan(names: list[str], world_size: int) -> dict[str, Any]:
     found: dict[str, dict[int, set[int]]] = {}
     for name in names:
         parent, _, base = name.rpartition("/")
-        match = _DCP_SHARD.fullmatch(base)
-        if match:
-            writer, number = int(match.group(1)), int(base.rsplit("_", 1)[1].split(".")[0])
-            found.setdefault(parent, {}).setdefault(writer, set()).add(number)
+        shard = _shard_of(base)
+        if shard is not None:
+            found.setdefault(parent, {}).setdefault(shard[0], set()).add(shard[1])
     shards = {parent: len(by_writer[0]) for parent, by_writer in found.items()
               if _regular(by_writer, world_size)}
     others = [name for name in names if not _covered(name, shards)]
@@ -198,7 +197,17 @@ def _regular(by_writer: dict[int, set[int]], world_size: int) -> bool:
 
 def _covered(name: str, shards: dict[str, int]) -> bool:
     parent, _, base = name.rpartition("/")
-    return parent in shards and _DCP_SHARD.fullmatch(base) is not None
+    return parent in shards and _shard_of(base) is not None
+
+
+def _shard_of(base: str) -> tuple[int, int] | None:
+    """(writer rank, number) of a DCP shard's name, as the ranks will spell it (``__01_0``
+    is not rank 1's shard 0: a rank naming it ``__1_0`` would not find it)."""
+    match = _DCP_SHARD.fullmatch(base)
+    if match is None:
+        return None
+    writer, number = int(match.group(1)), int(match.group(2))
+    return (writer, number) if base == f"__{writer}_{number}.distcp" else None
 
 
 def share_of_plan(plan: dict[str, Any], rank: int, world_size: int) -> list[str]:

@@ -125,7 +125,8 @@ def test_the_commit_plan_gives_each_rank_its_own_shards_by_name_and_every_file_t
         ) -> None:
     regular = [f"{parent}__{rank}_{n}.distcp" for parent in ("", "model/")
                for rank in range(3) for n in range(2)]
-    irregular = ["optim/__0_0.distcp", "optim/__2_0.distcp", "__7_0.distcp.tmp"]
+    irregular = ["optim/__0_0.distcp", "optim/__2_0.distcp", "__7_0.distcp.tmp",
+                 "model/__01_0.distcp"]  # not as a rank would spell its own
     names = sorted([*regular, *irregular, ".metadata", "rank1.pt"])
     plan = commit_plan(names, 3)
     assert plan["shards"] == {"": 2, "model": 2}
