@@ -223,9 +223,11 @@ class EventLog:
         self._clock = clock
         self._host = socket.gethostname()
 
-    def append(self, event: str, **fields: Any) -> dict[str, Any]:
-        """Append one event; no fsync: this is a record for people, not training state."""
-        record = {"time": self._clock(), "event": event, "host": self._host, "pid": os.getpid()}
+    def append(self, event: str, *, at: float | None = None, **fields: Any) -> dict[str, Any]:
+        """Append one event (that happened ``at``, by default now); no fsync: this is a record
+        for people, not training state."""
+        record = {"time": self._clock() if at is None else at, "event": event,
+                  "host": self._host, "pid": os.getpid()}
         record.update(fields)
         line = (json.dumps(record, default=str, sort_keys=True) + "\n").encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
