@@ -84,8 +84,8 @@ VERDICT_MARGIN = 5.0
 """Seconds a failed torchrun waits for the peers' verdict beyond ``--node-timeout``."""
 STDERR_DRAIN_SECONDS = 2.0
 LOOK_WAIT_SECONDS = 1.0
-"""How long the loop waits for a look at the links it needs now (a signal, a stop under way):
-past it the root is taken for stalled and the loop goes on with the links it knew."""
+"""How long the loop waits for a look at the links when a signal comes: past it the root is
+taken for stalled, and the stop goes out to the workers with the links it knew."""
 RECORDS_WAIT_SECONDS = 5.0
 """How long the end waits for the run's last records to reach a stalled root."""
 
@@ -500,7 +500,9 @@ class Supervisor:
         every tick of a stop and otherwise every :data:`LINK_LOOK_SECONDS`; the manifest
         read only when a link moved. While the workers train (a tick), the look runs in the
         root's thread and its result is taken at a later tick: a frozen root never holds up
-        the loop. Any other event looks at once (what it decides may hang on the answer)."""
+        the loop. Any other event looks at once (what it decides may hang on the answer), a
+        signal for at most :data:`LOOK_WAIT_SECONDS` (the stop must reach the workers even while
+        the root stalls; past its deadline :class:`StopGuard` ends the process)."""
         note, now = commit_note(self._node), time.monotonic()
         if isinstance(event, core.Tick) and phase is core.Phase.RUNNING:
             looked, self._looked = self._looked, None
@@ -515,8 +517,11 @@ class Supervisor:
             return
         self._commit_note, self._next_link_look = note, now + LINK_LOOK_SECONDS
         self._look_number += 1  # a look under way in the thread is older than this one
+        if not isinstance(event, core.SignalReceived):
+            yield from self._committed(self._look())  # a stalled root: the guard ends a stop
+            return
         answered, looked = self._root_io.run("look", self._look, LOOK_WAIT_SECONDS)
-        if answered:  # else the root is frozen: the stop goes on, as after a look that saw none
+        if answered:  # else the root is stalled: the stop goes out with the links known
             yield from self._committed(looked)
 
     def _look_in_thread(self, number: int) -> None:
@@ -654,8 +659,8 @@ class Supervisor:
     def _record(self, event: str, warning: bool = False, **fields: Any) -> None:
         """Say it now; append it to the root's events in the root's thread, in order (a frozen
         root holds up the record, never the stop it records)."""
-        at = self._clock()
-        self._root_io.in_order(lambda: self.events.append(event, at=at, **fields))
+        when = self._clock()
+        self._root_io.in_order(lambda: self.events.append_at(when, event, fields))
         log.log(logging.WARNING if warning else logging.INFO, "%s", describe(event, fields))
 
     def _write_control(self, request: Any) -> None:

@@ -18,9 +18,10 @@ import threading
 import time
 from collections.abc import Callable
 
-GUARD_MARGIN_SECONDS = 3.0
+GUARD_MARGIN_SECONDS = 10.0
 """Past the deadline and the kill's own seconds: what a stop that ends on time may still take
-(the end's copy gives up at the deadline, and its set-aside follows)."""
+on a root that is slow but answers (the end's copy gives up at the deadline, its set-aside, the
+run's last records follow)."""
 
 
 class StopGuard:

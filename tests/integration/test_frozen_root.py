@@ -189,7 +189,7 @@ def test_a_stop_during_a_freeze_longer_than_the_grace_ends_74_by_its_deadline_no
     assert job.returncode == 74, output
     newest = memory_checkpoints(memory)[-1]
     assert f"the newest state is checkpoint {newest} in this node's memory tier" in output, output
-    assert took < grace + 15, f"the stop ended {took:.1f} s after its signal (grace {grace} s)"
+    assert took < grace + 30, f"the stop ended {took:.1f} s after its signal (grace {grace} s)"
     on_root = list_checkpoints(root, verify=True)
     assert on_root and all(c.valid for c in on_root), on_root  # nothing torn, once thawed
     assert max(c.index for c in on_root) < newest

@@ -151,3 +151,16 @@ def test_a_stop_guard_disarmed_before_its_deadline_never_fires() -> None:
         if thread.name == "cycle-stop-guard":
             thread.join(30)
     assert ended == []
+
+
+def test_an_event_written_later_keeps_the_time_it_happened_and_fields_of_any_name(
+        tmp_path: Path) -> None:
+    """The supervisor's records reach the root from its thread, after the fact: the time is
+    the moment it happened, and a field named ``at`` (the first step's) is a field."""
+    from cycler.protocol.events import EventLog, read_events
+
+    EventLog(tmp_path / "events.jsonl", clock=lambda: 99.0).append_at(
+        12.5, "first_step", {"at": 12.25, "when": "then"})
+    (event,) = read_events(tmp_path / "events.jsonl")
+    assert (event["time"], event["event"], event["at"], event["when"]) == (
+        12.5, "first_step", 12.25, "then")
