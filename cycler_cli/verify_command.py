@@ -9,6 +9,7 @@ from typing import Any
 import typer
 
 from cycler.errors import ConfigError
+from cycler.supervisor.options import load_config_file
 from cycler_cli import render
 from cycler_cli.errors import exit_on_cycler_error
 from cycler_cli.help_format import Command
@@ -90,9 +91,13 @@ def _run_args_for_a_workdir(app: typer.Typer, ctx: typer.Context,
     if not parsed.get("script"):
         raise ConfigError("cycle verify needs the script to run: cycle verify [OPTIONS] "
                           "[CYCLE RUN OPTIONS] SCRIPT [ARGS]...")
-    if parsed.get("checkpoint_dir") is not None:
+    from_file = {} if parsed.get("config") is None else load_config_file(parsed["config"])
+    if parsed.get("checkpoint_dir") is not None or from_file.get("checkpoint_dir") is not None:
         raise ConfigError("cycle verify gives each run its own checkpoint root in its scratch "
-                          "directory: leave out --checkpoint-dir")
+                          "directory: leave out --checkpoint-dir"
+                          + ("" if parsed.get("checkpoint_dir") is not None else
+                             f" (checkpoint_dir in {parsed['config']})"))
+    run_args = _config_for_a_workdir(run_args, parsed, from_file)
     if parsed.get("module"):
         return run_args, Path.cwd()
     script, tail = parsed["script"], list(parsed.get("args") or [])
@@ -100,3 +105,26 @@ def _run_args_for_a_workdir(app: typer.Typer, ctx: typer.Context,
     if Path(script).exists():
         return [*run_args[:at], str(Path(script).resolve()), *run_args[at + 1:]], None
     return run_args, None
+
+
+def _config_for_a_workdir(run_args: list[str], parsed: dict[str, Any],
+                          from_file: dict[str, Any]) -> list[str]:
+    """``run_args`` with a ``--config`` FILE made absolute (the runs work elsewhere), and the
+    file's memory directory given as ``--memory-dir`` where no flag names one: verify reads the
+    runs' memory tier from there (a relative one, as ``cycle run`` takes it, from the run's
+    working directory)."""
+    if parsed.get("config") is None:
+        return run_args
+    absolute = str(Path(parsed["config"]).resolve())
+    at = next(i for i, a in enumerate(run_args) if a == "--config" or a.startswith("--config="))
+    run_args = list(run_args)  # cycle run's own comes first: the script's options follow it
+    if run_args[at] == "--config":
+        run_args[at + 1] = absolute
+    else:
+        run_args[at] = f"--config={absolute}"
+    memory_dir = from_file.get("memory_dir")
+    if memory_dir is None and isinstance(from_file.get("memory_tier"), str):
+        memory_dir = from_file["memory_tier"]  # YAML's memory_tier: /mnt/ram
+    if memory_dir is None or parsed.get("memory_dir") is not None:
+        return run_args
+    return ["--memory-dir", str(memory_dir), *run_args]

@@ -57,8 +57,9 @@ class Decision:
 def checked_keep_last(keep_last: int) -> int:
     """``keep_last`` if it means something (``-1``: all; ``N >= 1``: the newest N); otherwise
     :class:`~cycler.errors.ConfigError` saying what to give (a value that is no whole number,
-    ``2.5`` or ``"2"``, had failed the first commit's retention, after the commit)."""
-    if not isinstance(keep_last, int):
+    ``2.5`` or ``"2"``, had failed the first commit's retention, after the commit; ``True`` is
+    an int to Python, and was taken as 1)."""
+    if not isinstance(keep_last, int) or isinstance(keep_last, bool):
         raise ConfigError(f"keep_last={keep_last!r} is not a whole number: give 1 or more to "
                           "keep the newest N (the latest counts), or -1 to keep them all")
     if keep_last == -1 or keep_last >= 1:

@@ -224,8 +224,13 @@ class EventLog:
         self._host = socket.gethostname()
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
-        """Append one event; no fsync: this is a record for people, not training state."""
-        record = {"time": self._clock(), "event": event, "host": self._host, "pid": os.getpid()}
+        """Append one event that happens now; no fsync: this is a record for people, not
+        training state."""
+        return self.append_at(self._clock(), event, fields)
+
+    def append_at(self, when: float, event: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """Append one event that happened at ``when`` (written later, by another thread)."""
+        record = {"time": when, "event": event, "host": self._host, "pid": os.getpid()}
         record.update(fields)
         line = (json.dumps(record, default=str, sort_keys=True) + "\n").encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -38,6 +38,7 @@ from cycler.protocol.control import (
     write_control,
 )
 from cycler.protocol.events import EventLog, describe, process_start
+from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_NOT_PERSISTED, EXIT_REQUEUE
 from cycler.protocol.features import announced, clear_announcements
 from cycler.protocol.node_local import commit_note
 from cycler.protocol.record import RunRecord
@@ -62,6 +63,7 @@ from cycler.supervisor.slurm import (
     read_job,
     requeue_job,
 )
+from cycler.supervisor.stop_guard import GUARD_MARGIN_SECONDS, StopGuard
 from cycler.supervisor.store_link import LINK_SECONDS, StoreLink
 from cycler.supervisor.tier_end import TierEnd, sigint_came
 from cycler.supervisor.torchrun import (
@@ -81,6 +83,11 @@ checkpoint root's link (a commit the workers did not note, such as an older cycl
 VERDICT_MARGIN = 5.0
 """Seconds a failed torchrun waits for the peers' verdict beyond ``--node-timeout``."""
 STDERR_DRAIN_SECONDS = 2.0
+LOOK_WAIT_SECONDS = 1.0
+"""How long the loop waits for a look at the links when a signal comes: past it the root is
+taken for stalled, and the stop goes out to the workers with the links it knew."""
+RECORDS_WAIT_SECONDS = 5.0
+"""How long the end waits for the run's last records to reach a stalled root."""
 
 
 @dataclass(frozen=True)
@@ -215,6 +222,9 @@ class Supervisor:
         self._commit_note = commit_note(self._node)
         self._next_link_look = 0.0
         self._root_io = RootIO()  # the root's calls while the workers train, off the loop
+        self._guard = StopGuard(self._verdict_past_the_deadline)
+        self._guarded: float | None = None
+        """The stop deadline the guard is armed for."""
         self._looked: tuple[int, tuple[tuple[CheckpointName | None, ...], int | None]] | None \
             = None
         """The last look the root's thread took (its number), for the loop to take."""
@@ -280,9 +290,47 @@ class Supervisor:
             self._heartbeat.finish(outcome.exit_code)
         if self._link is not None:
             self._link.close()
-        self._root_io.close()
         self._record("ended", code=outcome.exit_code)  # the run's last moment cycle can see
+        left = self._root_io.close(wait=RECORDS_WAIT_SECONDS)
+        if left:
+            log.warning("the checkpoint root did not answer for %g s: the last %d records of this "
+                        "run were not written to %s", RECORDS_WAIT_SECONDS, left,
+                        self.events.path)
+        self._guard.disarm()
         return outcome
+
+    def _guard_the_deadline(self, decisions: core.SupervisorCore) -> None:
+        """Arm the guard for the stop's deadline (again where it moved): past it, the kill's
+        seconds and a margin, the process ends even where a call on the root holds the loop."""
+        deadline = decisions.stop_deadline
+        if deadline is None or deadline == self._guarded:
+            return
+        self._guarded = deadline
+        self._guard.arm(deadline - self._clock() + decisions.config.kill_after
+                        + GUARD_MARGIN_SECONDS)
+
+    def _verdict_past_the_deadline(self) -> tuple[int, str]:
+        """The exit code and line of a stop whose deadline passed while a call on the root held
+        the loop (the guard's thread): from the links the loop last saw and this node's memory
+        tier, nothing read on the root."""
+        held = "a call on the checkpoint root did not return by the stop's deadline"
+        memory = self.options.memory_layout
+        in_memory = None if memory is None else newest_valid_index(memory)
+        on_root = self._linked[-1].index if self._linked[-1] is not None else None
+        if in_memory is not None and (on_root is None or in_memory > on_root):
+            assert memory is not None
+            return EXIT_NOT_PERSISTED, (
+                f"exit {EXIT_NOT_PERSISTED}: {held} (a stalled filesystem); the newest state is "
+                f"checkpoint {in_memory} in this node's memory tier, {memory.root}: run again on "
+                "this node to resume from it; not requeued")
+        if self._outcome is not None:
+            return self._outcome.exit_code, (f"exit {self._outcome.exit_code}: "
+                                             f"{self._outcome.reason}; {held}: its last records "
+                                             "are not written")
+        if on_root is not None:
+            return EXIT_REQUEUE, (f"exit {EXIT_REQUEUE}: {held} (a stalled filesystem); "
+                                  f"checkpoint {on_root} is the one to resume; not requeued")
+        return EXIT_FAILURE, f"exit {EXIT_FAILURE}: {held}, and no checkpoint is known to resume"
 
     def _loop(self, decisions: core.SupervisorCore) -> RunOutcome:
         self._record("start", pid=os.getpid(), script=str(self.options.script),
@@ -309,6 +357,7 @@ class Supervisor:
                                             workers_started=self._workers_started())
             stopping = decisions.stop_requested
             self._execute(decisions.handle(event))
+            self._guard_the_deadline(decisions)
             if decisions.stop_requested and not stopping:
                 self._carrier.call_off()  # the grace is for the checkpoint
                 self._learn_hard_deadline(self._clock(), decisions.config.kill_after)
@@ -451,7 +500,9 @@ class Supervisor:
         every tick of a stop and otherwise every :data:`LINK_LOOK_SECONDS`; the manifest
         read only when a link moved. While the workers train (a tick), the look runs in the
         root's thread and its result is taken at a later tick: a frozen root never holds up
-        the loop. Any other event looks at once (what it decides may hang on the answer)."""
+        the loop. Any other event looks at once (what it decides may hang on the answer), a
+        signal for at most :data:`LOOK_WAIT_SECONDS` (the stop must reach the workers even while
+        the root stalls; past its deadline :class:`StopGuard` ends the process)."""
         note, now = commit_note(self._node), time.monotonic()
         if isinstance(event, core.Tick) and phase is core.Phase.RUNNING:
             looked, self._looked = self._looked, None
@@ -466,7 +517,12 @@ class Supervisor:
             return
         self._commit_note, self._next_link_look = note, now + LINK_LOOK_SECONDS
         self._look_number += 1  # a look under way in the thread is older than this one
-        yield from self._committed(self._look())
+        if not isinstance(event, core.SignalReceived):
+            yield from self._committed(self._look())  # a stalled root: the guard ends a stop
+            return
+        answered, looked = self._root_io.run("look", self._look, LOOK_WAIT_SECONDS)
+        if answered:  # else the root is stalled: the stop goes out with the links known
+            yield from self._committed(looked)
 
     def _look_in_thread(self, number: int) -> None:
         self._looked = (number, self._look())
@@ -601,7 +657,10 @@ class Supervisor:
             self._tree.reap()
 
     def _record(self, event: str, warning: bool = False, **fields: Any) -> None:
-        self.events.append(event, **fields)
+        """Say it now; append it to the root's events in the root's thread, in order (a frozen
+        root holds up the record, never the stop it records)."""
+        when = self._clock()
+        self._root_io.in_order(lambda: self.events.append_at(when, event, fields))
         log.log(logging.WARNING if warning else logging.INFO, "%s", describe(event, fields))
 
     def _write_control(self, request: Any) -> None:
@@ -621,12 +680,17 @@ class Supervisor:
                 self._signal_tree(signal.SIGTERM)
         if self._link is not None and request.action is Action.CHECKPOINT_AND_EXIT:
             self._link.say_stop(request.to_json())  # every node reads it from the store
+        self._root_io.in_order(lambda: self._write_control_copy(request, told))
+
+    def _write_control_copy(self, request: Any, told: bool) -> None:
+        """The root's copy of the control request (root thread)."""
+        path = self.record.control_path(self.options.node_rank)
         try:
-            write_control(self.record.control_path(self.options.node_rank), request)
+            write_control(path, request)
         except OSError as error:
             if told:
                 self._record("control_copy_unwritable", warning=True, error=str(error),
-                             path=str(self.record.control_path(self.options.node_rank)))
+                             path=str(path))
 
     def _write_node_control(self, request: Any) -> None:
         """Write the node's control file; where its directory is gone (logind removes

@@ -2,7 +2,10 @@
 (Debian's `bindfs` over a scratch directory) whose daemon is stopped with SIGSTOP for 60 s, as
 a parallel filesystem's stall stops every call on it, then continued; a real 2-node job
 (two `cycle run` processes of one gloo rank each on 127.0.0.1) trains through the freeze: its
-steps go on, no node is taken for gone, no hang is declared, and both nodes end 0.
+steps go on, no node is taken for gone, no hang is declared, and both nodes end 0. And a job
+with the memory tier stopped during a freeze longer than its grace: its checkpoints go on in
+memory during the freeze, the stop reaches the workers, and `cycle run` ends by the deadline
+with exit 74 naming the memory checkpoint, leaving nothing torn in the root.
 
 Needs root, /dev/fuse and bindfs (`apt-get install bindfs`, which .ci/run installs); skipped
 with that reason elsewhere. Marker ``fuse``: .ci/run runs it in the two-host lane, after the
@@ -22,7 +25,10 @@ from pathlib import Path
 import pytest
 from gloo_ranks import free_port
 
+from cycler.checkpoint.listing import list_checkpoints
+
 FREEZE_SECONDS = 60.0
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train.py"
 
 JOB = """
 import os, sys, time, torch, torch.distributed as dist
@@ -137,3 +143,53 @@ def test_a_two_node_job_trains_through_a_minute_long_freeze_of_its_checkpoint_ro
     assert [node.returncode for node in nodes] == [0, 0], joined
     assert "is gone" not in joined and "hang" not in joined.lower(), joined
     assert during >= 100, f"{during} steps in the {FREEZE_SECONDS:g} s freeze: training stalled"
+
+
+def memory_checkpoints(memory: Path) -> list[int]:
+    return sorted(c.index for root in memory.glob("cycler-*/ck-*")
+                  for c in list_checkpoints(root) if c.valid)
+
+
+def test_a_stop_during_a_freeze_longer_than_the_grace_ends_74_by_its_deadline_nothing_torn(
+        tmp_path: Path, frozen_mount: tuple[Path, subprocess.Popen[bytes]]) -> None:
+    """On the code before, `cycle run`'s loop read the root's link when the signal came: the
+    stop reached the workers only when the root thawed, and the job trained on past its grace."""
+    mount, daemon = frozen_mount
+    root, memory, grace = mount / "ck", tmp_path / "memory", 8
+    job = subprocess.Popen(
+        [sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", "1",
+         "--checkpoint-dir", str(root), "--memory-dir", str(memory), "--grace", str(grace),
+         "--no-requeue", str(EXAMPLE), "--epochs", "100", "--samples", "4096",
+         "--step-delay", "0.05", "--checkpoint-every", "20"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 300
+        while not any(c.index >= 1 and c.valid for c in list_checkpoints(root)):
+            assert job.poll() is None and time.monotonic() < deadline, "no checkpoint persisted"
+            time.sleep(0.5)
+        daemon.send_signal(signal.SIGSTOP)
+        assert frozen(root), "the root did not freeze"
+        before = memory_checkpoints(memory)
+        deadline = time.monotonic() + 120
+        while memory_checkpoints(memory)[-1:] == before[-1:]:  # nothing waits for the root
+            assert job.poll() is None and time.monotonic() < deadline, \
+                "no checkpoint in memory while the root was frozen"
+            time.sleep(0.5)
+        job.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        output = job.communicate(timeout=FREEZE_SECONDS)[0]  # the root stays frozen past it
+        took = time.monotonic() - signalled
+        still_frozen = frozen(root)
+    finally:
+        daemon.send_signal(signal.SIGCONT)
+        if job.poll() is None:
+            job.kill()
+    assert still_frozen, "the root thawed before the job ended: the test proves nothing"
+    assert job.returncode == 74, output
+    newest = memory_checkpoints(memory)[-1]
+    assert f"the newest state is checkpoint {newest} in this node's memory tier" in output, output
+    assert took < grace + 30, f"the stop ended {took:.1f} s after its signal (grace {grace} s)"
+    on_root = list_checkpoints(root, verify=True)
+    assert on_root and all(c.valid for c in on_root), on_root  # nothing torn, once thawed
+    assert max(c.index for c in on_root) < newest

@@ -329,10 +329,13 @@ def test_status_counts_the_checkpoints_only_in_memory_not_the_index_gaps(
 
 
 def test_status_lists_the_newest_checkpoints_and_counts_the_rest_unless_asked_for_all(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cycler_cli import render
+
     make_checkpoints(tmp_path, 14)
     (tmp_path / "AtomicDirectory_checkpoint_0" / "cycler_manifest.json").unlink()  # torn
-    wide = {"COLUMNS": "200"}
+    wide = {"COLUMNS": "200"}  # read where the console is made: in another test, under xdist
+    monkeypatch.setattr(render.console, "width", 200)
     shown = runner.invoke(app, ["status", str(tmp_path)], env=wide).stdout
     listed = [int(line.split()[0]) for line in shown.splitlines()
               if line.strip() and line.split()[0].isdigit() and " B " in line]

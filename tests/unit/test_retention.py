@@ -199,6 +199,17 @@ def test_a_keep_last_that_would_keep_nothing_is_refused_the_same_everywhere(
     assert checked_keep_last(-1) == -1 and checked_keep_last(1) == 1
 
 
+@pytest.mark.parametrize("keep_last", [True, False, 2.0, "2"])
+def test_keep_last_that_is_no_whole_number_is_refused_booleans_included(
+        keep_last: object) -> None:
+    """``True`` is an ``int`` to Python: it was taken as ``keep_last=1`` and deleted every older
+    checkpoint at the next commit."""
+    from cycler.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="is not a whole number"):
+        checked_keep_last(keep_last)  # type: ignore[arg-type]
+
+
 def _removed_in_memory(specs: str, busy: set[int], keep: int = 2) -> str:
     checkpoints = [_checkpoint(spec) for spec in specs.split()]
     decisions = memory_decisions(checkpoints, busy=busy, keep=keep)

@@ -109,6 +109,18 @@ def test_verify_refuses_a_checkpoint_dir_of_its_own_before_starting_anything(
     assert not (tmp_path / "mine").exists() and not any(tmp_path.glob("cycler-verify-*"))
 
 
+def test_verify_refuses_a_checkpoint_dir_in_a_config_file_before_starting_anything(
+        tmp_path: Path) -> None:
+    """Both runs would have shared the user's checkpoint root, the config file's value winning
+    over the one verify gives each run."""
+    config = tmp_path / "run.yaml"
+    config.write_text(f"checkpoint_dir: {tmp_path / 'mine'}\n")
+    done = cycle_verify(tmp_path, "--config", str(config), str(EXAMPLE))
+    assert done.returncode == 2
+    assert "leave out --checkpoint-dir (checkpoint_dir in" in done.stderr
+    assert not (tmp_path / "mine").exists() and not any(tmp_path.glob("cycler-verify-*"))
+
+
 def test_a_wall_clock_time_under_a_name_like_t_is_a_record_and_an_exact_resume_identical(
         tmp_path: Path) -> None:
     done = cycle_verify(tmp_path, "--json", "--stops", "1", "--seed", "1", str(FORGETFUL),
