@@ -49,6 +49,7 @@ from cycler.supervisor.failure import failure_report
 from cycler.supervisor.failure_kinds import classify
 from cycler.supervisor.foreign import finder_for, requeue_on_foreign_checkpoint
 from cycler.supervisor.hangs import HangPolicy, WorkerProgress
+from cycler.supervisor.landing import Landing, sigint_came
 from cycler.supervisor.options import RunOptions
 from cycler.supervisor.peers import Heartbeat, PeerWatch
 from cycler.supervisor.processes import Watchdog, WorkerTree, become_subreaper, start_torchrun
@@ -63,7 +64,6 @@ from cycler.supervisor.slurm import (
     requeue_job,
 )
 from cycler.supervisor.store_link import LINK_SECONDS, StoreLink
-from cycler.supervisor.tier_end import TierEnd, sigint_came
 from cycler.supervisor.torchrun import (
     LaunchPlan,
     full_environment,
@@ -206,10 +206,9 @@ class Supervisor:
         self._tree: WorkerTree | None = None
         self._watchdog: Watchdog | None = None
         self._outcome: RunOutcome | None = None
-        self._tier_end = TierEnd(options, self._record, self._requeue)
-        self._stopped = False
-        """Whether the run ended as a stop (its persist is checked, copied only in time)."""
-        self._stop_deadline: float | None = None
+        self._landing = Landing(options, self._record, clock)
+        self._land: core.LandNewest | None = None
+        """What the core asked to land before it says its end (the memory tier)."""
         self._failure: str | None = None
         self._linked = self._links()
         self._commit_note = commit_note(self._node)
@@ -271,11 +270,12 @@ class Supervisor:
             stack.callback(self._watchdog.close)
             stack.callback(self._watch_for_preemption_notices())
             stack.callback(self._reap)
-            outcome = self._loop(core.SupervisorCore(self._core_config()))
+            decisions = core.SupervisorCore(self._core_config())
+            planned = self._loop(decisions)
             self._reap()
-            self._replays.finish(outcome.exit_code)
+            self._replays.finish(planned)
             self._progress.save_longest()
-            outcome = self._finish_memory_tier(outcome)
+            outcome = self._landed(decisions)
         if self.options.nnodes > 1:
             self._heartbeat.finish(outcome.exit_code)
         if self._link is not None:
@@ -284,17 +284,19 @@ class Supervisor:
         self._record("ended", code=outcome.exit_code)  # the run's last moment cycle can see
         return outcome
 
-    def _loop(self, decisions: core.SupervisorCore) -> RunOutcome:
+    def _loop(self, decisions: core.SupervisorCore) -> int:
+        """Supervise until the core decides the end; return its exit code (before the landing
+        of the newest checkpoint, where the core asked for one)."""
         self._record("start", pid=os.getpid(), script=str(self.options.script),
                      nproc_per_node=self.options.nproc_per_node, nnodes=self.options.nnodes,
                      node_rank=self.options.node_rank, grace=self.options.grace, **process_start())
-        self._tier_end.announce()
+        self._landing.announce()
         self._config = decisions.config
         early = self._lost_before_start
         self._execute(decisions.start(self._clock()) if early is None else
                       decisions.lost_before_start(core.PeerLost(
                           early.node, early.why, self._clock(), failed=early.failed)))
-        while self._outcome is None:
+        while self._outcome is None and self._land is None:
             event = self._next_event(decisions.wake_at)
             for committed in self._new_checkpoints(event, decisions.phase):
                 self._carrier.checkpoint_committed()  # a thread, if due
@@ -314,9 +316,11 @@ class Supervisor:
                 self._learn_hard_deadline(self._clock(), decisions.config.kill_after)
             if decisions.listening:
                 self._execute(decisions.handle(core.Announced(self._announced(), self._clock())))
-        self._stopped = decisions.stopped
-        self._stop_deadline = decisions.stop_deadline
-        return self._outcome
+        return self._land.planned if self._land is not None else self._exit_code()
+
+    def _exit_code(self) -> int:
+        assert self._outcome is not None
+        return self._outcome.exit_code
 
     def _watch_other_nodes(self, decisions: core.SupervisorCore) -> None:
         """Beat, and end this node's workers when another node is gone (multi-node jobs)."""
@@ -433,6 +437,7 @@ class Supervisor:
             # once a second, while torchrun fails on the lost store at once: a margin.
             peer_verdict_wait=options.node_timeout + VERDICT_MARGIN if options.nnodes > 1
             else 0.0,
+            lands_newest=options.memory_layout is not None,
         )
 
     def _next_event(self, wake_at: float | None) -> core.Event:
@@ -497,21 +502,20 @@ class Supervisor:
         memory = self.options.memory_layout
         return [self.layout] if memory is None else [memory, self.layout]
 
-    def _finish_memory_tier(self, outcome: RunOutcome) -> RunOutcome:
-        """The workers are gone: the outcome with the exit code that says where the newest
-        state is (:class:`TierEnd`)."""
-        code, line = self._tier_end.finish(outcome.exit_code, stopped=self._stopped,
-                                           deadline=self._stop_deadline,
-                                           give_up=lambda: sigint_came(self._queue))
-        return outcome if line is None else RunOutcome(code, line, outcome.failure)
+    def _landed(self, decisions: core.SupervisorCore) -> RunOutcome:
+        """The workers are gone: the outcome, once the landing the core asked for (if any) is
+        reported to it and it said its end."""
+        if self._land is not None:
+            report = self._landing.land(self._land, give_up=lambda: sigint_came(self._queue))
+            self._execute(decisions.handle(report))
+        assert self._outcome is not None
+        return self._outcome
 
     # -- actions ----------------------------------------------------------------------------
 
     def _execute(self, actions: list[core.SupervisorAction]) -> None:
         actions = requeue_on_foreign_checkpoint(actions, self._config, self._foreign)
         for action in actions:
-            if self._tier_end.holds(action):
-                continue  # said, or done, once the memory tier's end fixed the code
             if isinstance(action, core.Log):
                 self._record(action.event, warning=action.warning, **action.fields)
             elif isinstance(action, core.WriteControl):
@@ -524,6 +528,8 @@ class Supervisor:
                 self._signal_workers(action)
             elif isinstance(action, core.Requeue):
                 self._requeue()
+            elif isinstance(action, core.LandNewest):
+                self._land = action
             else:
                 failure = self._failure if action.workers_failed else None
                 self._outcome = RunOutcome(action.code, action.reason, failure)
