@@ -1,5 +1,6 @@
 """Write ``docs/options.md``: ``cycle run``'s options as its ``--help`` lists them, with the
-``--config`` key and environment variables each one declares (:mod:`cycler.supervisor.flags`).
+``--config`` key and environment variables each one declares
+(:mod:`cycler.supervisor.flags`).
 
 Regenerate after changing an option: ``python -m cycler_cli.options_doc`` (from the repository
 root). ``tests/unit/test_option_declarations.py`` fails while the file is stale.

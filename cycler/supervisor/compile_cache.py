@@ -15,8 +15,9 @@ make a job refuse to start.
 
 The directory travels with the checkpoint root (:mod:`cycler.supervisor.carried_cache`):
 after a checkpoint is committed and when a run ends, node 0 packs it into
-``<root>/.cycler/compile-cache.tar`` if it changed (:mod:`cycler.supervisor.cache_carrier`); a
-start that finds its directory empty (a fresh node) unpacks it first, unless its key differs.
+``<root>/.cycler/compile-cache.tar`` if it changed
+(:mod:`cycler.supervisor.cache_carrier`); a start that finds its directory empty (a fresh
+node) unpacks it first, unless its key differs.
 torch's portable artifacts (``torch.compiler.save_cache_artifacts``) were measured and not
 used: on the CPU they hold the FX graphs but not the compiled kernels, so a fresh node still
 compiled every kernel (docs/compile-cache.md). No torch is imported here.

@@ -1,12 +1,13 @@
 """The supervisor's side of the memory tier (docs/memory-tier.md): its record at the start, and
 at a run's end the landing of the newest checkpoint in the checkpoint root, reported as facts.
 
-The core decides the exit and any requeue (:mod:`cycler.supervisor.core`); with the memory tier
-it asks first for :class:`LandNewest`, which :class:`Landing` carries out once the workers are
-gone: :func:`cycler.checkpoint.job_end.finish_job`. After a stop whose checkpoint did not reach
-the checkpoint root in the workers' persist, that copies it there in what is left of the stop's
-deadline, less :data:`STOP_COPY_MARGIN_SECONDS`. What happened is said in events and answered
-with one :class:`LandingReport`; the core turns a failure into exit 74 and no requeue.
+The core decides the exit and any requeue (:mod:`cycler.supervisor.core`); with the memory
+tier it asks first for :class:`LandNewest`, which :class:`Landing` carries out once the
+workers are gone: :func:`cycler.checkpoint.job_end.finish_job`. After a stop whose checkpoint
+did not reach the checkpoint root in the workers' persist, that copies it there in what is
+left of the stop's deadline, less :data:`STOP_COPY_MARGIN_SECONDS`. What happened is said in
+events and answered with one :class:`LandingReport`; the core turns a failure into exit 74
+and no requeue.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """torchrun as ``cycle run`` starts it: torch's own launcher, under the supervisor's orders.
 
-``python -m cycler.supervisor.launcher ARGS`` is ``torchrun ARGS`` (it calls torchrun's ``main``
-with the same arguments) with two differences:
+``python -m cycler.supervisor.launcher ARGS`` is ``torchrun ARGS`` (it calls torchrun's
+``main`` with the same arguments) with two differences:
 
 - The stop signals (``$CYCLER_STOP_SIGNALS``) that reach torchrun directly, as on clusters that
   signal every process of a job, do nothing: torchrun is told to handle only SIGQUIT
