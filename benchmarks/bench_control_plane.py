@@ -1,8 +1,8 @@
 """The control plane of N nodes on one machine: the real code, counted (issue 36).
 
 Each simulated node is a thread driving cycle run's own ``Heartbeat`` and ``PeerWatch``
-(``cycler.supervisor.peers``) and, with ``--mode store``, its ``StoreLink`` to node 0's
-``TCPStore`` (``cycler.supervisor.store_link``), as the supervisor's loop does, over a real
+(``cycler.supervisor.nodes.peers``) and, with ``--mode store``, its ``StoreLink`` to node 0's
+``TCPStore`` (``cycler.supervisor.nodes.store_link``), as the supervisor's loop does, over a real
 checkpoint root in a scratch directory. Every filesystem call that names a path in the root is
 counted (an audit hook for opens, renames, removals, listings; wrappers for ``stat``, ``lstat``,
 ``readlink``). Per N it prints:
@@ -60,9 +60,9 @@ from cycler.checkpoint.manifest import (  # noqa: E402
 from cycler.protocol.control import Action, ControlRequest, write_control  # noqa: E402
 from cycler.protocol.names import LIVENESS_STORE_FILENAME  # noqa: E402
 from cycler.protocol.record import RunRecord
-from cycler.supervisor.peers import BEAT_SECONDS, Heartbeat, PeerWatch  # noqa: E402
+from cycler.supervisor.nodes.peers import BEAT_SECONDS, Heartbeat, PeerWatch  # noqa: E402
+from cycler.supervisor.nodes.store_link import StoreLink  # noqa: E402
 from cycler.supervisor.shell import stops_elsewhere  # noqa: E402
-from cycler.supervisor.store_link import StoreLink  # noqa: E402
 
 LOOP_SECONDS = 0.2
 """How often a simulated supervisor beats and looks (its real loop ticks every 0.1 s; both

@@ -42,20 +42,31 @@ from cycler.protocol.features import announced, clear_announcements
 from cycler.protocol.node_local import commit_note
 from cycler.protocol.record import RunRecord
 from cycler.protocol.stop_signals import lower_shields, raise_shields
-from cycler.supervisor import core, notices
-from cycler.supervisor.cache_carrier import CompileCacheCarrier
 from cycler.supervisor.checks import checked_options, record_resume_from
-from cycler.supervisor.failure import failure_report
-from cycler.supervisor.failure_kinds import classify
-from cycler.supervisor.foreign import finder_for, requeue_on_foreign_checkpoint
-from cycler.supervisor.hangs import HangPolicy, WorkerProgress
-from cycler.supervisor.landing import Landing, sigint_came
-from cycler.supervisor.options import RunOptions
-from cycler.supervisor.peers import Heartbeat, PeerWatch
-from cycler.supervisor.processes import Watchdog, WorkerTree, become_subreaper, start_torchrun
-from cycler.supervisor.replay_watch import ReplayWatch, fingerprint_dir
-from cycler.supervisor.root_io import RootIO
-from cycler.supervisor.slurm import (
+from cycler.supervisor.compile_cache.carrier import CompileCacheCarrier
+from cycler.supervisor.configuration.options import RunOptions
+from cycler.supervisor.decisions import core
+from cycler.supervisor.decisions.failure import failure_report
+from cycler.supervisor.decisions.failure_kinds import classify
+from cycler.supervisor.launch.processes import (
+    Watchdog,
+    WorkerTree,
+    become_subreaper,
+    start_torchrun,
+)
+from cycler.supervisor.launch.torchrun import (
+    LaunchPlan,
+    full_environment,
+    launch_plan,
+    restarts_by_torchrun,
+)
+from cycler.supervisor.nodes.peers import Heartbeat, PeerWatch
+from cycler.supervisor.nodes.root_io import RootIO
+from cycler.supervisor.nodes.store_link import LINK_SECONDS, StoreLink
+from cycler.supervisor.run_end.foreign import finder_for, requeue_on_foreign_checkpoint
+from cycler.supervisor.run_end.landing import Landing, sigint_came
+from cycler.supervisor.schedulers import notices
+from cycler.supervisor.schedulers.slurm import (
     DEADLINE_MARGIN_SECONDS,
     RequeueResult,
     SlurmJob,
@@ -63,13 +74,8 @@ from cycler.supervisor.slurm import (
     read_job,
     requeue_job,
 )
-from cycler.supervisor.store_link import LINK_SECONDS, StoreLink
-from cycler.supervisor.torchrun import (
-    LaunchPlan,
-    full_environment,
-    launch_plan,
-    restarts_by_torchrun,
-)
+from cycler.supervisor.watch.hangs import HangPolicy, WorkerProgress
+from cycler.supervisor.watch.replay_watch import ReplayWatch, fingerprint_dir
 
 log = logging.getLogger("cycler.supervisor")
 

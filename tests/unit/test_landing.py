@@ -1,4 +1,4 @@
-"""The landing of the newest memory checkpoint at a run's end (supervisor/landing.py), reported
+"""The landing of the newest memory checkpoint at a run's end (supervisor/run_end/landing.py), reported
 to the core, which decides the exit and the requeue: a stop whose checkpoint is only in memory is
 not requeued (issue 25, finding 8)."""
 
@@ -12,10 +12,9 @@ from typing import Any
 
 from cycler import AtomicDirectory, atomic_torch_save
 from cycler.protocol.exit_codes import EXIT_NOT_PERSISTED, EXIT_REQUEUE
-from cycler.supervisor.core import CoreConfig, SupervisorCore
-from cycler.supervisor.landing import STOP_COPY_MARGIN_SECONDS, Landing, sigint_came
-from cycler.supervisor.options import RunOptions
-from cycler.supervisor.vocabulary import (
+from cycler.supervisor.configuration.options import RunOptions
+from cycler.supervisor.decisions.core import CoreConfig, SupervisorCore
+from cycler.supervisor.decisions.vocabulary import (
     CheckpointCommitted,
     Event,
     Exit,
@@ -26,6 +25,7 @@ from cycler.supervisor.vocabulary import (
     Tick,
     WorkersExited,
 )
+from cycler.supervisor.run_end.landing import STOP_COPY_MARGIN_SECONDS, Landing, sigint_came
 
 
 class Said:

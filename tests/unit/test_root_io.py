@@ -1,5 +1,5 @@
 """The supervisor's calls on the root while the workers train run in one thread
-(cycler.supervisor.root_io), so a frozen root never holds up its loop: the heartbeat still
+(cycler.supervisor.nodes.root_io), so a frozen root never holds up its loop: the heartbeat still
 reaches the store while the file write is stuck, and a stuck call is not piled on."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from cycler.protocol.record import RunRecord
-from cycler.supervisor.peers import Heartbeat
-from cycler.supervisor.root_io import RootIO
+from cycler.supervisor.nodes.peers import Heartbeat
+from cycler.supervisor.nodes.root_io import RootIO
 
 
 class Frozen:

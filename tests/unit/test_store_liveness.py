@@ -11,7 +11,7 @@ from typing import Any
 
 from cycler.protocol.control import Action, ControlRequest, write_control
 from cycler.protocol.record import RunRecord
-from cycler.supervisor.peers import VERDICT_NODE, Heartbeat, Loss, PeerWatch
+from cycler.supervisor.nodes.peers import VERDICT_NODE, Heartbeat, Loss, PeerWatch
 from cycler.supervisor.shell import stops_elsewhere
 
 

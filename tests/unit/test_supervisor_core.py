@@ -16,7 +16,7 @@ from cycler.protocol.exit_codes import (
     EXIT_REQUEUE,
     EXIT_SUCCESS,
 )
-from cycler.supervisor.core import (
+from cycler.supervisor.decisions.core import (
     CheckpointCommitted,
     CoreConfig,
     Event,
@@ -36,7 +36,7 @@ from cycler.supervisor.core import (
     WorkersExited,
     WriteControl,
 )
-from cycler.supervisor.failure_kinds import FailureKind, WorkerFailure
+from cycler.supervisor.decisions.failure_kinds import FailureKind, WorkerFailure
 
 NO_CUDA = WorkerFailure(FailureKind.OTHER, "RuntimeError: no CUDA", "E: no CUDA")
 ANOTHER = WorkerFailure(FailureKind.OTHER, "RuntimeError: another", "E: another")

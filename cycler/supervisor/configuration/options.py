@@ -34,16 +34,16 @@ from cycler.errors import ConfigError
 from cycler.protocol.environment import ENV_CHECKPOINT_DIR, ENV_ISC_ARTIFACT_PATH
 from cycler.protocol.node_local import NodeFiles
 from cycler.protocol.record import RunRecord
-from cycler.supervisor.config_file import read_config_file
-from cycler.supervisor.flags import NUMBER, config_types, option
-from cycler.supervisor.notices import NOTICE_MODES
-from cycler.supervisor.peers import START_TIMEOUT
-from cycler.supervisor.scheduler_env import (
+from cycler.supervisor.configuration.config_file import read_config_file
+from cycler.supervisor.configuration.flags import NUMBER, config_types, option
+from cycler.supervisor.nodes.peers import START_TIMEOUT
+from cycler.supervisor.schedulers.environment import (
     NNODES_VARIABLES,
     NODE_RANK_VARIABLES,
     NPROC_VARIABLES,
     scheduler_defaults,
 )
+from cycler.supervisor.schedulers.notices import NOTICE_MODES
 
 DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR2")
 # These cannot be caught (KILL, STOP) or already mean something else to the supervisor.

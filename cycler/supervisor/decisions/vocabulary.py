@@ -1,7 +1,7 @@
 """What the supervisor's core hears and says: stop paths, events and actions (no logic).
 
 The shell turns signals, process exits, commits and time into the events below, feeds them to
-:class:`cycler.supervisor.core.SupervisorCore`, and carries out the actions it returns.
+:class:`cycler.supervisor.decisions.core.SupervisorCore`, and carries out the actions it returns.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from cycler.protocol.control import ControlRequest
 from cycler.protocol.features import USES_CONTROL, USES_CYCLER, USES_OWN_HANDLER, USES_SAVER
-from cycler.supervisor.failure_kinds import WorkerFailure
+from cycler.supervisor.decisions.failure_kinds import WorkerFailure
 
 
 class StopPath(str, enum.Enum):

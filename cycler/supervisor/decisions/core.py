@@ -61,8 +61,8 @@ from cycler.protocol.exit_codes import (
     code_when_not_landed,
 )
 from cycler.protocol.features import USES_OWN_HANDLER
-from cycler.supervisor.budget import RestartBudget
-from cycler.supervisor.vocabulary import (
+from cycler.supervisor.decisions.budget import RestartBudget
+from cycler.supervisor.decisions.vocabulary import (
     NO_CHECKPOINT_TO_RESUME,
     Announced,
     CheckpointCommitted,
@@ -472,7 +472,7 @@ class SupervisorCore:
                             warning=True))
         if self.config.restarts_by_torchrun:
             # torchrun's agent restarted the workers with every node's as long as the budget
-            # allowed (cycler.supervisor.launcher applies it): its exit is the end, unless
+            # allowed (cycler.supervisor.launch.launcher applies it): its exit is the end, unless
             # another node is gone (node 0's death fails this torchrun on its lost store
             # before the heartbeats can tell).
             if self.config.peer_verdict_wait <= 0:

@@ -1,7 +1,7 @@
 """The supervisor's side of the memory tier (docs/memory-tier.md): its record at the start, and
 at a run's end the landing of the newest checkpoint in the checkpoint root, reported as facts.
 
-The core decides the exit and any requeue (:mod:`cycler.supervisor.core`); with the memory
+The core decides the exit and any requeue (:mod:`cycler.supervisor.decisions.core`); with the memory
 tier it asks first for :class:`LandNewest`, which :class:`Landing` carries out once the
 workers are gone: :func:`cycler.checkpoint.job_end.finish_job`. After a stop whose checkpoint
 did not reach the checkpoint root in the workers' persist, that copies it there in what is
@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 from cycler.checkpoint import job_end
 from cycler.checkpoint.layout import CheckpointName
-from cycler.supervisor.options import RunOptions
-from cycler.supervisor.vocabulary import Event, LandingReport, LandNewest, SignalReceived
+from cycler.supervisor.configuration.options import RunOptions
+from cycler.supervisor.decisions.vocabulary import Event, LandingReport, LandNewest, SignalReceived
 
 STOP_COPY_MARGIN_SECONDS = 1.0
 """Kept between the end of the supervisor's copy after a stop and the stop's deadline: time to

@@ -13,10 +13,10 @@ the user's when missing; one that is not the user's (another user made it first,
 names another account) is warned of once and its headers are not carried: no other user can
 make a job refuse to start.
 
-The directory travels with the checkpoint root (:mod:`cycler.supervisor.carried_cache`):
+The directory travels with the checkpoint root (:mod:`cycler.supervisor.compile_cache.archive`):
 after a checkpoint is committed and when a run ends, node 0 packs it into
 ``<root>/.cycler/compile-cache.tar`` if it changed
-(:mod:`cycler.supervisor.cache_carrier`); a start that finds its directory empty (a fresh
+(:mod:`cycler.supervisor.compile_cache.carrier`); a start that finds its directory empty (a fresh
 node) unpacks it first, unless its key differs.
 torch's portable artifacts (``torch.compiler.save_cache_artifacts``) were measured and not
 used: on the CPU they hold the FX graphs but not the compiled kernels, so a fresh node still
@@ -43,8 +43,8 @@ from pathlib import Path
 from cycler._private import check_safe_parent, make_private, owner_name
 from cycler.checkpoint.memory_roots import memory_root
 from cycler.errors import CheckpointDirectoryError
-from cycler.supervisor.carried_cache import CacheKey, unpack
-from cycler.supervisor.options import RunOptions
+from cycler.supervisor.compile_cache.archive import CacheKey, unpack
+from cycler.supervisor.configuration.options import RunOptions
 
 log = logging.getLogger("cycler.supervisor")
 
