@@ -1,7 +1,7 @@
 """What ``cycle run`` checks and settles before it starts anything (errors exit 2).
 
 The script must be startable in the way torchrun will start it and node 0's port free
-(:mod:`.startable`), the checkpoint root and the lossy directory writable, and
+(:mod:`.launch.startable`), the checkpoint root and the lossy directory writable, and
 ``--resume-from`` either carried out already by this job (then it is dropped) or naming a
 checkpoint that exists.
 """

@@ -199,3 +199,15 @@ def test_no_two_packages_or_modules_of_a_part_import_each_other_in_a_circle() ->
         inside = {m: p for m, p in modules.items() if room_of(m) == room}
         assert_no_cycle({m: {i for i in imports_of(p, top_level_only=False) if i in inside} - {m}
                          for m, p in inside.items()})
+
+
+def test_each_package_of_the_supervisor_maps_its_modules_and_packages_in_its_docstring() -> None:
+    """``supervisor/`` is in wings: its ``__init__`` and each wing's name every module and
+    package they hold (``:mod:`.name```), so a reader finds any module from the top."""
+    unnamed = []
+    for init in (PACKAGE / "supervisor").rglob("__init__.py"):
+        said = ast.get_docstring(ast.parse(init.read_text())) or ""
+        held = [p.stem for p in init.parent.glob("*.py") if p.name != "__init__.py"]
+        held += [p.parent.name for p in init.parent.glob("*/__init__.py")]
+        unnamed += [f"{init.parent.name}/{name}" for name in held if f":mod:`.{name}`" not in said]
+    assert not unnamed, unnamed

@@ -56,7 +56,7 @@ RDZV_BACKENDS = ("c10d", "etcd", "etcd-v2", "static")
 HANG_LEAST_SECONDS = 1.0
 """The shortest ``--hang-*`` allowance: below it ordinary pauses would count as hangs."""
 DIVERGENCE_ACTIONS = ("warn", "stop")
-"""What ``--on-divergence`` may say (:mod:`.replay_watch`)."""
+"""What ``--on-divergence`` may say (:mod:`cycler.supervisor.watch.replay_watch`)."""
 LAUNCH_MODES = ("script", "module", "no_python", "run_path")
 """How torchrun starts SCRIPT: ``python SCRIPT``, ``python -m SCRIPT`` (``-m``), SCRIPT itself
 (``--no-python``), or ``runpy.run_path`` (``--run-path``)."""
@@ -108,7 +108,8 @@ class RunOptions:
         True, "--fork-workers/--no-fork-workers", yaml=(bool,),
         help="Start each worker by fork from torchrun's agent, which has imported torch "
              "(a script, not -m or --no-python; a number of processes per node)")
-    """Saves every worker its own ``import torch`` at each start (:mod:`.forked`)."""
+    """Saves every worker its own ``import torch`` at each start
+    (:mod:`cycler.supervisor.launch.forked`)."""
     checkpoint_dir: Path = option(
         Path("checkpoints"), "--checkpoint-dir", yaml=(str,),
         env=(ENV_CHECKPOINT_DIR, ENV_ISC_ARTIFACT_PATH),
