@@ -1,8 +1,8 @@
 """The control plane of N nodes on one machine: the real code, counted (issue 36).
 
 Each simulated node is cycle run's own ``Heartbeat`` and ``PeerWatch``
-(``cycler.supervisor.peers``) and, with ``--mode store``, its ``StoreLink`` to node 0's
-``TCPStore`` (``cycler.supervisor.store_link``), over a real checkpoint root in a scratch
+(``cycler.supervisor.nodes.peers``) and, with ``--mode store``, its ``StoreLink`` to node 0's
+``TCPStore`` (``cycler.supervisor.nodes.store_link``), over a real checkpoint root in a scratch
 directory, driven by a few threads for all nodes (:class:`Drivers`: one runs every node's loop,
 ``--links`` beat the links; 1,024 nodes with threads of their own overloaded the machine).
 Every filesystem call that names a path in the root is
@@ -64,10 +64,10 @@ from cycler.checkpoint.manifest import (  # noqa: E402
 from cycler.protocol.control import Action, ControlRequest, write_control  # noqa: E402
 from cycler.protocol.names import LIVENESS_STORE_FILENAME  # noqa: E402
 from cycler.protocol.record import RunRecord
-from cycler.supervisor.peers import BEAT_SECONDS, Heartbeat, PeerWatch  # noqa: E402
-from cycler.supervisor.root_io import RootIO  # noqa: E402
+from cycler.supervisor.nodes.peers import BEAT_SECONDS, Heartbeat, PeerWatch  # noqa: E402
+from cycler.supervisor.nodes.root_io import RootIO  # noqa: E402
+from cycler.supervisor.nodes.store_link import LINK_SECONDS, StoreLink  # noqa: E402
 from cycler.supervisor.shell import stops_elsewhere  # noqa: E402
-from cycler.supervisor.store_link import LINK_SECONDS, StoreLink  # noqa: E402
 
 LOOP_SECONDS = 0.2
 """How often a simulated supervisor beats and looks (its real loop ticks every 0.1 s; both

@@ -101,7 +101,7 @@ def progress_dir(process: subprocess.Popen[bytes], variant: str) -> Path:
     """The beacons' directory the job's torchrun agent hands its workers."""
     for child in psutil.Process(process.pid).children(recursive=True):
         with contextlib.suppress(psutil.Error):
-            if "cycler.supervisor.launcher" in " ".join(child.cmdline()):
+            if "cycler.supervisor.launch.launcher" in " ".join(child.cmdline()):
                 return Path(child.environ()["CYCLER_PROGRESS_DIR"])
     fail(variant, "no torchrun agent with a beacons' directory under cycle run")
 

@@ -1,5 +1,6 @@
 """Write ``docs/options.md``: ``cycle run``'s options as its ``--help`` lists them, with the
-``--config`` key and environment variables each one declares (:mod:`cycler.supervisor.flags`).
+``--config`` key and environment variables each one declares
+(:mod:`cycler.supervisor.configuration.flags`).
 
 Regenerate after changing an option: ``python -m cycler_cli.options_doc`` (from the repository
 root). ``tests/unit/test_option_declarations.py`` fails while the file is stale.
@@ -13,8 +14,8 @@ from typing import Any
 
 import typer
 
-from cycler.supervisor.flags import declared
-from cycler.supervisor.options import RunOptions
+from cycler.supervisor.configuration.flags import declared
+from cycler.supervisor.configuration.options import RunOptions
 from cycler_cli.main import app
 
 DOC_PATH = Path("docs") / "options.md"
@@ -22,7 +23,7 @@ DOC_PATH = Path("docs") / "options.md"
 
 _HEADER = """# `cycle run`'s options
 
-Generated from the declarations in `cycler/supervisor/options.py` by
+Generated from the declarations in `cycler/supervisor/configuration/options.py` by
 `python -m cycler_cli.options_doc`; do not edit by hand. Every option can also be set in a
 YAML file given with `--config` under the key shown (dashes or underscores); flags win over the
 file, which wins over the environment, which wins over the defaults. In the file, numbers and

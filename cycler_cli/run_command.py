@@ -15,8 +15,8 @@ from rich.markup import escape
 
 from cycler.errors import ConfigError
 from cycler.protocol.exit_codes import EXIT_FAILURE, MEANINGS
-from cycler.supervisor.flags import declared, help_line
-from cycler.supervisor.options import RunOptions, resolve_run_options
+from cycler.supervisor.configuration.flags import declared, help_line
+from cycler.supervisor.configuration.options import RunOptions, resolve_run_options
 from cycler_cli.errors import exit_on_cycler_error
 from cycler_cli.help_format import Command
 

@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from cycler.errors import ConfigError
-from cycler.supervisor.options import load_config_file
+from cycler.supervisor.configuration.options import load_config_file
 from cycler_cli import render
 from cycler_cli.errors import exit_on_cycler_error
 from cycler_cli.help_format import Command

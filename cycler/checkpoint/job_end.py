@@ -26,7 +26,7 @@ from cycler.checkpoint.linking import link_forward
 from cycler.checkpoint.listing import inspect_checkpoint
 from cycler.checkpoint.tiers import remove_memory_root
 from cycler.errors import CyclerError
-from cycler.protocol.exit_codes import EXIT_NOT_PERSISTED, EXIT_REQUEUE, EXIT_SUCCESS
+from cycler.protocol.exit_codes import EXIT_REQUEUE, code_when_not_landed
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +69,9 @@ class JobEnd:
     ``cycle run`` made of it in what was left of the stop's deadline."""
 
     def exit_code(self, planned: int) -> int:
-        """``cycle run``'s exit code: :data:`EXIT_NOT_PERSISTED` where the planned code would
-        say the state is safe in the checkpoint root (the script finished, or a stop's
-        checkpoint to resume) and it is not; a failure's code stays what it was."""
-        if self.failure is not None and planned in (EXIT_SUCCESS, EXIT_REQUEUE):
-            return EXIT_NOT_PERSISTED
-        return planned
+        """The exit code the supervisor's core gives a run planned to end with ``planned``
+        after this end (:func:`cycler.protocol.exit_codes.code_when_not_landed` on a failure)."""
+        return planned if self.failure is None else code_when_not_landed(planned)
 
 
 def finish_job(memory: CheckpointLayout, durable: CheckpointLayout, *, several_nodes: bool,

@@ -25,6 +25,16 @@ on a full disk); the memory tier is kept, so a rerun on this node resumes from i
 EXIT_REQUEUE = 75
 """Stopped cleanly after a committed checkpoint: requeue me (EX_TEMPFAIL)."""
 
+
+
+def code_when_not_landed(planned: int) -> int:
+    """The exit code of a run planned to end with ``planned`` whose newest state did not reach
+    the checkpoint root (the memory tier): :data:`EXIT_NOT_PERSISTED` where ``planned`` would
+    say it is safe there (the script finished, or a stop's checkpoint to resume); a failure's
+    code stays what it was. The supervisor's core decides with it."""
+    return EXIT_NOT_PERSISTED if planned in (EXIT_SUCCESS, EXIT_REQUEUE) else planned
+
+
 MEANINGS = {
     EXIT_SUCCESS: "the script finished",
     EXIT_FAILURE: "the workers failed and restarts are used up (or a crash loop, or a stop "

@@ -6,7 +6,7 @@ Under ``cycle run`` every worker that imports cycler maps a small file of its ow
 its last progress, what it is doing (training, saving, or a phase the script marked, such as an
 evaluation) and the longest stretch of training it has timed between two marks. The supervisor
 reads its node's beacons a few times a second to find a rank that hangs
-(:mod:`cycler.supervisor.hangs`). Writing one costs a clock read and a ``pack_into``.
+(:mod:`cycler.supervisor.watch.hangs`). Writing one costs a clock read and a ``pack_into``.
 
 Each beacon also carries the worker's start-up marks (:data:`MARKS`), each written once, and the
 seconds it spent in phases named ``"compile"``: ``cycle status`` splits what a restart cost with

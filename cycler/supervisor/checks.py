@@ -1,7 +1,7 @@
 """What ``cycle run`` checks and settles before it starts anything (errors exit 2).
 
 The script must be startable in the way torchrun will start it and node 0's port free
-(:mod:`.startable`), the checkpoint root and the lossy directory writable, and
+(:mod:`.launch.startable`), the checkpoint root and the lossy directory writable, and
 ``--resume-from`` either carried out already by this job (then it is dropped) or naming a
 checkpoint that exists.
 """
@@ -42,10 +42,10 @@ from cycler.checkpoint.tiers import overflowed
 from cycler.errors import CheckpointDirectoryError, ConfigError, CyclerError
 from cycler.protocol.environment import ENV_ISC_ARTIFACT_PATH, ENV_ISC_LOSSY_PATH
 from cycler.protocol.record import RunRecord
-from cycler.supervisor.compile_cache import prepare_compile_cache
-from cycler.supervisor.options import RunOptions
-from cycler.supervisor.startable import check_port_free, check_python_script
-from cycler.supervisor.torchrun import isc_environment, store_port
+from cycler.supervisor.compile_cache.place import prepare_compile_cache
+from cycler.supervisor.configuration.options import RunOptions
+from cycler.supervisor.launch.startable import check_port_free, check_python_script
+from cycler.supervisor.launch.torchrun import isc_environment, store_port
 
 log = logging.getLogger("cycler.supervisor")
 

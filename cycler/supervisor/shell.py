@@ -43,19 +43,32 @@ from cycler.protocol.features import announced, clear_announcements
 from cycler.protocol.node_local import commit_note
 from cycler.protocol.record import RunRecord
 from cycler.protocol.stop_signals import lower_shields, raise_shields
-from cycler.supervisor import core, notices
-from cycler.supervisor.cache_carrier import CompileCacheCarrier
 from cycler.supervisor.checks import checked_options, record_resume_from
-from cycler.supervisor.failure import failure_report
-from cycler.supervisor.failure_kinds import classify
-from cycler.supervisor.foreign import finder_for, requeue_on_foreign_checkpoint
-from cycler.supervisor.hangs import HangPolicy, WorkerProgress
-from cycler.supervisor.options import RunOptions
-from cycler.supervisor.peers import Heartbeat, PeerWatch
-from cycler.supervisor.processes import Watchdog, WorkerTree, become_subreaper, start_torchrun
-from cycler.supervisor.replay_watch import ReplayWatch, fingerprint_dir
-from cycler.supervisor.root_io import RootIO
-from cycler.supervisor.slurm import (
+from cycler.supervisor.compile_cache.carrier import CompileCacheCarrier
+from cycler.supervisor.configuration.options import RunOptions
+from cycler.supervisor.decisions import core
+from cycler.supervisor.decisions.failure import failure_report
+from cycler.supervisor.decisions.failure_kinds import classify
+from cycler.supervisor.launch.processes import (
+    Watchdog,
+    WorkerTree,
+    become_subreaper,
+    start_torchrun,
+)
+from cycler.supervisor.launch.torchrun import (
+    LaunchPlan,
+    full_environment,
+    launch_plan,
+    restarts_by_torchrun,
+)
+from cycler.supervisor.nodes.peers import Heartbeat, PeerWatch
+from cycler.supervisor.nodes.root_io import RootIO
+from cycler.supervisor.nodes.store_link import LINK_SECONDS, StoreLink
+from cycler.supervisor.run_end.foreign import finder_for, requeue_on_foreign_checkpoint
+from cycler.supervisor.run_end.landing import Landing, sigint_came
+from cycler.supervisor.run_end.stop_guard import GUARD_MARGIN_SECONDS, StopGuard
+from cycler.supervisor.schedulers import notices
+from cycler.supervisor.schedulers.slurm import (
     DEADLINE_MARGIN_SECONDS,
     RequeueResult,
     SlurmJob,
@@ -63,15 +76,8 @@ from cycler.supervisor.slurm import (
     read_job,
     requeue_job,
 )
-from cycler.supervisor.stop_guard import GUARD_MARGIN_SECONDS, StopGuard
-from cycler.supervisor.store_link import LINK_SECONDS, StoreLink
-from cycler.supervisor.tier_end import TierEnd, sigint_came
-from cycler.supervisor.torchrun import (
-    LaunchPlan,
-    full_environment,
-    launch_plan,
-    restarts_by_torchrun,
-)
+from cycler.supervisor.watch.hangs import HangPolicy, WorkerProgress
+from cycler.supervisor.watch.replay_watch import ReplayWatch, fingerprint_dir
 
 log = logging.getLogger("cycler.supervisor")
 
@@ -213,10 +219,9 @@ class Supervisor:
         self._tree: WorkerTree | None = None
         self._watchdog: Watchdog | None = None
         self._outcome: RunOutcome | None = None
-        self._tier_end = TierEnd(options, self._record, self._requeue)
-        self._stopped = False
-        """Whether the run ended as a stop (its persist is checked, copied only in time)."""
-        self._stop_deadline: float | None = None
+        self._landing = Landing(options, self._record, clock)
+        self._land: core.LandNewest | None = None
+        """What the core asked to land before it says its end (the memory tier)."""
         self._failure: str | None = None
         self._linked = self._links()
         self._commit_note = commit_note(self._node)
@@ -281,11 +286,12 @@ class Supervisor:
             stack.callback(self._watchdog.close)
             stack.callback(self._watch_for_preemption_notices())
             stack.callback(self._reap)
-            outcome = self._loop(core.SupervisorCore(self._core_config()))
+            decisions = core.SupervisorCore(self._core_config())
+            planned = self._loop(decisions)
             self._reap()
-            self._replays.finish(outcome.exit_code)
+            self._replays.finish(planned)
             self._progress.save_longest()
-            outcome = self._finish_memory_tier(outcome)
+            outcome = self._landed(decisions)
         if self.options.nnodes > 1:
             self._heartbeat.finish(outcome.exit_code)
         if self._link is not None:
@@ -332,17 +338,19 @@ class Supervisor:
                                   f"checkpoint {on_root} is the one to resume; not requeued")
         return EXIT_FAILURE, f"exit {EXIT_FAILURE}: {held}, and no checkpoint is known to resume"
 
-    def _loop(self, decisions: core.SupervisorCore) -> RunOutcome:
+    def _loop(self, decisions: core.SupervisorCore) -> int:
+        """Supervise until the core decides the end; return its exit code (before the landing
+        of the newest checkpoint, where the core asked for one)."""
         self._record("start", pid=os.getpid(), script=str(self.options.script),
                      nproc_per_node=self.options.nproc_per_node, nnodes=self.options.nnodes,
                      node_rank=self.options.node_rank, grace=self.options.grace, **process_start())
-        self._tier_end.announce()
+        self._landing.announce()
         self._config = decisions.config
         early = self._lost_before_start
         self._execute(decisions.start(self._clock()) if early is None else
                       decisions.lost_before_start(core.PeerLost(
                           early.node, early.why, self._clock(), failed=early.failed)))
-        while self._outcome is None:
+        while self._outcome is None and self._land is None:
             event = self._next_event(decisions.wake_at)
             for committed in self._new_checkpoints(event, decisions.phase):
                 self._carrier.checkpoint_committed()  # a thread, if due
@@ -363,9 +371,11 @@ class Supervisor:
                 self._learn_hard_deadline(self._clock(), decisions.config.kill_after)
             if decisions.listening:
                 self._execute(decisions.handle(core.Announced(self._announced(), self._clock())))
-        self._stopped = decisions.stopped
-        self._stop_deadline = decisions.stop_deadline
-        return self._outcome
+        return self._land.planned if self._land is not None else self._exit_code()
+
+    def _exit_code(self) -> int:
+        assert self._outcome is not None
+        return self._outcome.exit_code
 
     def _watch_other_nodes(self, decisions: core.SupervisorCore) -> None:
         """Beat, and end this node's workers when another node is gone (multi-node jobs)."""
@@ -482,6 +492,7 @@ class Supervisor:
             # once a second, while torchrun fails on the lost store at once: a margin.
             peer_verdict_wait=options.node_timeout + VERDICT_MARGIN if options.nnodes > 1
             else 0.0,
+            lands_newest=options.memory_layout is not None,
         )
 
     def _next_event(self, wake_at: float | None) -> core.Event:
@@ -553,21 +564,20 @@ class Supervisor:
         memory = self.options.memory_layout
         return [self.layout] if memory is None else [memory, self.layout]
 
-    def _finish_memory_tier(self, outcome: RunOutcome) -> RunOutcome:
-        """The workers are gone: the outcome with the exit code that says where the newest
-        state is (:class:`TierEnd`)."""
-        code, line = self._tier_end.finish(outcome.exit_code, stopped=self._stopped,
-                                           deadline=self._stop_deadline,
-                                           give_up=lambda: sigint_came(self._queue))
-        return outcome if line is None else RunOutcome(code, line, outcome.failure)
+    def _landed(self, decisions: core.SupervisorCore) -> RunOutcome:
+        """The workers are gone: the outcome, once the landing the core asked for (if any) is
+        reported to it and it said its end."""
+        if self._land is not None:
+            report = self._landing.land(self._land, give_up=lambda: sigint_came(self._queue))
+            self._execute(decisions.handle(report))
+        assert self._outcome is not None
+        return self._outcome
 
     # -- actions ----------------------------------------------------------------------------
 
     def _execute(self, actions: list[core.SupervisorAction]) -> None:
         actions = requeue_on_foreign_checkpoint(actions, self._config, self._foreign)
         for action in actions:
-            if self._tier_end.holds(action):
-                continue  # said, or done, once the memory tier's end fixed the code
             if isinstance(action, core.Log):
                 self._record(action.event, warning=action.warning, **action.fields)
             elif isinstance(action, core.WriteControl):
@@ -580,6 +590,8 @@ class Supervisor:
                 self._signal_workers(action)
             elif isinstance(action, core.Requeue):
                 self._requeue()
+            elif isinstance(action, core.LandNewest):
+                self._land = action
             else:
                 failure = self._failure if action.workers_failed else None
                 self._outcome = RunOutcome(action.code, action.reason, failure)

@@ -131,7 +131,7 @@ def training_workers(process: subprocess.Popen[str]) -> list[psutil.Process]:
     found = []
     for child in psutil.Process(process.pid).children(recursive=True):
         try:
-            if "cycler.supervisor.launcher" in " ".join(child.cmdline()):
+            if "cycler.supervisor.launch.launcher" in " ".join(child.cmdline()):
                 found += child.children()
         except psutil.Error:
             continue

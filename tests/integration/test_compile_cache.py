@@ -23,8 +23,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cycler.supervisor.carried_cache import CACHE, HEADERS, pack
-from cycler.supervisor.compile_cache import cache_key
+from cycler.supervisor.compile_cache.archive import CACHE, HEADERS, pack
+from cycler.supervisor.compile_cache.place import cache_key
 
 COMPILING = """
 import json, os, sys
@@ -166,8 +166,8 @@ def test_a_stop_calls_off_the_carry_in_flight_and_the_end_of_the_run_carries_onc
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import tempfile
 
-    from cycler.supervisor.compile_cache import node_cache_dir
-    from cycler.supervisor.options import RunOptions
+    from cycler.supervisor.compile_cache.place import node_cache_dir
+    from cycler.supervisor.configuration.options import RunOptions
 
     command, environment, report = cycle_command(tmp_path, "node-a", HOLDING)
     monkeypatch.setattr(tempfile, "tempdir", environment["TMPDIR"])
@@ -294,8 +294,8 @@ def test_a_corrupt_carried_cache_is_ignored_and_the_job_runs(tmp_path: Path) -> 
 PACKER = """
 import sys
 from pathlib import Path
-from cycler.supervisor.carried_cache import CACHE, HEADERS, pack
-from cycler.supervisor.compile_cache import cache_key
+from cycler.supervisor.compile_cache.archive import CACHE, HEADERS, pack
+from cycler.supervisor.compile_cache.place import cache_key
 work = Path(sys.argv[1])
 print(pack({CACHE: work / "cache", HEADERS: work / "headers"}, work / "compile-cache.tar",
            cache_key(work / "worker.py")))
@@ -331,7 +331,7 @@ def test_a_carry_killed_while_it_writes_leaves_the_previous_file_whole(tmp_path:
     assert carried_file.read_bytes() == before
     cache, headers = tmp_path / "fresh" / "cache", tmp_path / "fresh" / "headers"
     cache.mkdir(parents=True, mode=0o700)
-    from cycler.supervisor.carried_cache import unpack
+    from cycler.supervisor.compile_cache.archive import unpack
 
     said = unpack(carried_file, cache, headers, cache_key(tmp_path / "worker.py"))
     assert said is not None and said.startswith("loaded the carried compile cache (2 files)")
@@ -345,9 +345,9 @@ def test_a_carry_into_a_full_root_is_a_warning_event_and_the_run_goes_on(
         tmp_path: Path, small_tmpfs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import tempfile
 
-    from cycler.supervisor.cache_carrier import CompileCacheCarrier
-    from cycler.supervisor.compile_cache import node_cache_dir
-    from cycler.supervisor.options import RunOptions
+    from cycler.supervisor.compile_cache.carrier import CompileCacheCarrier
+    from cycler.supervisor.compile_cache.place import node_cache_dir
+    from cycler.supervisor.configuration.options import RunOptions
 
     script = tmp_path / "worker.py"
     script.write_text(PLAIN)

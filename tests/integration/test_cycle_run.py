@@ -291,7 +291,7 @@ def test_dry_run_prints_the_torchrun_command_and_the_added_environment(tmp_path:
     assert tmp_path not in node_dir.parents
     assert "CYCLER_RESTART_COUNT=0" in lines
     command = lines[-1]
-    assert (" -m cycler.supervisor.launcher --cycle-fork=1 --nproc-per-node 2 --nnodes 1 "
+    assert (" -m cycler.supervisor.launch.launcher --cycle-fork=1 --nproc-per-node 2 --nnodes 1 "
             "--max-restarts 0 --monitor-interval 0.02 ") in command
     assert command.endswith(f"{script} --grace 3 --lr=0.1")
     assert not (tmp_path / "c").exists(), "a dry run creates nothing"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cycler.supervisor.launcher import FORK_SINCE, _release
+from cycler.supervisor.launch.launcher import FORK_SINCE, _release
 
 PROBE = r'''
 import atexit, logging, os, pickle, signal, sys, threading

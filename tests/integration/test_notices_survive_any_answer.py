@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cycler.supervisor.notices import Notice, watch
+from cycler.supervisor.schedulers.notices import Notice, watch
 
 
 def _in(seconds: float) -> str:
@@ -80,7 +80,7 @@ def test_a_notice_after_a_malformed_answer_is_still_read(
     served.append(service)
     got: list[Notice] = []
     arrived, stop = threading.Event(), threading.Event()
-    caplog.set_level(logging.DEBUG, logger="cycler.supervisor.notices")
+    caplog.set_level(logging.DEBUG, logger="cycler.supervisor.schedulers.notices")
     thread = watch("aws", service.url, lambda n: (got.append(n), arrived.set()), stop,
                    every=0.05)
     try:

@@ -23,7 +23,7 @@ from test_cycle_run import Job
 from cycler import latest_checkpoint
 from cycler.protocol.control import read_control
 from cycler.protocol.exit_codes import EXIT_REQUEUE
-from cycler.supervisor.notices import (
+from cycler.supervisor.schedulers.notices import (
     NOTICE,
     check_once,
     cloud_to_watch,

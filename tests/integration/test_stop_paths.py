@@ -168,7 +168,7 @@ def test_sigterm_to_every_process_of_the_job_still_stops_at_the_agreed_step(
             break
     time.sleep(1.0)
     job = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
-    (torchrun,) = [p for p in job if "cycler.supervisor.launcher" in " ".join(p.cmdline())]
+    (torchrun,) = [p for p in job if "cycler.supervisor.launch.launcher" in " ".join(p.cmdline())]
     ranks = torchrun.children()
     loader_workers = [child for rank in ranks for child in rank.children()]
     assert (len(ranks), len(loader_workers)) == (2, 4), "2 ranks, 2 DataLoader workers each"

@@ -14,8 +14,8 @@ import pytest
 from cycler.protocol.control import Action, ControlRequest
 from cycler.protocol.names import LIVENESS_STORE_FILENAME
 from cycler.protocol.record import RunRecord
+from cycler.supervisor.nodes.store_link import StoreLink
 from cycler.supervisor.shell import stops_elsewhere
-from cycler.supervisor.store_link import StoreLink
 
 NODES = 3
 

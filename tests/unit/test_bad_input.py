@@ -19,8 +19,8 @@ from cycler import (
     StateMismatch,
 )
 from cycler.errors import ConfigError
-from cycler.supervisor.options import load_config_file, resolve_run_options
-from cycler.supervisor.slurm import expand_nodelist
+from cycler.supervisor.configuration.options import load_config_file, resolve_run_options
+from cycler.supervisor.schedulers.slurm import expand_nodelist
 from cycler_cli.main import app
 
 runner = CliRunner()

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from cycler.checkpoint.listing import list_checkpoints
-from cycler.supervisor.carried_cache import CACHE, HEADERS, pack, unpack
-from cycler.supervisor.compile_cache import cache_key
+from cycler.supervisor.compile_cache.archive import CACHE, HEADERS, pack, unpack
+from cycler.supervisor.compile_cache.place import cache_key
 
 
 def node_cache(tmp_path: Path) -> dict[str, Path]:

@@ -13,7 +13,7 @@ import pytest
 from cycler.errors import CheckpointDirectoryError
 from cycler.protocol.record import RunRecord
 from cycler.supervisor.checks import prepare_memory_tier
-from cycler.supervisor.options import RunOptions, resolve_run_options
+from cycler.supervisor.configuration.options import RunOptions, resolve_run_options
 
 
 def given(tmp_path: Path, memory_dir: Path) -> RunOptions:

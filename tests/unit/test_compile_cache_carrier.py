@@ -14,15 +14,15 @@ from typing import Any
 
 import pytest
 
-from cycler.supervisor.cache_carrier import CompileCacheCarrier
-from cycler.supervisor.carried_cache import CACHE, pack
-from cycler.supervisor.compile_cache import (
+from cycler.supervisor.compile_cache.archive import CACHE, pack
+from cycler.supervisor.compile_cache.carrier import CompileCacheCarrier
+from cycler.supervisor.compile_cache.place import (
     cache_key,
     carried_path,
     headers_dir,
     node_cache_dir,
 )
-from cycler.supervisor.options import RunOptions
+from cycler.supervisor.configuration.options import RunOptions
 
 LONG_AGO = time.time() - 3600
 

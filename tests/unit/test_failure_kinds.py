@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from cycler.supervisor.budget import RestartBudget
-from cycler.supervisor.failure import failure_report
-from cycler.supervisor.failure_kinds import FailureKind, WorkerFailure, classify
+from cycler.supervisor.decisions.budget import RestartBudget
+from cycler.supervisor.decisions.failure import failure_report
+from cycler.supervisor.decisions.failure_kinds import FailureKind, WorkerFailure, classify
 
 ROOT_CAUSE = """\
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
@@ -48,7 +48,7 @@ FRESH_SYNTAX_ERROR = worker_failed(
     '  File "/tmp/job/train.py", line 2\n    def (:\n        ^\nSyntaxError: invalid syntax\n')
 FORKED_SYNTAX_ERROR = worker_failed(
     'Traceback (most recent call last):\n'
-    '  File "/cycler/supervisor/forked.py", line 203, in run_worker\n'
+    '  File "/cycler/supervisor/launch/forked.py", line 203, in run_worker\n'
     '    runpy.run_path(script, run_name="__main__")\n'
     '  File "<frozen runpy>", line 290, in run_path\n'
     '  File "/tmp/job/train.py", line 2\n    def (:\n        ^\nSyntaxError: invalid syntax\n')

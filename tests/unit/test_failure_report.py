@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cycler.supervisor.failure import failure_report, failure_signature
+from cycler.supervisor.decisions.failure import failure_report, failure_signature
 
 WORKER_TRACEBACK = """\
 Traceback (most recent call last):

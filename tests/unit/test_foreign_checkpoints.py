@@ -1,4 +1,4 @@
-"""Checkpoints a plain script keeps in its own layout (cycler.supervisor.foreign): which count as
+"""Checkpoints a plain script keeps in its own layout (cycler.supervisor.run_end.foreign): which count as
 resumable, and how an end for want of cycler's checkpoint becomes a requeue."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import torch
 
 from cycler.protocol.events import EventLog
 from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS
-from cycler.supervisor.foreign import (
+from cycler.supervisor.decisions.vocabulary import NO_CHECKPOINT_TO_RESUME, Exit, Log, Requeue
+from cycler.supervisor.run_end.foreign import (
     ACCELERATE,
     HUGGING_FACE,
     LIGHTNING,
@@ -25,7 +26,6 @@ from cycler.supervisor.foreign import (
     requeue_on_foreign_checkpoint,
     search_foreign_checkpoints,
 )
-from cycler.supervisor.vocabulary import NO_CHECKPOINT_TO_RESUME, Exit, Log, Requeue
 
 
 def hf_checkpoint(root: Path, step: int, complete: bool = True, mtime: float = 1000.0) -> Path:

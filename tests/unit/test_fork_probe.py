@@ -12,12 +12,12 @@ import sys
 import pytest
 import torch
 
-from cycler.supervisor import forked
+from cycler.supervisor.launch import forked
 
 
 def probe_after(setup: str) -> bool:
     """What :func:`forked.fork_is_bad` answers in a fresh interpreter that first ran ``setup``."""
-    code = f"import torch\n{setup}\nfrom cycler.supervisor import forked\n" \
+    code = f"import torch\n{setup}\nfrom cycler.supervisor.launch import forked\n" \
            "print(forked.fork_is_bad())"
     answer = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=120, check=True).stdout.split()
@@ -43,7 +43,7 @@ def test_the_probe_asks_torch_in_the_child(monkeypatch: pytest.MonkeyPatch) -> N
 def test_the_agents_objects_frozen_for_the_fork_are_thawed_when_it_exits() -> None:
     """Left frozen, they are never freed at the agent's exit, and an extension that counts its
     live objects then (triton's nanobind, on a CUDA build) prints dozens of lines of leaks."""
-    code = "import atexit, gc\nfrom cycler.supervisor import forked\n" \
+    code = "import atexit, gc\nfrom cycler.supervisor.launch import forked\n" \
            "atexit.register(lambda: print('frozen at exit:', gc.get_freeze_count()))\n" \
            "forked.freeze_for_fork()\nprint('frozen:', gc.get_freeze_count() > 0)"
     lines = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from cycler.protocol.progress import PAUSED, SAVING, TRAINING, Reading
-from cycler.supervisor.hangs import HangPolicy, HangWatch, top_frame
+from cycler.supervisor.watch.hangs import HangPolicy, HangWatch, top_frame
 
 POLICY = HangPolicy(floor=10.0, factor=5.0, first_step=100.0, pause=1000.0)
 
@@ -246,7 +246,7 @@ def test_workers_count_as_done_training_only_while_every_loop_ran_to_its_end(tmp
     from cycler.protocol.node_local import NodeFiles
     from cycler.protocol.progress import AFTER_A_STOP, AFTER_THE_LOOP, Beacon
     from cycler.protocol.record import RunRecord
-    from cycler.supervisor.hangs import WorkerProgress
+    from cycler.supervisor.watch.hangs import WorkerProgress
 
     node = NodeFiles.in_directory(tmp_path / "node", 0)
     node.progress_dir.mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""torchrun's agent (``cycler.supervisor.launcher``) knows a stop ``cycle run`` asked for, so
+"""torchrun's agent (``cycler.supervisor.launch.launcher``) knows a stop ``cycle run`` asked for, so
 that workers ending during it are not reported with torch's traceback: it reads the node's
 control file, where a stop reaches the workers even when its copy in the checkpoint root
 cannot be written (a full root)."""
@@ -12,7 +12,7 @@ import pytest
 
 from cycler.protocol.control import Action, ControlRequest, write_control
 from cycler.protocol.environment import ENV_CHECKPOINT_DIR, ENV_CONTROL_FILE
-from cycler.supervisor.launcher import StopSeen
+from cycler.supervisor.launch.launcher import StopSeen
 
 
 def stop(path: Path, at: float) -> None:

@@ -14,8 +14,8 @@ from cycler.checkpoint.layout import CheckpointLayout
 from cycler.protocol.events import read_events
 from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE
 from cycler.protocol.record import RunRecord
-from cycler.supervisor.budget import RestartBudget
-from cycler.supervisor.core import (
+from cycler.supervisor.decisions.budget import RestartBudget
+from cycler.supervisor.decisions.core import (
     CheckpointCommitted,
     CoreConfig,
     Exit,
@@ -31,7 +31,7 @@ from cycler.supervisor.core import (
     Tick,
     WorkersExited,
 )
-from cycler.supervisor.peers import Heartbeat, PeerWatch
+from cycler.supervisor.nodes.peers import Heartbeat, PeerWatch
 
 MULTI_NODE = CoreConfig(grace=30.0, kill_after=2.0, restarts_by_torchrun=True, requeue=True,
                         initial_checkpoint=4)
@@ -227,7 +227,7 @@ def test_a_stop_while_awaiting_the_peers_verdict_ends_as_a_stop():
 
 
 def test_agent_restarts_follow_the_restart_delay_backoff(tmp_path: Path) -> None:
-    from cycler.supervisor.launcher import BudgetedRestarts
+    from cycler.supervisor.launch.launcher import BudgetedRestarts
 
     slept: list[float] = []
     restarts = BudgetedRestarts(RestartBudget(max_restarts=5), CheckpointLayout(tmp_path), 1,
@@ -238,7 +238,7 @@ def test_agent_restarts_follow_the_restart_delay_backoff(tmp_path: Path) -> None
 
 def test_a_failure_during_a_stop_is_never_restarted_by_the_agent_nor_counted(
         tmp_path: Path) -> None:
-    from cycler.supervisor.launcher import BudgetedRestarts
+    from cycler.supervisor.launch.launcher import BudgetedRestarts
 
     stopping = [False]
     budget = RestartBudget(max_restarts=1)
@@ -258,7 +258,7 @@ def test_a_failure_after_the_training_loop_counts_as_finished_once_another_node_
     import os
 
     from cycler.protocol.progress import AFTER_THE_LOOP, PAUSED, Beacon
-    from cycler.supervisor.launcher import FINISHED_PEER_WAIT, BudgetedRestarts
+    from cycler.supervisor.launch.launcher import FINISHED_PEER_WAIT, BudgetedRestarts
 
     layout = CheckpointLayout(tmp_path)
     layout.record.directory.mkdir()
@@ -353,7 +353,7 @@ def test_a_node_seen_alive_that_ended_the_job_with_75_is_the_verdict_of_a_thawed
 def test_held_tracebacks_are_logged_and_summed_up_or_shown_after_all(tmp_path: Path) -> None:
     import os
 
-    from cycler.supervisor.processes import StderrTail
+    from cycler.supervisor.launch.processes import StderrTail
 
     def tail(text: bytes, then: str) -> tuple[bytes, bytes]:
         source, sink = os.pipe(), os.pipe()

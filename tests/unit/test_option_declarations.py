@@ -11,8 +11,8 @@ import typer
 from typer.testing import CliRunner
 
 from cycler.protocol.exit_codes import MEANINGS
-from cycler.supervisor.flags import declared, help_line
-from cycler.supervisor.options import CONFIG_KEYS, RunOptions, load_config_file
+from cycler.supervisor.configuration.flags import declared, help_line
+from cycler.supervisor.configuration.options import CONFIG_KEYS, RunOptions, load_config_file
 from cycler_cli.main import app
 from cycler_cli.options_doc import DOC_PATH, options_markdown
 

@@ -174,3 +174,40 @@ def test_the_checkpoint_part_has_no_cycle_even_through_imports_for_types_or_in_f
     modules = {m: p for m, p in all_modules().items() if part_of(m) == "checkpoint"}
     assert_no_cycle({m: {i for i in imports_of(p, top_level_only=False) if i in modules} - {m}
                      for m, p in modules.items()})
+
+
+def room_of(module: str) -> str:
+    """The module's package below a part (``cycler.supervisor.launch``), or the module itself
+    where it stands in a part's own folder (``cycler.supervisor.shell``)."""
+    pieces = module.split(".")
+    return ".".join(pieces[:3]) if len(pieces) > 3 else module
+
+
+def test_no_two_packages_or_modules_of_a_part_import_each_other_in_a_circle() -> None:
+    """The house at the scale of its rooms, every import counted (for types, in functions): a
+    circle between two wings of the supervisor, or two modules of one, is a circle too (the
+    compile cache's place and archive were one)."""
+    modules = all_modules()
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        room = room_of(module)
+        graph.setdefault(room, set()).update(
+            room_of(i) for i in imports_of(path, top_level_only=False)
+            if room_of(i) != room and not module.startswith(f"{i}."))  # its own package's face
+    assert_no_cycle(graph)
+    for room in {room_of(m) for m in modules if room_of(m) != m}:
+        inside = {m: p for m, p in modules.items() if room_of(m) == room}
+        assert_no_cycle({m: {i for i in imports_of(p, top_level_only=False) if i in inside} - {m}
+                         for m, p in inside.items()})
+
+
+def test_each_package_of_the_supervisor_maps_its_modules_and_packages_in_its_docstring() -> None:
+    """``supervisor/`` is in wings: its ``__init__`` and each wing's name every module and
+    package they hold (``:mod:`.name```), so a reader finds any module from the top."""
+    unnamed = []
+    for init in (PACKAGE / "supervisor").rglob("__init__.py"):
+        said = ast.get_docstring(ast.parse(init.read_text())) or ""
+        held = [p.stem for p in init.parent.glob("*.py") if p.name != "__init__.py"]
+        held += [p.parent.name for p in init.parent.glob("*/__init__.py")]
+        unnamed += [f"{init.parent.name}/{name}" for name in held if f":mod:`.{name}`" not in said]
+    assert not unnamed, unnamed

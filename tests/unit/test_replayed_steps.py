@@ -41,7 +41,8 @@ from cycler.protocol.replay import (
     segments,
     verdict,
 )
-from cycler.supervisor.core import (
+from cycler.supervisor.configuration.options import RunOptions
+from cycler.supervisor.decisions.core import (
     CoreConfig,
     Exit,
     Phase,
@@ -51,8 +52,7 @@ from cycler.supervisor.core import (
     SupervisorCore,
     WorkersExited,
 )
-from cycler.supervisor.options import RunOptions
-from cycler.supervisor.replay_watch import ReplayWatch
+from cycler.supervisor.watch.replay_watch import ReplayWatch
 from cycler.training.fingerprints import FingerprintLog, tensor_bits
 
 

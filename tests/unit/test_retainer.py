@@ -45,7 +45,7 @@ directory (retention's decisions, and :func:`cycler.checkpoint.retainer.discard`
 
 NOT_A_CHECKPOINT = {
     # The compile cache's own entries and staging: no checkpoint.
-    ("supervisor/carried_cache.py", "remove_leftover"),
+    ("supervisor/compile_cache/archive.py", "remove_leftover"),
     # One file's temporary of a copy or fetch in progress, never a checkpoint directory.
     ("checkpoint/nodes/transport.py", "remove_leftover"),
     ("checkpoint/nodes/contribution.py", "remove_leftover"),

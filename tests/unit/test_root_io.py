@@ -1,5 +1,5 @@
 """The supervisor's calls on the root while the workers train run in one thread
-(cycler.supervisor.root_io), so a frozen root never holds up its loop: the heartbeat still
+(cycler.supervisor.nodes.root_io), so a frozen root never holds up its loop: the heartbeat still
 reaches the store while the file write is stuck, and a stuck call is not piled on."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from cycler.protocol.record import RunRecord
-from cycler.supervisor.peers import Heartbeat
-from cycler.supervisor.root_io import RootIO
+from cycler.supervisor.nodes.peers import Heartbeat
+from cycler.supervisor.nodes.root_io import RootIO
 
 
 class Frozen:
@@ -124,7 +124,7 @@ def test_a_call_waited_for_that_fails_raises_its_error_in_the_caller() -> None:
 
 def test_the_stop_guard_ends_the_process_with_its_verdict_once_the_armed_deadline_passed(
         ) -> None:
-    from cycler.supervisor.stop_guard import StopGuard
+    from cycler.supervisor.run_end.stop_guard import StopGuard
 
     ended: list[int] = []
     fired = threading.Event()
@@ -140,7 +140,7 @@ def test_the_stop_guard_ends_the_process_with_its_verdict_once_the_armed_deadlin
 
 
 def test_a_stop_guard_disarmed_before_its_deadline_never_fires() -> None:
-    from cycler.supervisor.stop_guard import StopGuard
+    from cycler.supervisor.run_end.stop_guard import StopGuard
 
     ended: list[int] = []
     guard = StopGuard(lambda: (75, "exit 75"), end=ended.append)

@@ -17,20 +17,20 @@ from cycler.protocol.environment import (
     ENV_RESTART_COUNT,
     ENV_RESUME_FROM,
 )
-from cycler.supervisor.options import (
+from cycler.supervisor.configuration.options import (
     RunOptions,
     load_config_file,
     parse_signals,
     resolve_run_options,
 )
-from cycler.supervisor.slurm import expand_nodelist
-from cycler.supervisor.torchrun import (
+from cycler.supervisor.launch.torchrun import (
     fork_preloads,
     full_environment,
     launch_plan,
     torchrun_command,
     worker_environment,
 )
+from cycler.supervisor.schedulers.slurm import expand_nodelist
 
 SLURM = {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "3", "SLURM_NODEID": "2",
          "SLURM_JOB_NODELIST": "gpu[07-09]", "SLURM_RESTART_COUNT": "4"}
@@ -209,7 +209,7 @@ def test_the_torchrun_command_never_restarts_and_passes_script_arguments_untouch
     options = RunOptions(script=Path("train.py"), nproc_per_node=2,
                          script_args=("--grace", "1", "--lr=0.1", "--"))
     command = torchrun_command(options, python="py")
-    assert command[:3] == ["py", "-m", "cycler.supervisor.launcher"]
+    assert command[:3] == ["py", "-m", "cycler.supervisor.launch.launcher"]
     assert command[command.index("--max-restarts") + 1] == "0", "one node: the supervisor's"
     assert command[command.index("--nproc-per-node") + 1] == "2"
     assert command[-5:] == ["train.py", "--grace", "1", "--lr=0.1", "--"]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from cycler.supervisor.launcher import _processes_per_node
-from cycler.supervisor.script_source import (
+from cycler.supervisor.launch.launcher import _processes_per_node
+from cycler.supervisor.launch.script_source import (
     environment_set_before_torch,
     environment_writes,
     first_torch_import,
@@ -80,7 +80,7 @@ def test_the_launcher_reads_the_processes_per_node_before_it_imports_torch(
 
 
 def test_the_agent_leaves_dynamo_to_a_script_that_sets_what_dynamo_reads(tmp_path: Path) -> None:
-    from cycler.supervisor.torchrun import fork_preloads
+    from cycler.supervisor.launch.torchrun import fork_preloads
 
     script = tmp_path / "train.py"
     ddp = "import os, torch\nfrom torch.nn.parallel import DistributedDataParallel\n"

@@ -7,7 +7,7 @@ import signal
 from pathlib import Path
 
 from cycler.protocol.features import USES_CONTROL
-from cycler.supervisor.core import (
+from cycler.supervisor.decisions.core import (
     CoreConfig,
     HardDeadline,
     Log,
@@ -18,7 +18,7 @@ from cycler.supervisor.core import (
     Tick,
     WorkersExited,
 )
-from cycler.supervisor.slurm import SlurmJob, hard_deadline, read_job
+from cycler.supervisor.schedulers.slurm import SlurmJob, hard_deadline, read_job
 
 END = datetime.datetime(2026, 11, 23, 8, 0, 0)
 

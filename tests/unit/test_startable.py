@@ -13,9 +13,9 @@ import pytest
 
 from cycler.errors import ConfigError, PortInUse
 from cycler.protocol.exit_codes import EXIT_USAGE
-from cycler.supervisor.options import RunOptions
-from cycler.supervisor.startable import check_port_free, check_python_script, port_taken
-from cycler.supervisor.torchrun import store_port
+from cycler.supervisor.configuration.options import RunOptions
+from cycler.supervisor.launch.startable import check_port_free, check_python_script, port_taken
+from cycler.supervisor.launch.torchrun import store_port
 
 
 def write(path: Path, content: bytes) -> Path:

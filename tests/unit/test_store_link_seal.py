@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from cycler.supervisor.store_link import _read_private, _write_private, seal, unseal
+from cycler.supervisor.nodes.store_link import _read_private, _write_private, seal, unseal
 
 SECRET = bytes(range(32))
 

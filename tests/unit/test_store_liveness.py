@@ -11,7 +11,7 @@ from typing import Any
 
 from cycler.protocol.control import Action, ControlRequest, write_control
 from cycler.protocol.record import RunRecord
-from cycler.supervisor.peers import VERDICT_NODE, Heartbeat, Loss, PeerWatch
+from cycler.supervisor.nodes.peers import VERDICT_NODE, Heartbeat, Loss, PeerWatch
 from cycler.supervisor.shell import stops_elsewhere
 
 
@@ -173,7 +173,7 @@ def test_where_the_store_does_not_answer_the_other_nodes_files_are_read(tmp_path
 
 
 def test_links_started_without_their_thread_beat_only_when_stepped(tmp_path: Path) -> None:
-    from cycler.supervisor.store_link import StoreLink
+    from cycler.supervisor.nodes.store_link import StoreLink
 
     address = tmp_path / "store.json"
     node0 = StoreLink(address, 0, 2, "127.0.0.1", 3600.0, start=False)

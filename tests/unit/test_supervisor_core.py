@@ -10,13 +10,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cycler.protocol.control import Action
-from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS
-from cycler.supervisor.core import (
+from cycler.protocol.exit_codes import (
+    EXIT_FAILURE,
+    EXIT_NOT_PERSISTED,
+    EXIT_REQUEUE,
+    EXIT_SUCCESS,
+)
+from cycler.supervisor.decisions.core import (
     CheckpointCommitted,
     CoreConfig,
     Event,
     Exit,
     HangDetected,
+    LandingReport,
+    LandNewest,
     Log,
     Phase,
     Requeue,
@@ -29,7 +36,7 @@ from cycler.supervisor.core import (
     WorkersExited,
     WriteControl,
 )
-from cycler.supervisor.failure_kinds import FailureKind, WorkerFailure
+from cycler.supervisor.decisions.failure_kinds import FailureKind, WorkerFailure
 
 NO_CUDA = WorkerFailure(FailureKind.OTHER, "RuntimeError: no CUDA", "E: no CUDA")
 ANOTHER = WorkerFailure(FailureKind.OTHER, "RuntimeError: another", "E: another")
@@ -481,3 +488,60 @@ def test_a_start_that_fails_before_its_first_step_is_told_apart_from_a_training_
     assert "start_failed" not in logged(actions)
     reason = exit_of(actions).reason
     assert "1 of the 2 failures came before the first step" in reason, reason
+
+
+# --- the memory tier's landing ----------------------------------------------------------------
+
+
+TIER = replace(CONFIG, lands_newest=True, requeue=True)
+LANDED = LandingReport(failure=None, newest=None, now=160.0)
+ONLY_IN_MEMORY = LandingReport(failure="No space left on device", newest="/dev/shm/c/ck_9",
+                               now=160.0)
+
+
+def test_with_the_memory_tier_a_stop_asks_for_the_landing_and_holds_its_exit_and_requeue():
+    core = started(TIER)
+    actions = stop_cleanly(core)
+    assert of_type(actions, LandNewest) == [LandNewest(EXIT_REQUEUE, True, 180.0)]
+    assert not of_type(actions, Requeue) and not of_type(actions, Exit)
+    assert "exit" not in logged(actions) and core.phase is Phase.LANDING
+    assert core.handle(Tick(10_000.0)) == [] and core.handle(WorkersExited(1, 170.0)) == []
+
+
+def test_a_stop_whose_checkpoint_landed_is_requeued_then_exits_75_as_planned():
+    core = started(TIER)
+    stop_cleanly(core)
+    actions = core.handle(LANDED)
+    assert [type(action) for action in actions] == [Requeue, Log, Exit]
+    assert logged(actions) == ["exit"] and exit_of(actions).code == EXIT_REQUEUE
+    assert core.phase is Phase.DONE and core.handle(LANDED) == []
+
+
+def test_a_stop_whose_checkpoint_is_only_in_memory_exits_74_without_a_requeue():
+    core = started(TIER)
+    stop_cleanly(core)
+    actions = core.handle(ONLY_IN_MEMORY)
+    assert not of_type(actions, Requeue)
+    assert logged(actions) == ["persist_failed", "requeue_withheld", "exit"]
+    end = exit_of(actions)
+    assert end.code == EXIT_NOT_PERSISTED
+    assert "only in this node's memory" in end.reason and "/dev/shm/c/ck_9" in end.reason
+    assert "not requeued" in end.reason
+
+
+@pytest.mark.parametrize(("planned", "code"), [(EXIT_SUCCESS, EXIT_NOT_PERSISTED),
+                                               (EXIT_FAILURE, EXIT_FAILURE)])
+def test_a_finished_run_not_landed_exits_74_and_a_failed_one_keeps_its_code(planned, code):
+    core = started(replace(TIER, max_restarts=0))
+    (ask,) = of_type(core.handle(WorkersExited(planned, 200.0, failure=NO_CUDA)), LandNewest)
+    assert ask == LandNewest(planned, stopped=False, deadline=None)
+    actions = core.handle(ONLY_IN_MEMORY)
+    assert exit_of(actions).code == code and "requeue_withheld" not in logged(actions)
+    assert exit_of(actions).workers_failed is (planned == EXIT_FAILURE)
+
+
+def test_a_landing_report_nobody_asked_for_changes_nothing():
+    core = started(TIER)
+    assert core.handle(ONLY_IN_MEMORY) == [] and core.phase is Phase.RUNNING
+    assert of_type(core.handle(WorkersExited(0, 200.0)), LandNewest)
+    assert exit_of(core.handle(LANDED)).code == EXIT_SUCCESS

@@ -17,8 +17,8 @@ from cycler.protocol.control import (
 )
 from cycler.protocol.record import RunRecord
 from cycler.supervisor.checks import check_script, prepare_checkpoint_root
-from cycler.supervisor.core import SignalReceived
-from cycler.supervisor.options import RunOptions
+from cycler.supervisor.configuration.options import RunOptions
+from cycler.supervisor.decisions.core import SignalReceived
 from cycler.supervisor.shell import Supervisor, stop_requested_elsewhere
 
 
@@ -106,7 +106,7 @@ def test_the_watchdog_kills_what_it_registered_but_never_a_pid_that_became_anoth
     import sys
     import time
 
-    from cycler.supervisor.processes import Watchdog
+    from cycler.supervisor.launch.processes import Watchdog
 
     sleepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
                 for _ in range(2)]

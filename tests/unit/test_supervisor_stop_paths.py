@@ -11,7 +11,7 @@ import pytest
 
 from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS
 from cycler.protocol.features import USES_CONTROL, USES_CYCLER, USES_OWN_HANDLER, USES_SAVER
-from cycler.supervisor.core import (
+from cycler.supervisor.decisions.core import (
     Announced,
     CheckpointCommitted,
     CoreConfig,

@@ -16,7 +16,7 @@ import pytest
 from torch.distributed.run import get_args_parser
 from typer.testing import CliRunner
 
-from cycler.supervisor.torchrun import RESTART_CEILING
+from cycler.supervisor.launch.torchrun import RESTART_CEILING
 from cycler_cli.main import app
 
 # torchrun's restarts become the supervisor's; the rest must reach torchrun as given.
@@ -69,7 +69,7 @@ def dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, line: str) -> list[
     result = CliRunner().invoke(app, ["run", "--dry-run", *shlex.split(line)])
     assert result.exit_code == 0, result.output
     command = shlex.split(result.stdout.strip().splitlines()[-1])
-    assert command[1:3] == ["-m", "cycler.supervisor.launcher"], "torchrun, quiet on stops"
+    assert command[1:3] == ["-m", "cycler.supervisor.launch.launcher"], "torchrun, quiet on stops"
     return [argument for argument in command[3:] if not argument.startswith("--cycle-")]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cycler.supervisor.failure_kinds import FailureKind, WorkerFailure
+from cycler.supervisor.decisions.failure_kinds import FailureKind, WorkerFailure
 
 
 @dataclass(kw_only=True)

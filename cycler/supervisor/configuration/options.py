@@ -34,16 +34,16 @@ from cycler.errors import ConfigError
 from cycler.protocol.environment import ENV_CHECKPOINT_DIR, ENV_ISC_ARTIFACT_PATH
 from cycler.protocol.node_local import NodeFiles
 from cycler.protocol.record import RunRecord
-from cycler.supervisor.config_file import read_config_file
-from cycler.supervisor.flags import NUMBER, config_types, option
-from cycler.supervisor.notices import NOTICE_MODES
-from cycler.supervisor.peers import START_TIMEOUT
-from cycler.supervisor.scheduler_env import (
+from cycler.supervisor.configuration.config_file import read_config_file
+from cycler.supervisor.configuration.flags import NUMBER, config_types, option
+from cycler.supervisor.nodes.peers import START_TIMEOUT
+from cycler.supervisor.schedulers.environment import (
     NNODES_VARIABLES,
     NODE_RANK_VARIABLES,
     NPROC_VARIABLES,
     scheduler_defaults,
 )
+from cycler.supervisor.schedulers.notices import NOTICE_MODES
 
 DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR2")
 # These cannot be caught (KILL, STOP) or already mean something else to the supervisor.
@@ -56,7 +56,7 @@ RDZV_BACKENDS = ("c10d", "etcd", "etcd-v2", "static")
 HANG_LEAST_SECONDS = 1.0
 """The shortest ``--hang-*`` allowance: below it ordinary pauses would count as hangs."""
 DIVERGENCE_ACTIONS = ("warn", "stop")
-"""What ``--on-divergence`` may say (:mod:`.replay_watch`)."""
+"""What ``--on-divergence`` may say (:mod:`cycler.supervisor.watch.replay_watch`)."""
 LAUNCH_MODES = ("script", "module", "no_python", "run_path")
 """How torchrun starts SCRIPT: ``python SCRIPT``, ``python -m SCRIPT`` (``-m``), SCRIPT itself
 (``--no-python``), or ``runpy.run_path`` (``--run-path``)."""
@@ -108,7 +108,8 @@ class RunOptions:
         True, "--fork-workers/--no-fork-workers", yaml=(bool,),
         help="Start each worker by fork from torchrun's agent, which has imported torch "
              "(a script, not -m or --no-python; a number of processes per node)")
-    """Saves every worker its own ``import torch`` at each start (:mod:`.forked`)."""
+    """Saves every worker its own ``import torch`` at each start
+    (:mod:`cycler.supervisor.launch.forked`)."""
     checkpoint_dir: Path = option(
         Path("checkpoints"), "--checkpoint-dir", yaml=(str,),
         env=(ENV_CHECKPOINT_DIR, ENV_ISC_ARTIFACT_PATH),

@@ -1,7 +1,7 @@
 """What the supervisor's core hears and says: stop paths, events and actions (no logic).
 
 The shell turns signals, process exits, commits and time into the events below, feeds them to
-:class:`cycler.supervisor.core.SupervisorCore`, and carries out the actions it returns.
+:class:`cycler.supervisor.decisions.core.SupervisorCore`, and carries out the actions it returns.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from cycler.protocol.control import ControlRequest
 from cycler.protocol.features import USES_CONTROL, USES_CYCLER, USES_OWN_HANDLER, USES_SAVER
-from cycler.supervisor.failure_kinds import WorkerFailure
+from cycler.supervisor.decisions.failure_kinds import WorkerFailure
 
 
 class StopPath(str, enum.Enum):
@@ -143,6 +143,18 @@ class CheckpointCommitted:
 
 
 @dataclass(frozen=True)
+class LandingReport:
+    """What the landing code found once the workers were gone (answer to :class:`LandNewest`):
+    ``failure`` is ``None`` when the newest state is in the checkpoint root (it was there, or
+    it was copied there in time); otherwise it says why not, and ``newest`` where the newest
+    state is (this node's memory)."""
+
+    failure: str | None
+    newest: str | None
+    now: float
+
+
+@dataclass(frozen=True)
 class Tick:
     """Time passed; the shell sends one at least at every :attr:`SupervisorCore.wake_at`."""
 
@@ -150,7 +162,7 @@ class Tick:
 
 
 Event = (SignalReceived | Announced | HardDeadline | PeerLost | HangDetected | WorkersExited
-         | CheckpointCommitted | ReplayDiverged | Tick)
+         | CheckpointCommitted | ReplayDiverged | LandingReport | Tick)
 
 # --- actions ----------------------------------------------------------------------------------
 
@@ -208,6 +220,21 @@ class Exit:
 
 
 @dataclass(frozen=True)
+class LandNewest:
+    """The run is over and the newest state may be only in this node's memory (the memory
+    tier): once the workers are gone, make sure the newest checkpoint is in the checkpoint
+    root and answer with :class:`LandingReport`. The exit and any requeue wait for it."""
+
+    planned: int
+    """The exit code the run ends with if the newest state is in the checkpoint root (the
+    memory tier is kept for a rerun on this node when it is 75)."""
+    stopped: bool
+    """Whether the run ended as a stop: its checkpoint is copied only until ``deadline``."""
+    deadline: float | None
+    """When the stop must be over (wall-clock; ``None``: no stop, or none known)."""
+
+
+@dataclass(frozen=True)
 class Log:
     """Append ``event`` with ``fields`` to the events log (and tell the user)."""
 
@@ -216,4 +243,5 @@ class Log:
     warning: bool = False
 
 
-SupervisorAction = WriteControl | StartWorkers | SignalTree | SignalWorkers | Requeue | Exit | Log
+SupervisorAction = (WriteControl | StartWorkers | SignalTree | SignalWorkers | Requeue | Exit
+                    | LandNewest | Log)

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from cycler._fs import atomic_write_bytes, read_json_object
 from cycler.protocol.exit_codes import EXIT_REQUEUE, EXIT_SUCCESS
 from cycler.protocol.record import RunRecord
-from cycler.supervisor.root_io import RootIO
-from cycler.supervisor.store_link import StoreLink
+from cycler.supervisor.nodes.root_io import RootIO
+from cycler.supervisor.nodes.store_link import StoreLink
 
 VERDICT_NODE = -1
 """Where :meth:`StoreLink.records` puts node 0's verdict on the other nodes."""

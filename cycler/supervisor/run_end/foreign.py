@@ -34,7 +34,7 @@ from cycler.checkpoint.layout import is_checkpoint_name
 from cycler.protocol.events import read_events
 from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE
 from cycler.protocol.record import is_record_directory
-from cycler.supervisor.vocabulary import NO_CHECKPOINT_TO_RESUME, Exit, Log, Requeue
+from cycler.supervisor.decisions.vocabulary import NO_CHECKPOINT_TO_RESUME, Exit, Log, Requeue
 
 HUGGING_FACE = "Hugging Face checkpoint-N"
 LIGHTNING = "Lightning .ckpt"

@@ -56,9 +56,9 @@ from cycler.protocol.progress import (
     start_up,
 )
 from cycler.protocol.record import RunRecord
-from cycler.supervisor.processes import descendants
-from cycler.supervisor.root_io import RootIO
-from cycler.supervisor.vocabulary import HangDetected
+from cycler.supervisor.decisions.vocabulary import HangDetected
+from cycler.supervisor.launch.processes import descendants
+from cycler.supervisor.nodes.root_io import RootIO
 
 log = logging.getLogger("cycler.supervisor")
 

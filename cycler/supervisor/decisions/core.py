@@ -34,6 +34,14 @@ commit): the training is done, and a requeue would train its last steps again. O
 plain script handled the forwarded signal and exited 0 (its own checkpoint is out of cycle's
 sight); a warning is logged when the stop made no new checkpoint. Otherwise the stop ends with
 ``1``: there is nothing to resume, and requeueing would silently start over.
+
+With the memory tier (``lands_newest``) the newest state may be only in this node's memory when
+the run ends: the core then says :class:`LandNewest` instead of its exit (LANDING) and decides
+the exit and the requeue from the one :class:`LandingReport` that answers it. Landed, the end is
+the one planned. Not landed, a code that says the state is safe in the checkpoint root (0, 75)
+becomes ``74`` (:data:`EXIT_NOT_PERSISTED`), and a requeue is withheld: a requeued job starts on
+another node, from the older checkpoint in the root, while the newest state is in this node's
+memory. A failure's code stays what it was.
 """
 
 from __future__ import annotations
@@ -44,10 +52,17 @@ import signal
 from dataclasses import dataclass
 
 from cycler.protocol.control import Action, ControlRequest
-from cycler.protocol.exit_codes import EXIT_DIVERGED, EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS
+from cycler.protocol.events import describe
+from cycler.protocol.exit_codes import (
+    EXIT_DIVERGED,
+    EXIT_FAILURE,
+    EXIT_REQUEUE,
+    EXIT_SUCCESS,
+    code_when_not_landed,
+)
 from cycler.protocol.features import USES_OWN_HANDLER
-from cycler.supervisor.budget import RestartBudget
-from cycler.supervisor.vocabulary import (
+from cycler.supervisor.decisions.budget import RestartBudget
+from cycler.supervisor.decisions.vocabulary import (
     NO_CHECKPOINT_TO_RESUME,
     Announced,
     CheckpointCommitted,
@@ -55,6 +70,8 @@ from cycler.supervisor.vocabulary import (
     Exit,
     HangDetected,
     HardDeadline,
+    LandingReport,
+    LandNewest,
     Log,
     PeerLost,
     ReplayDiverged,
@@ -73,7 +90,7 @@ from cycler.supervisor.vocabulary import (
 
 __all__ = [  # the vocabulary too: callers and tests speak it through this module
     "Announced", "CheckpointCommitted", "CoreConfig", "Event", "Exit", "HangDetected",
-    "HardDeadline", "Log",
+    "HardDeadline", "LandNewest", "LandingReport", "Log",
     "PeerLost", "Phase", "ReplayDiverged", "Requeue",
     "SignalReceived", "SignalTree", "SignalWorkers", "StartWorkers", "StopPath",
     "SupervisorAction", "SupervisorCore", "Tick", "WorkersExited", "WriteControl", "stop_path",
@@ -89,6 +106,9 @@ class Phase(str, enum.Enum):
     AWAITING_PEERS = "awaiting_peers"
     """torchrun failed on a node of a multi-node job: is another node gone (a lost store is how
     node 0's death looks from here)? Wait for the peers' verdict before calling it a failure."""
+    LANDING = "landing"
+    """The run is over; the exit and any requeue wait for the :class:`LandingReport` on where
+    the newest state is (the memory tier)."""
     DONE = "done"
 
 
@@ -134,6 +154,9 @@ class CoreConfig:
     """Seconds a failed torchrun of a multi-node job waits for the verdict on the other nodes
     (``--node-timeout``): a node that is gone makes it a stop (75 with a checkpoint), not a
     failure."""
+    lands_newest: bool = False
+    """Whether the newest state may be only in this node's memory at the end (the memory
+    tier): the exit and any requeue then wait for a :class:`LandingReport`."""
 
 
 class SupervisorCore:
@@ -158,6 +181,9 @@ class SupervisorCore:
         self._stop_signals: list[str] = []
         self._stop_path: StopPath | None = None
         self._stop_deadline = 0.0
+        self._planned: Exit | None = None
+        """The end decided before the landing (LANDING), said once it is known to be safe."""
+        self._requeue_held = False
         self.stopped = False
         """Whether the run ended as a stop (exit 75, or 1 with nothing to resume)."""
 
@@ -179,6 +205,8 @@ class SupervisorCore:
         """The actions that follow ``event``; nothing once the core has decided to exit."""
         if self.phase is Phase.DONE:
             return []
+        if self.phase is Phase.LANDING:
+            return self._on_landing(event) if isinstance(event, LandingReport) else []
         if isinstance(event, SignalReceived):
             return self._on_signal(event)
         if isinstance(event, Announced):
@@ -195,6 +223,8 @@ class SupervisorCore:
             return self._on_exit(event)
         if isinstance(event, CheckpointCommitted):
             return self._on_checkpoint(event)
+        if isinstance(event, LandingReport):
+            return []  # nothing was asked to land
         return self._on_tick(event)
 
     @property
@@ -442,7 +472,7 @@ class SupervisorCore:
                             warning=True))
         if self.config.restarts_by_torchrun:
             # torchrun's agent restarted the workers with every node's as long as the budget
-            # allowed (cycler.supervisor.launcher applies it): its exit is the end, unless
+            # allowed (cycler.supervisor.launch.launcher applies it): its exit is the end, unless
             # another node is gone (node 0's death fails this torchrun on its lost store
             # before the heartbeats can tell).
             if self.config.peer_verdict_wait <= 0:
@@ -514,7 +544,35 @@ class SupervisorCore:
         if config.requeue_count >= config.max_requeues:
             fields = {"requeues": config.requeue_count, "max_requeues": config.max_requeues}
             return [Log("requeue_skipped", fields, warning=True)]
+        if config.lands_newest:
+            self._requeue_held = True  # asked for once the newest state is known to be safe
+            return []
         return [Requeue()]
+
+    # -- the landing (memory tier) ----------------------------------------------------------
+
+    def _on_landing(self, report: LandingReport) -> list[SupervisorAction]:
+        """The end held for the landing: as planned when the newest state is in the checkpoint
+        root; else ``74`` for a 0 or a 75 (a failure keeps its code), and no requeue."""
+        planned = self._planned
+        assert planned is not None
+        self.phase = Phase.DONE
+        requeue: list[SupervisorAction] = [Requeue()] if self._requeue_held else []
+        if report.failure is None:
+            fields = {"code": planned.code, "reason": planned.reason}
+            return [*requeue, Log("exit", fields, warning=planned.code == EXIT_FAILURE), planned]
+        code = code_when_not_landed(planned.code)
+        fields = {"newest": str(report.newest), "error": report.failure, "code": code,
+                  "planned": planned.code}
+        said: list[SupervisorAction] = [Log("persist_failed", fields, warning=True)]
+        line = describe("persist_failed", fields)
+        if requeue:
+            withheld = {"newest": str(report.newest)}
+            said.append(Log("requeue_withheld", withheld, warning=True))
+            line += "; " + describe("requeue_withheld", withheld)
+        reason = "the newest checkpoint is only in this node's memory"
+        return [*said, Log("exit", {"code": code, "reason": reason}, warning=True),
+                Exit(code, line, planned.workers_failed)]
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -530,6 +588,10 @@ class SupervisorCore:
 
     def _exit(self, code: int, reason: str,
               workers_failed: bool = False) -> list[SupervisorAction]:
+        if self.config.lands_newest:
+            self.phase, self.wake_at = Phase.LANDING, None
+            self._planned = Exit(code, reason, workers_failed)
+            return [LandNewest(code, self.stopped, self.stop_deadline)]
         self.phase, self.wake_at = Phase.DONE, None
         return [Log("exit", {"code": code, "reason": reason}, warning=code == EXIT_FAILURE),
                 Exit(code, reason, workers_failed)]

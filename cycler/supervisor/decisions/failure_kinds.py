@@ -24,7 +24,7 @@ import enum
 import re
 from dataclasses import dataclass
 
-from cycler.supervisor.failure import failure_signature, signal_death, worker_traceback
+from cycler.supervisor.decisions.failure import failure_signature, signal_death, worker_traceback
 
 
 class FailureKind(str, enum.Enum):

@@ -1,7 +1,7 @@
 """torchrun as ``cycle run`` starts it: torch's own launcher, under the supervisor's orders.
 
-``python -m cycler.supervisor.launcher ARGS`` is ``torchrun ARGS`` (it calls torchrun's ``main``
-with the same arguments) with two differences:
+``python -m cycler.supervisor.launch.launcher ARGS`` is ``torchrun ARGS`` (it calls torchrun's
+``main`` with the same arguments) with two differences:
 
 - The stop signals (``$CYCLER_STOP_SIGNALS``) that reach torchrun directly, as on clusters that
   signal every process of a job, do nothing: torchrun is told to handle only SIGQUIT
@@ -47,9 +47,9 @@ from cycler.protocol.environment import ENV_PROGRESS_DIR
 from cycler.protocol.events import EventLog, describe
 from cycler.protocol.progress import AFTER_THE_LOOP, read_beacons
 from cycler.protocol.stop_signals import ignore_stray, on_stray_signal, stop_signals
-from cycler.supervisor import forked
-from cycler.supervisor.budget import RestartBudget
-from cycler.supervisor.script_source import environment_set_before_torch, read_source
+from cycler.supervisor.decisions.budget import RestartBudget
+from cycler.supervisor.launch import forked
+from cycler.supervisor.launch.script_source import environment_set_before_torch, read_source
 
 
 class StopSeen:

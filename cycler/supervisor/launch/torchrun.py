@@ -35,9 +35,9 @@ from cycler.protocol.environment import (
     ENV_RESUME_FROM,
     ENV_STOP_SIGNALS,
 )
-from cycler.supervisor.compile_cache import compile_cache_environment
-from cycler.supervisor.options import RunOptions
-from cycler.supervisor.script_source import environment_writes, read_source
+from cycler.supervisor.compile_cache.place import compile_cache_environment
+from cycler.supervisor.configuration.options import RunOptions
+from cycler.supervisor.launch.script_source import environment_writes, read_source
 
 # torch >= 2.10 reads the first; PET_* is torchrun's generic "flag from the environment" and
 # wins over the first, so both are set to keep a stray user value from cutting the grace short.
@@ -65,12 +65,12 @@ _LAUNCH_FLAGS = {"script": [], "module": ["--module"], "no_python": ["--no-pytho
 RESTART_CEILING = 1_000_000
 """torchrun's ``--max-restarts`` where cycle's budget decides (in the launcher): torchrun keeps
 counting its restarts (``TORCHELASTIC_RESTART_COUNT``) and never gives up on its own."""
-LAUNCHER = "cycler.supervisor.launcher"
+LAUNCHER = "cycler.supervisor.launch.launcher"
 """torchrun's own ``main``, quiet about the stops cycle asked for (:mod:`.launcher`)."""
 
 
 def torchrun_command(options: RunOptions, python: str = sys.executable) -> list[str]:
-    """``python -m cycler.supervisor.launcher ...`` (torchrun) for ``options``, script
+    """``python -m cycler.supervisor.launch.launcher ...`` (torchrun) for ``options``, script
     arguments untouched.
 
     The options cycle does not own (``torchrun_args``) come after cycle's, so where both set

@@ -60,7 +60,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from cycler.supervisor.fresh_worker import fresh_process
+from cycler.supervisor.launch.fresh_worker import fresh_process
 
 PRELOADED = ("torch", "torch.distributed", "torch.nn", "torch.nn.parallel", "torch.optim",
              "torch.utils.data")

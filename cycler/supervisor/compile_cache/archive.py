@@ -1,7 +1,7 @@
 """The compile cache carried in the checkpoint root: one tar file, its key first.
 
 ``<root>/.cycler/compile-cache.tar`` holds a member ``key.json`` (the format and the
-:class:`~cycler.supervisor.compile_cache.CacheKey` it was made under), then the node cache's
+:class:`CacheKey` it was made under), then the node cache's
 regular files under ``cache/``. It is replaced atomically (temporary, fsync, rename), 0600, at
 most :data:`MAX_CARRIED_BYTES`; lock files, torch's temporaries, links and anything else are
 left out. It is rewritten only when the node cache holds a file it lacks or has changed (name,
@@ -18,6 +18,8 @@ in one rename.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
 import io
 import json
 import os
@@ -26,14 +28,12 @@ import stat
 import tarfile
 import threading
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
 from cycler import _fs
 from cycler._private import PRIVATE_FILE_MODE, create_private, restrict_tree
-
-if TYPE_CHECKING:
-    from cycler.supervisor.compile_cache import CacheKey
 
 FORMAT = 1
 KEY_MEMBER = "key.json"
@@ -50,6 +50,37 @@ CARRIED = "carried the compile cache"
 _VANISHED_RETRIES = 3
 """Scans before giving up when files vanish under a carry (a compile that removes its own
 temporaries while the workers run)."""
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """What a compile cache is only valid for: a cache made under another key is never used."""
+
+    torch: str
+    """torch's version with its build (``2.13.0+cpu``)."""
+    python: str
+    device: str
+    """The machine, CPU model and GPU models (kernels are built for them)."""
+    script: str
+    """sha256 of the training script (of its name, for a module)."""
+
+    def digest(self) -> str:
+        """A short name for this key (the node directory's)."""
+        text = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def difference(self, other: Mapping[str, object]) -> str | None:
+        """How ``other`` (a key as a mapping) differs from this one, ``None`` if it does not."""
+        for name, mine in dataclasses.asdict(self).items():
+            theirs = other.get(name)
+            if theirs != mine:
+                return f"it was made for {name} {_short(theirs)}, this run has {_short(mine)}"
+        return None
+
+
+def _short(value: object) -> str:
+    text = str(value)
+    return text if len(text) <= 60 else text[:12] + "..."
 
 
 class Cancelled(Exception):
@@ -152,8 +183,6 @@ def _up_to_date(carried: Path, files: list[tuple[str, Path, Path]], key: CacheKe
 
 def _write_tar(handle: IO[bytes], files: list[tuple[str, Path, Path]], key: CacheKey,
                cancel: threading.Event | None) -> None:
-    import dataclasses
-
     with tarfile.open(fileobj=handle, mode="w", format=tarfile.PAX_FORMAT) as archive:
         record = json.dumps({"format": FORMAT, "files": len(files),
                              **dataclasses.asdict(key)}).encode()

@@ -7,7 +7,7 @@ from typing import Any
 
 from cycler.errors import ConfigError
 from cycler.protocol.environment import default_checkpoint_root
-from cycler.supervisor.slurm import expand_nodelist
+from cycler.supervisor.schedulers.slurm import expand_nodelist
 
 _DEFAULT_MASTER_PORT_BASE = 20000
 NNODES_VARIABLES = ("NNODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")

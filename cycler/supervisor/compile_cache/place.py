@@ -13,10 +13,11 @@ the user's when missing; one that is not the user's (another user made it first,
 names another account) is warned of once and its headers are not carried: no other user can
 make a job refuse to start.
 
-The directory travels with the checkpoint root (:mod:`cycler.supervisor.carried_cache`):
+The directory travels with the checkpoint root (:mod:`cycler.supervisor.compile_cache.archive`):
 after a checkpoint is committed and when a run ends, node 0 packs it into
-``<root>/.cycler/compile-cache.tar`` if it changed (:mod:`cycler.supervisor.cache_carrier`); a
-start that finds its directory empty (a fresh node) unpacks it first, unless its key differs.
+``<root>/.cycler/compile-cache.tar`` if it changed
+(:mod:`cycler.supervisor.compile_cache.carrier`); a start that finds its directory empty (a fresh
+node) unpacks it first, unless its key differs.
 torch's portable artifacts (``torch.compiler.save_cache_artifacts``) were measured and not
 used: on the CPU they hold the FX graphs but not the compiled kernels, so a fresh node still
 compiled every kernel (docs/compile-cache.md). No torch is imported here.
@@ -25,10 +26,8 @@ compiled every kernel (docs/compile-cache.md). No torch is imported here.
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import getpass
 import hashlib
-import json
 import logging
 import os
 import platform
@@ -39,13 +38,13 @@ import stat
 import sys
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from cycler._private import check_safe_parent, make_private, owner_name
 from cycler.checkpoint.memory_roots import memory_root
 from cycler.errors import CheckpointDirectoryError
-from cycler.supervisor.options import RunOptions
+from cycler.supervisor.compile_cache.archive import CacheKey, unpack
+from cycler.supervisor.configuration.options import RunOptions
 
 log = logging.getLogger("cycler.supervisor")
 
@@ -53,37 +52,6 @@ ENV_INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
 ENV_TRITON_CACHE = "TRITON_CACHE_DIR"
 INDUCTOR_SUBDIR, TRITON_SUBDIR = "inductor", "triton"
 _FIX = "remove it if it is yours, or set TMPDIR to a directory of your own"
-
-
-@dataclass(frozen=True)
-class CacheKey:
-    """What a compile cache is only valid for: a cache made under another key is never used."""
-
-    torch: str
-    """torch's version with its build (``2.13.0+cpu``)."""
-    python: str
-    device: str
-    """The machine, CPU model and GPU models (kernels are built for them)."""
-    script: str
-    """sha256 of the training script (of its name, for a module)."""
-
-    def digest(self) -> str:
-        """A short name for this key (the node directory's)."""
-        text = json.dumps(dataclasses.asdict(self), sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-    def difference(self, other: Mapping[str, object]) -> str | None:
-        """How ``other`` (a key as a mapping) differs from this one, ``None`` if it does not."""
-        for name, mine in dataclasses.asdict(self).items():
-            theirs = other.get(name)
-            if theirs != mine:
-                return f"it was made for {name} {_short(theirs)}, this run has {_short(mine)}"
-        return None
-
-
-def _short(value: object) -> str:
-    text = str(value)
-    return text if len(text) <= 60 else text[:12] + "..."
 
 
 def cache_key(script: str | os.PathLike[str], torch_version: str | None = None) -> CacheKey:
@@ -201,8 +169,6 @@ def prepare_compile_cache(options: RunOptions, environ: Mapping[str, str] | None
     the root's carried one when its key matches. The node cache, ``None`` when the user chose
     their own. Raises :class:`CheckpointDirectoryError` (exit 2) only for a ``$TMPDIR`` that
     others could swap."""
-    from cycler.supervisor.carried_cache import unpack
-
     environ = os.environ if environ is None else environ
     if uses_own_cache(environ):
         return None

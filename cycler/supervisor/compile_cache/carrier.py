@@ -25,15 +25,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cycler.supervisor.carried_cache import CACHE, CARRIED, HEADERS, cache_files, pack
-from cycler.supervisor.compile_cache import (
+from cycler.supervisor.compile_cache.archive import CACHE, CARRIED, HEADERS, cache_files, pack
+from cycler.supervisor.compile_cache.place import (
     cache_key,
     carried_path,
     node_cache_dir,
     own_headers_dir,
     uses_own_cache,
 )
-from cycler.supervisor.options import RunOptions
+from cycler.supervisor.configuration.options import RunOptions
 
 log = logging.getLogger("cycler.supervisor")
 
