@@ -233,6 +233,8 @@ class Supervisor:
         self._cut_short = False
         self._stopping = False
         """Whether a stop was requested here, by a signal or relayed from another node."""
+        self._peer_lost = False
+        """Whether another node was found gone (the job ends with it, whatever was asked)."""
         run = run_token(options)
         begun = time.monotonic()  # the other nodes have --start-timeout from here
         self._lost_before_start = None if options.nnodes == 1 else PeerWatch(
@@ -342,6 +344,7 @@ class Supervisor:
             # after --node-timeout finds the job ended 75 without it).
             loss = self._peers.requeued()
         if loss is not None:
+            self._peer_lost = True
             self._sum_up_a_lost_nodes_echo(loss.node)
             self._execute(decisions.handle(
                 core.PeerLost(loss.node, loss.why, self._clock(), failed=loss.failed)))
@@ -437,8 +440,12 @@ class Supervisor:
         for the others' in its exit barrier.
         """
         tree = self._tree
-        if (tree is None or self._cut_short
-                or not decisions.stop_checkpoint_made or not tree.only_torchrun_left()):
+        if (tree is None or self._cut_short or not decisions.stop_requested
+                or not tree.only_torchrun_left()):
+            return
+        # A stop relayed from another node may reach this one after its checkpoint: the
+        # workers' beacons then say they left at that stop.
+        if not decisions.stop_checkpoint_made and not self._progress.left_at_a_stop():
             return
         self._cut_short = True
         self._record("torchrun_cut_short", torchrun_pid=tree.process.pid)
@@ -592,9 +599,10 @@ class Supervisor:
         failed = None if code == 0 else classify(tree.stderr.text())
         if code != 0:
             self._failure = failure_report(tree.stderr.text(), code)
-        # A stop requested here (or relayed) ends as a stop whatever the others asked: no need
-        # to ask the store, which node 0's end may have taken away (a wait of seconds).
-        elsewhere = self.options.nnodes > 1 and not self._stopping
+        # A stop requested here (or relayed), or a lost node, decides the end whatever the
+        # others asked: no need to ask the store, which node 0's end may have taken away (a
+        # wait of seconds).
+        elsewhere = self.options.nnodes > 1 and not (self._stopping or self._peer_lost)
         stops = stops_elsewhere(self.record, self.options.node_rank, self._started_at,
                                 self._link) if elsewhere else []
         return core.WorkersExited(code, self._clock(), bool(stops),
