@@ -1,21 +1,23 @@
-"""Two `cycle run` nodes on two simulated hosts (network namespaces, one address each, one shared
-checkpoint directory), running examples/train.py with one worker per node over gloo.
+"""`cycle run` nodes on simulated hosts (network namespaces on one bridge, one address each, one
+shared checkpoint directory), running examples/train.py with one worker per node over gloo.
 
-One job goes through every way a node can fail or stop, run after run, and must end bit-identical
-to an uninterrupted job:
-- a worker on node 1 is killed with SIGKILL while node 0's worker waits for it in a collective:
-  torchrun restarts both nodes' workers together from the newest checkpoint;
-- node 1's supervisor alone gets SIGTERM: both nodes stop at one agreed step and exit 75;
-- node 1's supervisor is killed with SIGKILL: its watchdog ends node 1's processes, and node 0
-  notices the silence and ends its own workers within seconds (``--node-timeout``), not after a
-  rendezvous or collective timeout, with exit 75 and the reason;
-- node 0's supervisor is killed with SIGKILL: node 1's torchrun fails on the lost rendezvous
-  store, and node 1 waits for the heartbeats' verdict and exits 75, not 1 (issue 17).
+On four hosts, one job goes through every way a node can fail or stop, run after run, and must
+end as the same training uninterrupted:
+- a worker on node 2 is killed with SIGKILL while the others wait for it in a collective:
+  torchrun restarts every node's workers together from the newest checkpoint;
+- node 0's supervisor alone gets SIGTERM: every other node reads the stop in the job's store and
+  asks its own workers, all stop at one agreed step and exit 75 right after its checkpoint;
+- node 1's supervisor is killed with SIGKILL: its watchdog ends node 1's processes, and the
+  others notice the silence and end their own workers within seconds (``--node-timeout``), not
+  after a rendezvous or collective timeout, with exit 75 and the reason;
+- node 0's supervisor is killed with SIGKILL: the others' torchruns fail on the lost rendezvous
+  store, and they wait for the heartbeats' verdict and exit 75, not 1 (issue 17).
 
-Apart: ten worker kills in one job; a hang on node 1; a node that never starts is named within
-``--start-timeout``, and a node that comes after the other failed in the same run finds that at
-once; a worker that crashes after its training loop on node 1, while node 0 finishes, ends the
-job as finished instead of restarting into a rendezvous node 0 never joins.
+On two hosts: ten worker kills in one job; a hang on node 1; a node that never starts is named
+within ``--start-timeout``, and a node that comes after the other failed in the same run finds
+that at once; a worker that crashes after its training loop on node 1, while node 0 finishes,
+ends the job as finished instead of restarting into a rendezvous node 0 never joins; the memory
+tier's partner copy; node 0's loss in a few lines; a node thawed after the node timeout.
 """
 
 from __future__ import annotations
