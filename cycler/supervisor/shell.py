@@ -290,6 +290,8 @@ class Supervisor:
         if self.options.nnodes > 1:
             self._heartbeat.finish(outcome.exit_code)
         if self._link is not None:
+            if self._peer_lost and self.options.node_rank == 0 and self.options.nnodes > 2:
+                self._link.hand_over_verdict()  # the others learn it before the store goes
             self._link.close()
         self._root_io.close()
         self._record("ended", code=outcome.exit_code)  # the run's last moment cycle can see
