@@ -64,7 +64,7 @@ MESSAGES = {
     "failed_after_training": "a worker failed (code {code}) after its training loop ended, and "
                              "node {node}'s workers finished: the training is done, not "
                              "restarted",
-    "grace_expired": "the {grace:g} s grace is over: SIGTERM to every process of the job",
+    "grace_expired": "the stop's {seconds:g} s are over: SIGTERM to every process of the job",
     "kill": "still running {after:g} s after SIGTERM: SIGKILL",
     "signal_sent": "sent {signal} to the job",
     "signal_forwarded": "sent {signal} to the workers",

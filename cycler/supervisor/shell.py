@@ -63,7 +63,7 @@ from cycler.supervisor.launch.torchrun import (
 )
 from cycler.supervisor.nodes.peers import Heartbeat, PeerWatch
 from cycler.supervisor.nodes.root_io import RootIO
-from cycler.supervisor.nodes.store_link import LINK_SECONDS, StoreLink
+from cycler.supervisor.nodes.store_link import LINK_SECONDS, STALE_SECONDS, StoreLink
 from cycler.supervisor.run_end.foreign import finder_for, requeue_on_foreign_checkpoint
 from cycler.supervisor.run_end.landing import Landing, sigint_came
 from cycler.supervisor.run_end.stop_guard import GUARD_MARGIN_SECONDS, StopGuard
@@ -164,8 +164,15 @@ def stops_elsewhere(record: RunRecord, node_rank: int, since: float,
     if found is None:
         own = record.control_path(node_rank)
         return stops_since([path for path in record.control_paths() if path != own], since)
+    return stops_of_other_nodes(found, node_rank, since)
+
+
+def stops_of_other_nodes(entries: list[dict[str, Any]], node_rank: int,
+                         since: float) -> list[ControlRequest]:
+    """The ``checkpoint_and_exit`` requests since ``since`` among the store's stop entries
+    (:meth:`StoreLink.stops`) that another node than ``node_rank`` appended."""
     requests = []
-    for entry in found:
+    for entry in entries:
         with suppress(ValueError, TypeError, KeyError):
             request = ControlRequest.from_json(str(entry["request"]))
             if entry.get("node") != node_rank and request.requested_at >= since and \
@@ -239,6 +246,10 @@ class Supervisor:
         self._started_at = clock()
         self._foreign = finder_for(os.getcwd(), options)  # the workers' cwd, while it exists
         self._cut_short = False
+        self._stopping = False
+        """Whether a stop was requested here, by a signal or relayed from another node."""
+        self._peer_lost = False
+        """Whether another node was found gone (the job ends with it, whatever was asked)."""
         run = run_token(options)
         begun = time.monotonic()  # the other nodes have --start-timeout from here
         self._lost_before_start = None if options.nnodes == 1 else PeerWatch(
@@ -295,6 +306,8 @@ class Supervisor:
         if self.options.nnodes > 1:
             self._heartbeat.finish(outcome.exit_code)
         if self._link is not None:
+            if self._peer_lost and self.options.node_rank == 0 and self.options.nnodes > 2:
+                self._link.hand_over_verdict()  # the others learn it before the store goes
             self._link.close()
         self._record("ended", code=outcome.exit_code)  # the run's last moment cycle can see
         left = self._root_io.close(wait=RECORDS_WAIT_SECONDS)
@@ -367,6 +380,7 @@ class Supervisor:
             self._execute(decisions.handle(event))
             self._guard_the_deadline(decisions)
             if decisions.stop_requested and not stopping:
+                self._stopping = True
                 self._carrier.call_off()  # the grace is for the checkpoint
                 self._learn_hard_deadline(self._clock(), decisions.config.kill_after)
             if decisions.listening:
@@ -391,9 +405,31 @@ class Supervisor:
             # after --node-timeout finds the job ended 75 without it).
             loss = self._peers.requeued()
         if loss is not None:
+            self._peer_lost = True
             self._sum_up_a_lost_nodes_echo(loss.node)
             self._execute(decisions.handle(
                 core.PeerLost(loss.node, loss.why, self._clock(), failed=loss.failed)))
+        self._relay_a_stop_elsewhere(decisions)
+
+    def _relay_a_stop_elsewhere(self, decisions: core.SupervisorCore) -> None:
+        """Another node's stop request, read from the job's store, is asked of this node's
+        workers too (:data:`core.STOP_ELSEWHERE`): they stop at the step every rank agrees on
+        as they would anyway, and this node's stop then ends as soon as its workers have
+        exited after the stop's checkpoint (torchrun's own teardown takes seconds), not at the
+        deadline. A deadline of that request earlier than this node's own is kept."""
+        if (self._link is None or self._stopping or decisions.stop_requested
+                or decisions.phase is not core.Phase.RUNNING):
+            return
+        requests = stops_of_other_nodes(self._link.stops() or [], self.options.node_rank,
+                                        self._started_at)
+        if not requests:
+            return
+        self._stopping, now = True, self._clock()
+        self._queue.put(core.SignalReceived(core.STOP_ELSEWHERE, now))
+        deadline = earliest_deadline(requests)
+        if deadline is not None and deadline < now + self.options.grace - STALE_SECONDS:
+            self._queue.put(core.HardDeadline(deadline, "the deadline of the stop another "
+                                              "node asked for", now))
 
     def _watch_progress(self, decisions: core.SupervisorCore) -> None:
         """On a hang found in the workers' beacons (stacks dumped already), the core kills
@@ -459,12 +495,18 @@ class Supervisor:
 
         torchrun takes about 0.4 s to tear itself down after its last worker is gone, which
         is most of what a stop costs beyond the save. Its result no longer matters then: the
-        checkpoint is committed. With several nodes torchrun on node 0 hosts the rendezvous
-        store the others still use to leave, so it is left alone there.
+        checkpoint is committed. With several nodes torchrun's teardown takes seconds more
+        (its rendezvous' close and exit barrier, its interpreter's end): every node that stops
+        (asked, or relayed another node's request) cuts its own torchrun short, so none waits
+        for the others' in its exit barrier.
         """
         tree = self._tree
-        if (self.options.nnodes > 1 or tree is None or self._cut_short
-                or not decisions.stop_checkpoint_made or not tree.only_torchrun_left()):
+        if (tree is None or self._cut_short or not decisions.stop_requested
+                or not tree.only_torchrun_left()):
+            return
+        # A stop relayed from another node may reach this one after its checkpoint: the
+        # workers' beacons then say they left at that stop.
+        if not decisions.stop_checkpoint_made and not self._progress.left_at_a_stop():
             return
         self._cut_short = True
         self._record("torchrun_cut_short", torchrun_pid=tree.process.pid)
@@ -480,7 +522,8 @@ class Supervisor:
                                                    self._node.control_path)
                      if (request := read_control(path)) is not None]
         return core.CoreConfig(
-            grace=options.grace, stop_signals=frozenset((*options.signals, notices.NOTICE)),
+            grace=options.grace, stop_signals=frozenset((*options.signals, notices.NOTICE,
+                                                           core.STOP_ELSEWHERE)),
             max_restarts=options.max_restarts, restart_delay=options.restart_delay,
             requeue=requeue, requeue_count=options.requeue_count,
             max_requeues=options.max_requeues, resume_from=options.resume_from,
@@ -626,8 +669,12 @@ class Supervisor:
         failed = None if code == 0 else classify(tree.stderr.text())
         if code != 0:
             self._failure = failure_report(tree.stderr.text(), code)
+        # A stop requested here (or relayed), or a lost node, decides the end whatever the
+        # others asked: no need to ask the store, which node 0's end may have taken away (a
+        # wait of seconds).
+        elsewhere = self.options.nnodes > 1 and not (self._stopping or self._peer_lost)
         stops = stops_elsewhere(self.record, self.options.node_rank, self._started_at,
-                                self._link) if self.options.nnodes > 1 else []
+                                self._link) if elsewhere else []
         return core.WorkersExited(code, self._clock(), bool(stops),
                                   self._progress.before_first_step(), failed,
                                   training_ended=self._progress.training_ended(),
@@ -690,7 +737,8 @@ class Supervisor:
             self._record("control_unwritable", warning=True, error=str(error))
             if request.action is not Action.RUN:
                 self._signal_tree(signal.SIGTERM)
-        if self._link is not None and request.action is Action.CHECKPOINT_AND_EXIT:
+        if self._link is not None and request.action is Action.CHECKPOINT_AND_EXIT \
+                and request.reason != core.STOP_ELSEWHERE:
             self._link.say_stop(request.to_json())  # every node reads it from the store
         self._root_io.in_order(lambda: self._write_control_copy(request, told))
 

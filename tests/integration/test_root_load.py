@@ -77,7 +77,8 @@ def job_tree(job: subprocess.Popen[bytes]) -> list[psutil.Process]:
 
 
 def _launcher(job: subprocess.Popen[bytes]) -> psutil.Process:
-    return next(p for p in job_tree(job) if "cycler.supervisor.launch.launcher" in " ".join(p.cmdline()))
+    return next(p for p in job_tree(job)
+                if "cycler.supervisor.launch.launcher" in " ".join(p.cmdline()))
 
 
 def _threads(process: psutil.Process) -> list[psutil._common.pthread]:

@@ -1,8 +1,10 @@
-"""Two simulated hosts for real-process tests: network namespaces joined by a veth pair.
+"""Simulated hosts for real-process tests: network namespaces on one bridge.
 
-Each host has its own loopback and one address (10.77.0.1 and 10.77.0.2); they share this
-machine's filesystem, as nodes share the checkpoint directory, and its pid namespace, so the
-tests can signal and kill any process. Needs root and iproute2.
+Each host has its own loopback and one address (10.77.0.1, 10.77.0.2, ...), joined by a veth
+pair to a bridge that lives in a namespace of its own (the switch), so this machine's own
+network is never touched. The hosts share this machine's filesystem, as nodes share the
+checkpoint directory, and its pid namespace, so the tests can signal and kill any process.
+Needs root and iproute2.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ class Host:
 
 
 def unavailable() -> str | None:
-    """Why two namespace hosts cannot be made here, or ``None``."""
+    """Why namespace hosts cannot be made here, or ``None``."""
     if os.geteuid() != 0:
         return "network namespaces need root"
     if shutil.which("ip") is None:
@@ -45,22 +47,36 @@ def _ip(*arguments: str) -> None:
 
 
 @contextlib.contextmanager
-def two_hosts() -> Iterator[tuple[Host, Host]]:
-    """Two hosts on one link, torn down afterwards."""
+def simulated_hosts(count: int) -> Iterator[tuple[Host, ...]]:
+    """``count`` hosts on one bridge, torn down afterwards (deleting a namespace deletes its
+    end of each veth pair, and with it the other end)."""
     tag = os.getpid() % 100000
-    hosts = (Host(f"cyc{tag}a", "10.77.0.1", f"cy{tag}a"), Host(f"cyc{tag}b", "10.77.0.2",
-                                                                 f"cy{tag}b"))
+    switch = f"cyc{tag}sw"
+    hosts = tuple(Host(f"cyc{tag}h{index}", f"10.77.0.{index + 1}", f"cy{tag}h{index}")
+                  for index in range(count))
+    made = []
     try:
-        for host in hosts:
-            _ip("netns", "add", host.namespace)
-        _ip("link", "add", hosts[0].interface, "type", "veth", "peer", "name", hosts[1].interface)
-        for host in hosts:
-            _ip("link", "set", host.interface, "netns", host.namespace)
+        for namespace in (switch, *(host.namespace for host in hosts)):
+            _ip("netns", "add", namespace)
+            made.append(namespace)
+        _ip("-n", switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", switch, "link", "set", "br0", "up")
+        for index, host in enumerate(hosts):
+            port = f"cy{tag}p{index}"
+            _ip("link", "add", host.interface, "netns", host.namespace, "type", "veth",
+                "peer", "name", port, "netns", switch)
+            _ip("-n", switch, "link", "set", port, "master", "br0")
+            _ip("-n", switch, "link", "set", port, "up")
             inside = ("-n", host.namespace)
             _ip(*inside, "addr", "add", f"{host.address}/24", "dev", host.interface)
             _ip(*inside, "link", "set", host.interface, "up")
             _ip(*inside, "link", "set", "lo", "up")
         yield hosts
     finally:
-        for host in hosts:
-            subprocess.run(["ip", "netns", "del", host.namespace], capture_output=True)
+        for namespace in made:
+            subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
+
+
+def two_hosts() -> contextlib.AbstractContextManager[tuple[Host, ...]]:
+    """Two hosts on one bridge."""
+    return simulated_hosts(2)

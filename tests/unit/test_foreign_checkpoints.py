@@ -1,5 +1,5 @@
-"""Checkpoints a plain script keeps in its own layout (cycler.supervisor.run_end.foreign): which count as
-resumable, and how an end for want of cycler's checkpoint becomes a requeue."""
+"""Checkpoints a plain script keeps in its own layout (cycler.supervisor.run_end.foreign): which
+count as resumable, and how an end for want of cycler's checkpoint becomes a requeue."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ import datetime
 import signal
 from pathlib import Path
 
+from cycler.protocol.events import describe
 from cycler.protocol.features import USES_CONTROL
 from cycler.supervisor.decisions.core import (
     CoreConfig,
@@ -74,8 +75,12 @@ def test_an_earlier_hard_deadline_cuts_the_grace_and_says_why() -> None:
     (log,) = [a for a in actions if isinstance(a, Log)]
     assert log.event == "deadline" and log.warning and log.fields["seconds_left"] == 24.9
     assert core.wake_at == 175.0
-    assert core.handle(Tick(175.0))[1:] == [SignalTree(signal.SIGTERM)]
+    expired = core.handle(Tick(175.0))
+    assert expired[1:] == [SignalTree(signal.SIGTERM)]
     assert core.phase is Phase.TERMINATING
+    (said,) = [a for a in expired if isinstance(a, Log)]
+    assert describe(said.event, said.fields).startswith("the stop's 25 s are over"), \
+        "the deadline that ran out, not the 90 s grace"
 
 
 def test_a_later_deadline_or_one_outside_a_stop_changes_nothing() -> None:

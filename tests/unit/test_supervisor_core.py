@@ -16,7 +16,9 @@ from cycler.protocol.exit_codes import (
     EXIT_REQUEUE,
     EXIT_SUCCESS,
 )
+from cycler.protocol.features import USES_CONTROL
 from cycler.supervisor.decisions.core import (
+    STOP_ELSEWHERE,
     CheckpointCommitted,
     CoreConfig,
     Event,
@@ -29,6 +31,7 @@ from cycler.supervisor.decisions.core import (
     Requeue,
     SignalReceived,
     SignalTree,
+    SignalWorkers,
     StartWorkers,
     SupervisorAction,
     SupervisorCore,
@@ -152,6 +155,26 @@ def test_only_the_configured_signals_request_a_stop():
     core = started(replace(CONFIG, stop_signals=frozenset({"SIGUSR1"})))
     assert not of_type(core.handle(SignalReceived("SIGTERM", 150.0)), WriteControl)
     assert of_type(core.handle(SignalReceived("SIGUSR1", 151.0)), WriteControl)
+
+
+def test_another_node_s_stop_relayed_here_asks_the_workers_and_ends_as_this_node_s_stop():
+    core = started(replace(CONFIG, initial_checkpoint=1))
+    actions = core.handle(SignalReceived(STOP_ELSEWHERE, 150.0, frozenset({USES_CONTROL})))
+    (write,) = of_type(actions, WriteControl)
+    assert write.request.action is Action.CHECKPOINT_AND_EXIT
+    assert write.request.reason == STOP_ELSEWHERE, "the shell does not announce it again"
+    assert core.phase is Phase.STOPPING and core.wake_at == 180.0
+    core.handle(CheckpointCommitted(2, 151.0))
+    assert core.stop_checkpoint_made, "the shell may cut torchrun's teardown short"
+    actions = core.handle(WorkersExited(0, 151.5))
+    assert exit_of(actions).code == EXIT_REQUEUE and "stopped_by_another_node" not in \
+        logged(actions)
+
+
+def test_a_relayed_stop_to_a_script_that_reads_no_control_file_sends_it_sigterm():
+    core = started(replace(CONFIG, initial_checkpoint=1))
+    actions = core.handle(SignalReceived(STOP_ELSEWHERE, 150.0, frozenset()))
+    assert of_type(actions, SignalWorkers) == [SignalWorkers(signal.SIGTERM)]
 
 
 # --- grace and force --------------------------------------------------------------------------

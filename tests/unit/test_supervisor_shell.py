@@ -19,7 +19,7 @@ from cycler.protocol.record import RunRecord
 from cycler.supervisor.checks import check_script, prepare_checkpoint_root
 from cycler.supervisor.configuration.options import RunOptions
 from cycler.supervisor.decisions.core import SignalReceived
-from cycler.supervisor.shell import Supervisor, stop_requested_elsewhere
+from cycler.supervisor.shell import Supervisor, stop_requested_elsewhere, stops_of_other_nodes
 
 
 def request(action: Action, at: float) -> ControlRequest:
@@ -154,3 +154,16 @@ def test_a_rerun_whose_resume_from_checkpoint_was_rotated_away_is_no_error(tmp_p
         plan_run(options)
     record_resume_from(RunRecord(tmp_path / "ck"), 0, "0")
     assert "CYCLER_RESUME_FROM" not in plan_run(options).environment
+
+
+def test_another_nodes_stop_is_the_checkpoint_and_exit_another_node_asked_since_the_start():
+    def entry(node: int, at: float, action: Action = Action.CHECKPOINT_AND_EXIT) -> dict:
+        request = ControlRequest(sequence=1, action=action, reason="SIGTERM", requested_at=at,
+                                 deadline=at + 60)
+        return {"node": node, "request": request.to_json()}
+
+    entries = [entry(1, 100.0), entry(0, 200.0), entry(2, 50.0), entry(3, 200.0, Action.RUN),
+               {"node": 2, "request": "not json"}, {"request": entry(2, 300.0)["request"]}]
+    found = stops_of_other_nodes(entries, node_rank=1, since=150.0)
+    assert [request.requested_at for request in found] == [200.0, 300.0], \
+        "not its own, not one before this start, not a run request, not a garbled one"

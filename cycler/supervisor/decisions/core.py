@@ -64,6 +64,7 @@ from cycler.protocol.features import USES_OWN_HANDLER
 from cycler.supervisor.decisions.budget import RestartBudget
 from cycler.supervisor.decisions.vocabulary import (
     NO_CHECKPOINT_TO_RESUME,
+    STOP_ELSEWHERE,
     Announced,
     CheckpointCommitted,
     Event,
@@ -90,7 +91,7 @@ from cycler.supervisor.decisions.vocabulary import (
 
 __all__ = [  # the vocabulary too: callers and tests speak it through this module
     "Announced", "CheckpointCommitted", "CoreConfig", "Event", "Exit", "HangDetected",
-    "HardDeadline", "LandNewest", "LandingReport", "Log",
+    "HardDeadline", "LandNewest", "LandingReport", "Log", "STOP_ELSEWHERE",
     "PeerLost", "Phase", "ReplayDiverged", "Requeue",
     "SignalReceived", "SignalTree", "SignalWorkers", "StartWorkers", "StopPath",
     "SupervisorAction", "SupervisorCore", "Tick", "WorkersExited", "WriteControl", "stop_path",
@@ -118,8 +119,10 @@ class CoreConfig:
 
     grace: float
     """Seconds workers get to checkpoint and exit after a stop request."""
-    stop_signals: frozenset[str] = frozenset({"SIGTERM", "SIGINT", "SIGHUP", "SIGUSR2"})
-    """Signal names that ask for ``checkpoint_and_exit``."""
+    stop_signals: frozenset[str] = frozenset({"SIGTERM", "SIGINT", "SIGHUP", "SIGUSR2",
+                                              STOP_ELSEWHERE})
+    """Signal names that ask for ``checkpoint_and_exit`` (:data:`STOP_ELSEWHERE`: another
+    node's request, relayed)."""
     max_restarts: int = 3
     """Restarts allowed after worker failures without a new checkpoint in between (0: none);
     a committed checkpoint gives the whole budget back."""
@@ -184,6 +187,7 @@ class SupervisorCore:
         self._planned: Exit | None = None
         """The end decided before the landing (LANDING), said once it is known to be safe."""
         self._requeue_held = False
+        self._stop_began = 0.0
         self.stopped = False
         """Whether the run ended as a stop (exit 75, or 1 with nothing to resume)."""
 
@@ -268,7 +272,7 @@ class SupervisorCore:
         repeated = self.stop_requested
         self._stop_signals.append(event.name)
         if not repeated:  # every stop has a deadline, with workers to stop or none
-            self._stop_deadline = event.now + self.config.grace
+            self._stop_began, self._stop_deadline = event.now, event.now + self.config.grace
         if self.phase in (Phase.BACKOFF, Phase.AWAITING_PEERS):
             return [Log("signal", {"signal": event.name, "effect": "stop while no workers run"}),
                     *self._finish_stop()]
@@ -397,8 +401,11 @@ class SupervisorCore:
             return self._take_path(frozenset(), event.now)
         if self.phase is Phase.STOPPING:
             self.phase, self.wake_at = Phase.TERMINATING, event.now + self.config.kill_after
-            return [Log("grace_expired", {"grace": self.config.grace}, warning=True),
-                    SignalTree(signal.SIGTERM)]
+            # The deadline said is the one that ran out: a scheduler's or another node's
+            # may have shortened the grace.
+            allowed = round(self._stop_deadline - self._stop_began, 1)
+            return [Log("grace_expired", {"grace": self.config.grace, "seconds": allowed},
+                        warning=True), SignalTree(signal.SIGTERM)]
         if self.phase is Phase.TERMINATING:
             self.phase, self.wake_at = Phase.KILLED, None
             return [Log("kill", {"after": self.config.kill_after}, warning=True),

@@ -204,6 +204,10 @@ class Requeue:
     """Ask the scheduler to requeue this job (``scontrol requeue``)."""
 
 
+STOP_ELSEWHERE = "another node's stop"
+"""The name a stop that another node's supervisor asked for takes among the stop signals, on the
+nodes it is relayed to (events log, exit reasons): their workers are asked as by a signal."""
+
 NO_CHECKPOINT_TO_RESUME = ("stopped on request, but no checkpoint exists to resume from, so the "
                            "job is not requeued")
 """The end of a stop that finds nothing to resume (exit 1): what the foreign search adds to."""

@@ -162,6 +162,18 @@ class StoreLink:
             self._beaten.wait_for(lambda: self._beats >= target or self._closed.is_set(), wait)
             return self._stops if self._beats >= target else None
 
+    def hand_over_verdict(self) -> None:
+        """Node 0 at its end, after it named a node gone: keep the store up until a beat has
+        put the verdict there and the other nodes' beats (every ``period``) have read it, at
+        most about a store timeout and two periods. Else a third node, whose own torchrun
+        fails only once node 0's rendezvous store is gone, learns the end seconds later."""
+        with self._beaten:
+            target = self._begun + 1
+            self._wake.set()
+            self._beaten.wait_for(lambda: self._beats >= target or self._closed.is_set(),
+                                  STORE_TIMEOUT_SECONDS)
+        self._closed.wait(2 * self._period)
+
     def records(self) -> dict[int, dict[str, Any]] | None:
         """The records read last: every other node's on node 0, node 0's and the verdict
         (under ``-1``) elsewhere; ``None`` while the store cannot be reached, and where the

@@ -44,6 +44,7 @@ from cycler._fs import atomic_write_bytes, pid_alive, read_json_object
 from cycler.protocol.features import USES_CONTROL, announced
 from cycler.protocol.node_local import NodeFiles
 from cycler.protocol.progress import (
+    AFTER_A_STOP,
     AFTER_THE_LOOP,
     DUMP_SIGNAL,
     PAUSED,
@@ -404,6 +405,13 @@ class WorkerProgress:
         after its loop ran to its end): the training is done, whatever was requested since."""
         readings = read_beacons(self._directory)
         return bool(readings) and all(r.name == AFTER_THE_LOOP for r in readings)
+
+    def left_at_a_stop(self) -> bool:
+        """Whether every worker left its training loop at an agreed stop (``StepControl.close()``
+        after a stop decision, its saves for it waited for): all this node owes that stop's
+        checkpoint is written, whenever the request reached this node's supervisor."""
+        readings = read_beacons(self._directory)
+        return bool(readings) and all(r.name == AFTER_A_STOP for r in readings)
 
     def before_first_step(self) -> bool | None:
         """Whether no worker made a step (or commit) in this start; ``None``: the workers
