@@ -314,13 +314,18 @@ def _print_uncaught(error: BaseException, script: str) -> None:
 
 
 def _exit_code(stop: SystemExit) -> int:
-    """The exit status Python gives ``sys.exit(stop.code)`` (a message is printed, then 1)."""
+    """The exit status Python gives ``sys.exit(stop.code)``: for anything but a number, the
+    code printed as Python prints it (to ``sys.stderr``, or to descriptor 2 where that is None
+    or fails; ``print`` is the script's to replace), then 1."""
     code = stop.code
     if code is None:
         return 0
     if isinstance(code, int):
         return code & 0xFF
-    print(code, file=sys.stderr)
+    try:
+        sys.stderr.write(f"{code}\n")
+    except Exception:  # noqa: BLE001 - None, closed, or the script's own that fails
+        os.write(2, f"{code}\n".encode(errors="backslashreplace"))
     return 1
 
 

@@ -98,7 +98,9 @@ threading.Thread(target=lambda: (__import__("time").sleep(0.3), say("order", "th
 atexit.register(say, "order", "atexit")
 say("order", "last line")
 if len(sys.argv) > 1 and sys.argv[1] == "exit":
-    sys.exit(3)
+    import builtins
+    builtins.print = None  # Python prints sys.exit's message without it
+    sys.exit("the script's message")
 '''
 
 ENV_FIRST = r'''
@@ -285,7 +287,9 @@ def test_a_worker_exit_code_is_the_same_in_every_way(tmp_path: Path) -> None:
     (tmp_path / "probe.py").write_text(PROBE)
     for way in WAYS:
         code, stdout, stderr = run(tmp_path, way, "probe.py", "exit", nproc=1)
-        assert code == 1 and "exitcode  : 3" in stderr, (way, stderr[-2000:])
+        assert code == 1 and "exitcode  : 1" in stderr, (way, stderr[-2000:])
+        assert "the script's message" in stderr.splitlines(), (way, stderr)
+        assert "run_worker" not in stderr, (way, stderr)  # no traceback of cycle's
         assert observations(stdout)["order"] == ["'last line' 'thread' 'atexit'"], way
 
 
