@@ -110,7 +110,8 @@ os.environ["TORCH_LOGS"] = "+dynamo"
 ''' + PROBE
 
 SYNTAX = "x = 1\nthis is not python ((\n"
-MISSING_IMPORT = "import os\nimport a_module_that_is_not_there\n"
+MISSING_IMPORT = ("import os, sys\nsys.excepthook = lambda *error: 1 / 0  # Python reports both\n"
+                  "import a_module_that_is_not_there\n")
 
 
 def run(tmp_path: Path, way: str, script: str, *arguments: str,
