@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.integrations, pytest.mark.timeout(1200)]
 WAYS = ("torchrun", "forked", "fresh")
 
 PROBE = r'''
-import atexit, ctypes, faulthandler, os, random, sys, threading
+import atexit, ctypes, faulthandler, gc, os, random, signal, sys, tempfile, threading
 
 def say(key, value):
     # One write per line: the ranks share the pipe, and a line written in one piece is whole.
@@ -42,6 +42,25 @@ say("main", (__name__, type(__loader__).__name__, __spec__, __package__, __cache
 say("faulthandler", faulthandler.is_enabled())
 say("stdin", sys.stdin is not None and sys.stdin.fileno())
 say("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS"))
+say("cmdline", open("/proc/self/cmdline", "rb").read().split(b"\0")[1:])
+descriptors = [fd for fd in map(int, os.listdir("/proc/self/fd")) if fd > 2
+               and os.path.lexists(f"/proc/self/fd/{fd}")]
+say("descriptors", (bool(descriptors), [fd for fd in descriptors if os.get_inheritable(fd)]))
+import multiprocessing
+umask = os.umask(0o22)
+os.umask(umask)
+say("process state", (
+    [str(signal.getsignal(number)) for number in sorted(signal.valid_signals())
+     if number not in (signal.SIGKILL, signal.SIGSTOP)],
+    signal.pthread_sigmask(signal.SIG_BLOCK, []),
+    [getattr(sys, hook) is getattr(sys, f"__{hook}__")
+     for hook in ("excepthook", "displayhook", "unraisablehook", "breakpointhook")],
+    threading.excepthook is threading.__excepthook__,
+    [thread.name for thread in threading.enumerate()], oct(umask),
+    os.getsid(0) == os.getpid(), gc.isenabled(), gc.get_threshold(), sys.flags,
+    multiprocessing.get_start_method(allow_none=True), multiprocessing.current_process().name,
+    multiprocessing.parent_process(), sys.path[1:], [(stream.isatty(), stream.write_through)
+                                                     for stream in (sys.stdout, sys.stderr)]))
 say("hash", hash("a string"))
 say("random", random.random())
 import numpy
@@ -50,6 +69,8 @@ import torch
 say("torch seed", torch.initial_seed())
 say("torch rand", torch.rand(3).tolist())
 say("threads", (torch.get_num_threads(), torch.get_num_interop_threads()))
+os.environ["TMPDIR"] = os.path.realpath(os.getcwd())
+say("TMPDIR set first", tempfile.gettempdir() == os.environ["TMPDIR"])
 
 def openblas_threads():
     for line in open("/proc/self/maps"):
@@ -77,7 +98,9 @@ threading.Thread(target=lambda: (__import__("time").sleep(0.3), say("order", "th
 atexit.register(say, "order", "atexit")
 say("order", "last line")
 if len(sys.argv) > 1 and sys.argv[1] == "exit":
-    sys.exit(3)
+    import builtins
+    builtins.print = None  # Python prints sys.exit's message without it
+    sys.exit("the script's message")
 '''
 
 ENV_FIRST = r'''
@@ -87,7 +110,8 @@ os.environ["TORCH_LOGS"] = "+dynamo"
 ''' + PROBE
 
 SYNTAX = "x = 1\nthis is not python ((\n"
-MISSING_IMPORT = "import os\nimport a_module_that_is_not_there\n"
+MISSING_IMPORT = ("import os, sys\nsys.excepthook = lambda *error: 1 / 0  # Python reports both\n"
+                  "import a_module_that_is_not_there\n")
 
 
 def run(tmp_path: Path, way: str, script: str, *arguments: str,
@@ -160,6 +184,12 @@ ROWS = [
     Row("faulthandler", equal, "off unless PYTHONFAULTHANDLER"),
     Row("stdin", equal, "file descriptor 0, torchrun's own stdin"),
     Row("OMP_NUM_THREADS", equal, "torchrun's 1 for 2 processes"),
+    Row("cmdline", equal, "/proc/PID/cmdline (ps, psutil): -u SCRIPT ARGS, no empty argument "
+        "after them"),
+    Row("process state", equal, "signal handlers and mask, hooks, threads, umask, session, gc, "
+        "flags, multiprocessing's main process, sys.path, streams"),
+    Row("TMPDIR set first", equal, "tempfile reads a TMPDIR the script sets before its first "
+        "use (the agent's cached directory dropped)"),
     Row("random", each_differs_per_rank, "Python's random: its own per process"),
     Row("numpy", each_differs_per_rank, "numpy's global state: its own per process"),
     Row("torch seed", each_differs_per_rank, "torch's default generator: its own seed"),
@@ -171,6 +201,10 @@ ROWS = [
     Row("recursion depth", equal, "as deep before a RecursionError (the limit is raised by the "
         "frames below the script's: sys.getrecursionlimit() reads higher)"),
     Row("order", equal, "last line, the thread's, then atexit"),
+    Row("descriptors", lambda by_way: by_way["torchrun"] == by_way["fresh"] == ["(False, [])"] * 2
+        and by_way["forked"] == ["(True, [])"] * 2,
+        "documented difference: a forked worker holds the agent's descriptors (above 2), all "
+        "close-on-exec: no program it starts gets one"),
     Row("hash", shared_by_forked_ranks,
         "documented difference: the str hash secret is fixed at the agent's start, shared by "
         "the ranks of a start (a new agent, a new secret, at each start on one node)"),
@@ -254,7 +288,9 @@ def test_a_worker_exit_code_is_the_same_in_every_way(tmp_path: Path) -> None:
     (tmp_path / "probe.py").write_text(PROBE)
     for way in WAYS:
         code, stdout, stderr = run(tmp_path, way, "probe.py", "exit", nproc=1)
-        assert code == 1 and "exitcode  : 3" in stderr, (way, stderr[-2000:])
+        assert code == 1 and "exitcode  : 1" in stderr, (way, stderr[-2000:])
+        assert "the script's message" in stderr.splitlines(), (way, stderr)
+        assert "run_worker" not in stderr, (way, stderr)  # no traceback of cycle's
         assert observations(stdout)["order"] == ["'last line' 'thread' 'atexit'"], way
 
 

@@ -9,7 +9,8 @@ script then runs as ``__main__`` (compiled and run as Python runs its main scrip
 cycle and a script can see:
 
 - its own session (torchrun starts every worker in one: the supervisor signals its group), and
-  ``python -u SCRIPT ARGS`` as its command line;
+  ``python -u SCRIPT ARGS`` as its command line (``/proc/PID/cmdline`` ending where theirs
+  ends);
 - the signal handlers and mask of a fresh interpreter, not the agent's (torchrun's handlers and
   the launcher's shield must never reach a script);
 - ``sys.argv`` as given, ``sys.orig_argv``, ``sys.path[0]`` (the directory of the script's real
@@ -21,16 +22,19 @@ cycle and a script can see:
   redone after a fork and stays the agent's (docs/cycle-run.md lists it);
 - the root logger without the agent's handlers, so that the script's ``logging.basicConfig``
   works as in a fresh process;
+- tempfile's directory not yet chosen (the agent's is dropped), so that a ``$TMPDIR`` the
+  script sets before its first use counts;
 - torch's intra-op threads from ``$OMP_NUM_THREADS`` (torchrun sets it in the agent after
   torch was loaded, so the fork would keep the agent's count);
 - cycler's modules unloaded, so that the script's ``import cycler`` is a worker's first, with
   its start-up (the beacon, the stack dump) and fresh module state;
-- the exit: ``sys.exit(n)`` exits ``n``, an uncaught exception prints its traceback to stderr
-  and exits 1, a KeyboardInterrupt ends the process by SIGINT, and the script's ``atexit``
-  functions run after its non-daemon threads ended, then its modules' (not the agent's own:
-  they are dropped first); then, once the other threads sleep, the script's names are cleared
-  as Python clears them (its objects' finalizers run); the agent sees the worker's exit, not
-  its children's.
+- the exit: ``sys.exit(n)`` exits ``n`` (a message is printed to stderr without ``print``,
+  then 1), an uncaught exception goes to ``sys.excepthook`` (a missing or failing hook is
+  reported as Python reports it) and exits 1, a KeyboardInterrupt ends the process by SIGINT,
+  and the script's ``atexit`` functions run after its non-daemon threads ended, then its
+  modules' (not the agent's own: they are dropped first); then, once the other threads
+  sleep, the script's names are cleared as Python clears them (its objects' finalizers run);
+  the agent sees the worker's exit, not its children's.
   The interpreter's own teardown is skipped (``os._exit``, as multiprocessing does): the agent's
   objects copied into the child (its store server among them) must not be torn down twice.
 
@@ -268,7 +272,7 @@ def _compiled(path: str) -> Any:
             raise SyntaxError("source code cannot contain null bytes", (path, line, None, text))
         return compile(source, path, "exec", dont_inherit=True)
     except SyntaxError as error:  # IndentationError and TabError are SyntaxErrors
-        sys.excepthook(type(error), error.with_traceback(None), None)
+        _display(error.with_traceback(None))
         _exit(1)
 
 
@@ -309,18 +313,42 @@ def _print_uncaught(error: BaseException, script: str) -> None:
             frames = frames.tb_next
             break
         frames = frames.tb_next
-    error = error.with_traceback(frames or error.__traceback__)
-    sys.excepthook(type(error), error, error.__traceback__)
+    _display(error.with_traceback(frames or error.__traceback__))
+
+
+def _display(error: BaseException) -> None:
+    """Show an uncaught ``error`` as Python does: by ``sys.excepthook``; where it is missing,
+    or raises, Python's words for that and the default hook's tracebacks (the hook's own
+    error, from the hook's frame on, then the original)."""
+    hook = getattr(sys, "excepthook", None)
+    try:
+        if hook is None:
+            sys.stderr.write("sys.excepthook is missing\n")
+        else:
+            hook(type(error), error, error.__traceback__)
+            return
+    except Exception as failure:  # noqa: BLE001 - what the interpreter does with it
+        sys.stderr.write("Error in sys.excepthook:\n")
+        failure.__suppress_context__ = True  # Python called the hook outside any handler
+        failure = failure.with_traceback(failure.__traceback__.tb_next)  # type: ignore[union-attr]
+        sys.__excepthook__(type(failure), failure, failure.__traceback__)
+        sys.stderr.write("\nOriginal exception was:\n")
+    sys.__excepthook__(type(error), error, error.__traceback__)
 
 
 def _exit_code(stop: SystemExit) -> int:
-    """The exit status Python gives ``sys.exit(stop.code)`` (a message is printed, then 1)."""
+    """The exit status Python gives ``sys.exit(stop.code)``: for anything but a number, the
+    code printed as Python prints it (to ``sys.stderr``, or to descriptor 2 where that is None
+    or fails; ``print`` is the script's to replace), then 1."""
     code = stop.code
     if code is None:
         return 0
     if isinstance(code, int):
         return code & 0xFF
-    print(code, file=sys.stderr)
+    try:
+        sys.stderr.write(f"{code}\n")
+    except Exception:  # noqa: BLE001 - None, closed, or the script's own that fails
+        os.write(2, f"{code}\n".encode(errors="backslashreplace"))
     return 1
 
 

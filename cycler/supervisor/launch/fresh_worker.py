@@ -14,6 +14,7 @@ import multiprocessing.process
 import os
 import signal
 import sys
+import tempfile
 import weakref
 from typing import Any
 
@@ -42,6 +43,9 @@ def fresh_process(script: str, arguments: tuple[str, ...]) -> None:
     root.setLevel(logging.WARNING)
     _torch_threads()
     _own_random_state()
+    # tempfile caches the directory at its first gettempdir() (torchrun's agent made its log
+    # directory with it): a script's TMPDIR, set before its own first use, is read again.
+    tempfile.tempdir = None
     # cycler as a fresh worker imports it: its start-up in a worker (the beacon, the stack
     # dump) happens at the script's own `import cycler`, and never for a script without it.
     for name in [name for name in sys.modules if name.partition(".")[0] == "cycler"]:
@@ -101,7 +105,10 @@ def _command_line(words: list[str]) -> None:
     """Show ``words`` as this process's command line (``ps``, psutil, the hang report), not
     the agent's it was forked with: written over the agent's arguments in this process's
     memory, which the kernel reads them from (they are always longer: the script and its
-    arguments are among them). Best effort: the agent's stay where this is refused."""
+    arguments are among them), and the kernel's end of them moved to the end of ``words``
+    (:func:`_end_arguments`), so that no empty argument trails them. Best effort: the agent's
+    stay where this is refused; where only the move is refused, they end in NULs (psutil
+    reads one empty argument for each)."""
     try:
         with open("/proc/self/stat", "rb") as handle:
             fields = handle.read().rsplit(b")", 1)[1].split()
@@ -112,8 +119,37 @@ def _command_line(words: list[str]) -> None:
         with open("/proc/self/mem", "r+b", buffering=0) as memory:
             memory.seek(start)
             memory.write(title + b"\0" * (end - start - len(title)))
+        _end_arguments(fields, start + len(title))
     except (OSError, ValueError, IndexError):
         pass
+
+
+def _end_arguments(stat: list[bytes], end: int) -> None:
+    """Set the kernel's end of this process's arguments to ``end`` (``prctl(PR_SET_MM,
+    PR_SET_MM_MAP)``, unprivileged since Linux 3.18 where checkpoint/restore is built in),
+    every other address as ``stat`` (``/proc/self/stat``'s fields after the name) and the
+    program break say. Called in the forked child before any other thread exists, so that the
+    break read here is still the break when the kernel takes it. Refused: nothing changes."""
+    import ctypes
+
+    class MmMap(ctypes.Structure):  # struct prctl_mm_map
+        _fields_ = [*((name, ctypes.c_uint64) for name in (
+            "start_code", "end_code", "start_data", "end_data", "start_brk", "brk",
+            "start_stack", "arg_start", "arg_end", "env_start", "env_end", "auxv")),
+            ("auxv_size", ctypes.c_uint32), ("exe_fd", ctypes.c_uint32)]
+
+    field = [0, 0, 0, 0, *(int(value) for value in stat[1:])]  # field[n]: proc(5)'s field n
+    mm_map = MmMap(field[26], field[27], field[45], field[46], field[47], 0, field[28],
+                   field[48], end, field[50], field[51], 0, 0, 0xFFFFFFFF)  # exe_fd: kept
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.sbrk.restype = ctypes.c_void_p
+    libc.sbrk.argtypes = [ctypes.c_ssize_t]
+    mm_map.brk = libc.sbrk(0) or 0
+    libc.prctl(PR_SET_MM, PR_SET_MM_MAP, ctypes.byref(mm_map), ctypes.sizeof(mm_map), 0)
+
+
+PR_SET_MM, PR_SET_MM_MAP = 35, 14
+"""<linux/prctl.h>"""
 
 
 def _default_signals() -> None:
