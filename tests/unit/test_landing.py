@@ -1,6 +1,6 @@
 """The landing of the newest memory checkpoint at a run's end (supervisor/run_end/landing.py),
-reported to the core, which decides the exit and the requeue: a stop whose checkpoint is only in memory is
-not requeued (issue 25, finding 8)."""
+reported to the core, which decides the exit and the requeue: a stop whose checkpoint is only in
+memory is not requeued (issue 25, finding 8)."""
 
 from __future__ import annotations
 
