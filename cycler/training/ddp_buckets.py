@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cycler.errors import UnsupportedTorch
+from cycler.errors import CyclerError, UnsupportedTorch
 
 
 def settle_ddp_buckets(model: Any) -> None:
@@ -29,7 +29,9 @@ def settle_ddp_buckets(model: Any) -> None:
     the all-reduces start once the backward ends instead of overlapping it.
     ``find_unused_parameters=True`` keeps the overlap for an extra graph traversal per step.
 
-    Raises UnsupportedTorch where torch's DDP lacks the reducer calls this relies on.
+    Raises UnsupportedTorch where torch's DDP lacks the reducer calls this relies on, and
+    CyclerError after the model's first forward (its first step would already have used, or be
+    using, the layout this replaces).
     """
     reducer = getattr(model, "reducer", None)
     push = getattr(reducer, "_push_all_rebuilt_params", None)
@@ -39,5 +41,9 @@ def settle_ddp_buckets(model: Any) -> None:
             f"settle_ddp_buckets needs a DistributedDataParallel whose reducer has "
             f"_push_all_rebuilt_params and _rebuild_buckets (got {type(model).__name__}): "
             f"construct DDP with find_unused_parameters=True instead")
-    push()  # no-op where buckets are never rebuilt or already were
+    if getattr(model, "_lazy_init_ran", False):
+        raise CyclerError("settle_ddp_buckets was called after the DDP model's first forward: "
+                          "call it right after constructing DistributedDataParallel, on every "
+                          "rank, before the first step")
+    push()  # no-op where buckets are never rebuilt
     rebuild()

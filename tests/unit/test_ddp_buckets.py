@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from cycler import settle_ddp_buckets
-from cycler.errors import UnsupportedTorch
+from cycler.errors import CyclerError, UnsupportedTorch
 
 
 @pytest.fixture
@@ -46,3 +46,11 @@ def test_a_settled_model_keeps_its_parameter_order_after_the_first_backward(
 def test_a_model_that_is_not_ddp_is_refused_naming_what_to_do_instead() -> None:
     with pytest.raises(UnsupportedTorch, match="find_unused_parameters=True"):
         settle_ddp_buckets(nn.Linear(2, 2))
+
+
+def test_a_model_that_already_ran_a_forward_is_refused_saying_when_to_call_it(
+        one_rank_group: None) -> None:
+    model = DistributedDataParallel(nn.Linear(2, 2))
+    model(torch.randn(3, 2))
+    with pytest.raises(CyclerError, match="right after constructing"):
+        settle_ddp_buckets(model)
