@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from cycler.protocol.environment import default_checkpoint_root
     from cycler.protocol.exit_codes import EXIT_FAILURE, EXIT_REQUEUE, EXIT_SUCCESS, EXIT_USAGE
     from cycler.training.auto_interval import AutoInterval
+    from cycler.training.ddp_buckets import settle_ddp_buckets
     from cycler.training.epochs import (
         EpochLoop,
         current_epoch,
@@ -120,6 +121,7 @@ _PUBLIC = {
     "read_manifest": "cycler.checkpoint.manifest",
     "remaining_epochs_until": "cycler.training.epochs",
     "restore_rng_state": "cycler.training.rng",
+    "settle_ddp_buckets": "cycler.training.ddp_buckets",
     "torch_distributed_readiness": "cycler.training.readiness",
 }
 
@@ -203,5 +205,6 @@ __all__ = [
     "read_manifest",
     "remaining_epochs_until",
     "restore_rng_state",
+    "settle_ddp_buckets",
     "torch_distributed_readiness",
 ]

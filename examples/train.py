@@ -46,6 +46,7 @@ from cycler import (
     capture_rng_state,
     default_checkpoint_root,
     restore_rng_state,
+    settle_ddp_buckets,
 )
 
 
@@ -98,8 +99,12 @@ class Trainer:
         torch.manual_seed(args.seed)  # identical initial weights on every rank
         model = make_model(args.hidden).to(device)
         ids = None if device.type == "cpu" else [device]
-        self.model = DistributedDataParallel(model, device_ids=ids) if dist.is_initialized() \
-            else model
+        self.model = model
+        if dist.is_initialized():
+            self.model = DistributedDataParallel(model, device_ids=ids)
+            # The same gradient buckets from the first step on, on every start: with 3+ ranks a
+            # resumed step then all-reduces in the order the uninterrupted run's step did.
+            settle_ddp_buckets(self.model)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=args.lr, momentum=0.9)
         # Compiled calls go through the wrapper; the checkpoint keeps the plain model's names.
         self.forward = torch.compile(self.model) if args.compile else self.model

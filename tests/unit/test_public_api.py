@@ -18,7 +18,7 @@ EXPECTED = {
     "__version__", "atomic_torch_save", "capture_rng_state", "current_epoch",
     "default_checkpoint_root", "find_checkpoint", "finished_epochs", "latest_checkpoint",
     "list_checkpoints", "read_manifest", "remaining_epochs_until", "restore_rng_state",
-    "torch_distributed_readiness",
+    "settle_ddp_buckets", "torch_distributed_readiness",
 }
 
 
