@@ -59,7 +59,10 @@ def test_a_stop_heard_by_one_node_stops_both_at_one_step_and_resumes_exactly(
     nodes[1].send_signal(signal.SIGTERM)
     results = finish(nodes)
     assert [code for code, _ in results] == [EXIT_REQUEUE, EXIT_REQUEUE], results
-    assert "another node asked for this stop" in results[0][1]
+    # Node 0 relays the stop it reads from the store ("another node's stop"), or its workers,
+    # told by node 1's at the agreed step, exited first ("another node asked for this stop").
+    assert ("another node's stop" in results[0][1]
+            or "another node asked for this stop" in results[0][1]), results[0][1]
     checkpoint = latest_checkpoint(root)
     assert checkpoint is not None and read_manifest(checkpoint).world_size == 2
 
