@@ -27,6 +27,10 @@ shell) cost every start of the workers 0.15 s.
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -56,6 +60,53 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'cycler.supervisor' has no attribute {name!r}") from None
     return getattr(importlib.import_module(module), name)
 
+
+MOVED = {
+    "budget": "decisions.budget", "core": "decisions.core", "vocabulary": "decisions.vocabulary",
+    "failure": "decisions.failure", "failure_kinds": "decisions.failure_kinds",
+    "options": "configuration.options", "flags": "configuration.flags",
+    "config_file": "configuration.config_file", "slurm": "schedulers.slurm",
+    "scheduler_env": "schedulers.environment", "notices": "schedulers.notices",
+    "peers": "nodes.peers", "store_link": "nodes.store_link", "root_io": "nodes.root_io",
+    "carried_cache": "compile_cache.archive",
+    "cache_carrier": "compile_cache.carrier", "launcher": "launch.launcher",
+    "forked": "launch.forked", "fresh_worker": "launch.fresh_worker",
+    "torchrun": "launch.torchrun", "startable": "launch.startable",
+    "script_source": "launch.script_source", "processes": "launch.processes",
+    "hangs": "watch.hangs", "replay_watch": "watch.replay_watch", "foreign": "run_end.foreign",
+}
+"""The modules' paths before the wings (issue 37): ``import cycler.supervisor.options`` still
+works for code written against them, and gives the module at its new path (the same object).
+Not ``compile_cache``: that name is the wing's own package now (its ``place`` module was it).
+Not ``tier_end``: it became ``run_end.landing`` with another interface (issue 37)."""
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds ``cycler.supervisor.<old name>`` as the module it became."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None,
+                  ) -> importlib.machinery.ModuleSpec | None:
+        package, _, name = fullname.rpartition(".")
+        if package != __name__ or name not in MOVED:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self)
+
+    def __init__(self) -> None:
+        self._specs: dict[str, Any] = {}
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        module = importlib.import_module(f"{__name__}.{MOVED[spec.name.rpartition('.')[2]]}")
+        self._specs[module.__name__] = module.__spec__
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        """The module ran at its new path already: only its own spec is given back (the
+        import machinery set the old name's on it)."""
+        module.__spec__ = self._specs[module.__name__]
+
+
+if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
+    sys.meta_path.append(_MovedModules())
 
 __all__ = [
     "LaunchPlan",
