@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import logging
 import os
@@ -27,7 +28,7 @@ import socket
 import stat
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from cycler import _fs
@@ -225,6 +226,26 @@ def prepare_memory_root(root: Path, durable: RunRecord, *, supervisor: bool = Fa
     check_safe_parent(root.parent.parent, "the memory directory")
     make_private(root.parent, "the memory tier's base")
     identity = job_id(durable)
+    # The ranks of a node prepare the root together (library use): one at a time, else a rank
+    # that read no record yet takes the one another rank just wrote for another job's.
+    with _held_exclusively(root.parent):
+        return _prepare_root(root, durable, identity, supervisor)
+
+
+@contextlib.contextmanager
+def _held_exclusively(base: Path) -> Iterator[None]:
+    """``flock`` on the base directory while it is held; where the filesystem has no ``flock``,
+    nothing is held (a ``--memory-dir`` on such a filesystem is prepared as before)."""
+    descriptor = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # the lock goes with it
+
+
+def _prepare_root(root: Path, durable: RunRecord, identity: str, supervisor: bool) -> str | None:
     removed = None
     owner_path = RunRecord(root).memory_owner_path
     if os.path.lexists(root):
