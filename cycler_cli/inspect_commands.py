@@ -32,6 +32,10 @@ def status(
                                    "refreshes with --watch (default: 2)."),
     every: bool = typer.Option(False, "--all", help="List every checkpoint (default: the "
                                f"{render.STATUS_ROWS} newest and a count of the rest)."),
+    memory_dir: Path | None = typer.Option(None, "--memory-dir", help="The --memory-dir the "
+                                           "job's cycle run was given, to find a memory tier "
+                                           "it left behind (default: cycle run's default).",
+                                           show_default=False),
 ) -> None:
     """Show the checkpoints, their state, and what the job has been through."""
     root = directory or default_checkpoint_root()
@@ -40,7 +44,7 @@ def status(
         _watch(root, events, interval, rows)
         return
     with exit_on_cycler_error():
-        result = _collect(root, verify, events, show_progress=not as_json)
+        result = _collect(root, verify, events, not as_json, memory_dir)
     if as_json:
         render.print_json(result.as_dict())
     else:
@@ -65,17 +69,18 @@ def _watch(root: Path, events: int, interval: float, rows: int | None) -> None:
         return
 
 
-def _collect(root: Path, verify: bool, events: int, show_progress: bool) -> RootStatus:
+def _collect(root: Path, verify: bool, events: int, show_progress: bool,
+             memory_dir: Path | None) -> RootStatus:
     size = total_size(root) if verify and show_progress else 0
     if size < _PROGRESS_THRESHOLD:
-        return collect_status(root, verify=verify, events=events)
+        return collect_status(root, verify=verify, events=events, memory_dir=memory_dir)
     # Imported here: every `cycle run` start would pay for it otherwise.
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
     columns = (BarColumn(), DownloadColumn(), TimeRemainingColumn())
     with Progress(*columns, console=render.console, transient=True) as progress:
         task = progress.add_task("verifying", total=size)
-        return collect_status(root, verify=True, events=events,
+        return collect_status(root, verify=True, events=events, memory_dir=memory_dir,
                               on_checked=lambda n: progress.advance(task, n))
 
 

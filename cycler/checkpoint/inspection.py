@@ -126,17 +126,20 @@ def checked_root(root: str | os.PathLike[str]) -> Path | None:
 
 def collect_status(root: str | os.PathLike[str], *, verify: bool = False, events: int = 10,
                    on_checked: Callable[[int], None] | None = None,
-                   clock: Callable[[], float] = time.time) -> RootStatus:
+                   clock: Callable[[], float] = time.time,
+                   memory_dir: str | os.PathLike[str] | None = None) -> RootStatus:
     """Every saver's checkpoints, the live supervisors and the last ``events`` entries of the
     job's history (starts, stops, restarts, requeues, commits), with counts over all of it.
 
     ``verify`` reads every file to check its checksum; ``on_checked(bytes)`` is called after
-    each checkpoint so a caller can show progress.
+    each checkpoint so a caller can show progress. ``memory_dir``: where ``cycle run
+    --memory-dir`` kept the job's memory tier (default: the default base), to find one left by
+    a job whose root is gone.
     """
     path = checked_root(root)
     if path is None:
         path = Path(os.path.abspath(root))
-        return RootStatus(path, exists=False, notes=_memory_tier_without_root(path))
+        return RootStatus(path, exists=False, notes=_memory_tier_without_root(path, memory_dir))
     facts, notes = [], []
     for prefix in saver_prefixes(path):
         saver_layout = CheckpointLayout(path, prefix)
@@ -181,10 +184,12 @@ def memory_tier_here(record: RunRecord) -> Path | None:
     return root if owner.get("durable_root") == os.path.realpath(record.root) else None
 
 
-def _memory_tier_without_root(root: Path) -> list[str]:
-    """A note when this user's default memory base on this host holds a memory tier of
-    ``root``, which is gone: its checkpoints are of a job that no longer has a root."""
-    memory = memory_root(memory_base(), root)
+def _memory_tier_without_root(root: Path, memory_dir: str | os.PathLike[str] | None,
+                              ) -> list[str]:
+    """A note when this user's memory base on this host (in ``memory_dir``, else the default
+    one) holds a memory tier of ``root``, which is gone: its checkpoints are of a job that no
+    longer has a root."""
+    memory = memory_root(memory_base(memory_dir), root)
     if not (is_private(memory.parent) and is_private(memory)):
         return []
     return [f"a memory tier of an earlier job of this root is still at {memory}: it is never "

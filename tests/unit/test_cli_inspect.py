@@ -100,6 +100,23 @@ def test_status_of_a_missing_directory_is_one_line_and_exit_one(tmp_path: Path) 
     assert result.output.strip() == f"No checkpoint directory at {tmp_path / 'nowhere'}."
 
 
+def test_status_of_a_gone_root_names_the_memory_tier_its_job_left_in_the_given_memory_dir(
+        tmp_path: Path) -> None:
+    from cycler._private import make_parents_private
+    from cycler.checkpoint.memory_roots import memory_base, memory_root
+
+    gone = tmp_path / "checkpoints"
+    tier = memory_root(memory_base(tmp_path / "ram"), gone)
+    make_parents_private(tier)
+    result = runner.invoke(app, ["status", str(gone), "--memory-dir", str(tmp_path / "ram")])
+    assert result.exit_code == 1
+    said = "".join(result.output.split())  # the console wraps the long path
+    assert "".join(f"a memory tier of an earlier job of this root is still at {tier}".split()) \
+        in said
+    # Without the flag only the default base is looked in: nothing of this one is named.
+    assert "memorytier" not in "".join(runner.invoke(app, ["status", str(gone)]).output.split())
+
+
 def test_status_of_an_empty_directory_is_one_line(tmp_path: Path) -> None:
     result = runner.invoke(app, ["status", str(tmp_path)])
     assert result.exit_code == 0
