@@ -213,16 +213,16 @@ def test_a_stop_whose_persist_is_cut_by_a_kill_is_copied_by_cycle_run_and_then_r
 
 def test_a_stop_whose_copy_would_outlast_the_grace_exits_74_at_the_deadline_with_nothing_partial(
         tmp_path: Path, shm: Path) -> None:
-    # The worker's persist of the stop's 10000 files is held, then killed 3 s before the 20 s
+    # The worker's persist of the stop's 10000 files is held, then killed 5 s before the 20 s
     # grace ends: cycle run's own copy (10000 files, one fsync each: 6 s on this disk, and
-    # over a second in Python's file calls alone) has 2 s before it is given up, 1 s before
+    # over a second in Python's file calls alone) has 3 s before it is given up, 2 s before
     # the stop's deadline, and set aside; the root resumes from
     # checkpoint 0, and the job is not requeued: its newest state is in this node's memory.
     path_env, record = fake_scontrol(tmp_path)
     root = tmp_path / "ck"
     memory = memory_root(memory_base(shm), root)
     process, sent = kill_worker_during_stop_persist(
-        tmp_path, shm, "--grace", "20", stop_files=10000, kill_at=17,
+        tmp_path, shm, "--grace", "20", stop_files=10000, kill_at=15,
         env={**path_env, "SLURM_JOB_ID": "4242"})
     output, _ = process.communicate(timeout=180)
     took = time.monotonic() - sent
