@@ -113,17 +113,25 @@ class Coordinator:
             self._forget_previous(round_key)
 
     def _absent(self, round_key: str) -> str:
-        """Which ranks have not arrived at ``round_key``, in a few words (a timeout's detail:
-        W store lookups, made only once a wait has failed)."""
+        """Which ranks have not arrived at ``round_key``, in a few words: a timeout's detail,
+        read only once a wait has failed. In a job of more than :data:`NAMED_BY_EVERY_RANK`
+        ranks only rank 0 reads (and any rank that finds rank 0 missing), so that W ranks timing
+        out together do not ask the store W times each."""
+        def arrived(ranks: list[int]) -> bool:
+            return bool(self._store.check([f"{round_key}/rank/{rank}" for rank in ranks]))
+
         try:
-            absent = [rank for rank in range(self.world_size)
-                      if not self._store.check([f"{round_key}/rank/{rank}"])]
+            if self.world_size > NAMED_BY_EVERY_RANK and not self.is_creator and arrived([0]):
+                return "rank 0's error names the ranks missing"
+            absent = missing_ranks(arrived, self.world_size)
         except Exception as error:  # the store itself is gone (rank 0 died with it)
             return f"the store does not answer: {error}"
         if not absent:
             return "every rank has arrived"
-        shown = ", ".join(map(str, absent[:16])) + (", ..." if len(absent) > 16 else "")
-        return f"{len(absent)} of {self.world_size} ranks missing: {shown}"
+        if len(absent) > SHOWN_MISSING:
+            return f"more than {SHOWN_MISSING} of {self.world_size} ranks missing: " + \
+                ", ".join(map(str, absent[:SHOWN_MISSING])) + ", ..."
+        return f"{len(absent)} of {self.world_size} ranks missing: {', '.join(map(str, absent))}"
 
     def gather(self, round_key: str, local: str) -> list[str]:
         """On the creator: every rank's value for ``round_key`` (waits for all of them)."""
@@ -188,6 +196,32 @@ class Coordinator:
                 f"at {at} ({detail}); is a rank dead or skipping a call that every rank "
                 "must make?"
             ) from None
+
+
+NAMED_BY_EVERY_RANK = 64
+"""Up to this many ranks, every rank that timed out at a barrier names the ranks missing."""
+SHOWN_MISSING = 16
+"""The most missing ranks a timeout names."""
+
+
+def missing_ranks(arrived: Callable[[list[int]], bool], world_size: int,
+                  limit: int = SHOWN_MISSING + 1) -> list[int]:
+    """The first ``limit`` ranks of ``range(world_size)`` for which ``arrived([rank])`` is
+    false, in order, where ``arrived(ranks)`` tells whether all of ``ranks`` arrived (one store
+    call): halves are asked in turn, so m missing ranks cost O(m log W) calls, not W."""
+    found: list[int] = []
+
+    def look(ranks: list[int]) -> None:
+        if len(found) >= limit or arrived(ranks):
+            return
+        if len(ranks) == 1:
+            found.append(ranks[0])
+            return
+        look(ranks[:len(ranks) // 2])
+        look(ranks[len(ranks) // 2:])
+
+    look(list(range(world_size)))
+    return found
 
 
 def global_rank() -> int | None:

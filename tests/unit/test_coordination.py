@@ -10,6 +10,7 @@ import threading
 import pytest
 from saver_fakes import FakeCoordinator, FakeStore, on_every_rank
 
+from cycler.checkpoint.coordination import NAMED_BY_EVERY_RANK, missing_ranks
 from cycler.errors import CoordinationTimeout
 
 SHORT = datetime.timedelta(seconds=0.05)
@@ -106,3 +107,32 @@ def test_consecutive_barriers_leave_only_the_last_rounds_keys_in_the_store() -> 
     """The store lives as long as the job: a round's keys (its count and done key too) go once
     every rank is past the next round."""
     assert len(keys_left_after(6)) == len(keys_left_after(2)), keys_left_after(6)
+
+
+def test_the_missing_ranks_are_found_in_order_with_few_store_calls_and_at_most_the_limit() -> None:
+    asked: list[list[int]] = []
+    missing = {3, 700, 4095}
+
+    def arrived(ranks: list[int]) -> bool:
+        asked.append(ranks)
+        return not missing.intersection(ranks)
+
+    assert missing_ranks(arrived, 4096) == [3, 700, 4095]
+    assert len(asked) <= 3 * 2 * 13, len(asked)  # O(m log W), not W = 4,096
+    assert missing_ranks(lambda ranks: False, 4096, limit=17) == list(range(17))
+    assert missing_ranks(lambda ranks: True, 4096) == []
+
+
+def test_in_a_large_job_a_rank_other_than_0_leaves_naming_the_missing_ranks_to_rank_0() -> None:
+    store = FakeStore()
+    world = NAMED_BY_EVERY_RANK + 1
+    round_key = "cycler/saver/commit/1"
+    store.set(f"{round_key}/rank/0", "done")
+    follower = FakeCoordinator(5, world, store, timeout=SHORT)
+    follower.arrive(round_key, "done")
+    with pytest.raises(CoordinationTimeout, match="rank 0's error names the ranks missing"):
+        follower.wait_for_all(round_key)
+    creator = FakeCoordinator(0, world, store, timeout=SHORT)
+    with pytest.raises(CoordinationTimeout,
+                       match=rf"more than 16 of {world} ranks missing: 1, 2, 3, 4, 6, 7, "):
+        creator.wait_for_all(round_key)
