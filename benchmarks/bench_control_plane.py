@@ -33,6 +33,7 @@ each second), kept in the code as the fallback where node 0's store cannot be re
 from __future__ import annotations
 
 import argparse
+import datetime
 import gc
 import json
 import os
@@ -52,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
 
 from cycler.checkpoint.commit import finalize  # noqa: E402  # noqa: E402
+from cycler.checkpoint.coordination import Coordinator  # noqa: E402
 from cycler.checkpoint.layout import CheckpointLayout  # noqa: E402
 from cycler.checkpoint.manifest import (  # noqa: E402
     checkpoint_files,
@@ -418,7 +420,46 @@ def commit_calls(ranks: int) -> dict[str, Any]:
                 "per_rank": statistics.median(per_rank), "rank0_seal": rank0,
                 "seconds": round(seconds, 2), "kinds": dict(COUNTER.calls),
                 "names_read": 2 * ranks, "names_read_before": ranks * ranks + ranks,
+                "barrier_store_lookups": barrier_lookups(ranks),
+                "barrier_store_lookups_before": ranks * ranks + ranks,
                 "one_rank_listing_before_s": round(listed, 4)}
+
+
+class KeyCounter:
+    """A store that counts the keys each call names and never blocks: the ranks' calls of a
+    barrier driven one rank after the other are the calls each makes, whatever their order."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, int] = {}
+        self.lookups = 0
+
+    def add(self, key: str, amount: int) -> int:
+        self.lookups += 1
+        self.values[key] = self.values.get(key, 0) + amount
+        return self.values[key]
+
+    def set(self, key: str, value: str) -> None:
+        self.lookups += 1
+        self.values[key] = 0
+
+    def wait(self, keys: list[str], timeout: Any) -> None:
+        self.lookups += len(keys)
+
+    def delete_key(self, key: str) -> bool:
+        self.lookups += 1
+        return self.values.pop(key, None) is not None
+
+
+def barrier_lookups(ranks: int) -> int:
+    """The store keys named by one commit's barrier (``Coordinator.wait_for_all`` after each
+    rank's ``arrive``) on ``ranks`` ranks, every rank's calls counted."""
+    store = KeyCounter()
+    for rank in range(ranks):
+        coordinator = Coordinator("bench", datetime.timedelta(seconds=1))
+        coordinator._bound = (rank, ranks, store)
+        coordinator.arrive("round/1", "done")
+        coordinator.wait_for_all("round/1")
+    return store.lookups
 
 
 def own_network() -> None:

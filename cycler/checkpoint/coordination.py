@@ -76,12 +76,13 @@ class Coordinator:
     def _forget_previous(self, round_key: str) -> None:
         """On the creator, once every rank has reached ``round_key``: delete the keys of the
         round before it of the same kind, which every rank has finished with (a store lives
-        as long as the job: 2W + 1 keys per round would otherwise pile up for good)."""
+        as long as the job: 2W + 3 keys per round would otherwise pile up for good)."""
         kind = round_key.rsplit("/", 1)[0]
         previous, self._previous[kind] = self._previous.get(kind), round_key
         if previous is None:
             return
-        keys = [f"{previous}/outcome", f"{previous}/plan/outcome"] + [
+        keys = [f"{previous}/outcome", f"{previous}/plan/outcome", f"{previous}/count",
+                f"{previous}/all"] + [
             f"{previous}{part}/rank/{rank}" for part in ("", "/records")
             for rank in range(self.world_size)]
         for key in keys:
@@ -96,12 +97,41 @@ class Coordinator:
             self._store.set(f"{round_key}/rank/{self.rank}", value)
 
     def wait_for_all(self, round_key: str) -> None:
-        """On any rank: wait until every rank has arrived at ``round_key``."""
-        if self._store is not None:
-            self._wait([f"{round_key}/rank/{rank}" for rank in range(self.world_size)],
-                       "every rank to reach it")
-            if self.is_creator:
-                self._forget_previous(round_key)
+        """On any rank, after :meth:`arrive`: wait until every rank has arrived at
+        ``round_key``. A counter barrier, as torch's store-based barrier: each rank adds one to
+        the round's count, the rank that makes it ``world_size`` sets the round's done key, and
+        every rank waits for that one key: O(1) store calls a rank, O(W) a round (a wait on
+        every rank's key was W lookups a rank, W x W a round). On a timeout the
+        :class:`CoordinationTimeout` names the ranks whose keys are missing (read then only)."""
+        if self._store is None:
+            return
+        done = f"{round_key}/all"
+        if self._store.add(f"{round_key}/count", 1) == self.world_size:
+            self._store.set(done, "1")
+        self._wait([done], "every rank to reach it", missing=lambda: self._absent(round_key))
+        if self.is_creator:
+            self._forget_previous(round_key)
+
+    def _absent(self, round_key: str) -> str:
+        """Which ranks have not arrived at ``round_key``, in a few words: a timeout's detail,
+        read only once a wait has failed. In a job of more than :data:`NAMED_BY_EVERY_RANK`
+        ranks only rank 0 reads (and any rank that finds rank 0 missing), so that W ranks timing
+        out together do not ask the store W times each."""
+        def arrived(ranks: list[int]) -> bool:
+            return bool(self._store.check([f"{round_key}/rank/{rank}" for rank in ranks]))
+
+        try:
+            if self.world_size > NAMED_BY_EVERY_RANK and not self.is_creator and arrived([0]):
+                return "rank 0's error names the ranks missing"
+            absent = missing_ranks(arrived, self.world_size)
+        except Exception as error:  # the store itself is gone (rank 0 died with it)
+            return f"the store does not answer: {error}"
+        if not absent:
+            return "every rank has arrived"
+        if len(absent) > SHOWN_MISSING:
+            return f"more than {SHOWN_MISSING} of {self.world_size} ranks missing: " + \
+                ", ".join(map(str, absent[:SHOWN_MISSING])) + ", ..."
+        return f"{len(absent)} of {self.world_size} ranks missing: {', '.join(map(str, absent))}"
 
     def gather(self, round_key: str, local: str) -> list[str]:
         """On the creator: every rank's value for ``round_key`` (waits for all of them)."""
@@ -152,15 +182,46 @@ class Coordinator:
         self.arrive(round_key, mine)
         return self.decide(round_key, lambda: decision(self.gather(round_key, mine)))
 
-    def _wait(self, keys: Sequence[str], what: str) -> None:
+    def _wait(self, keys: Sequence[str], what: str,
+              missing: Callable[[], str] | None = None) -> None:
+        """Wait for ``keys``; a :class:`CoordinationTimeout` after the timeout, with the store's
+        error or what ``missing()`` says is missing."""
         try:
             self._store.wait(list(keys), self.timeout)
         except Exception as error:  # the store raises a bare RuntimeError/DistStoreError
+            detail = missing() if missing is not None else str(error)
+            at = keys[0].rsplit("/rank/", 1)[0].removesuffix("/all")
             raise CoordinationTimeout(
                 f"rank {self.rank} waited {self.timeout.total_seconds():g} s for {what} "
-                f"at {keys[0].rsplit('/rank/', 1)[0]} ({error}); is a rank dead or skipping "
-                "a call that every rank must make?"
+                f"at {at} ({detail}); is a rank dead or skipping a call that every rank "
+                "must make?"
             ) from None
+
+
+NAMED_BY_EVERY_RANK = 64
+"""Up to this many ranks, every rank that timed out at a barrier names the ranks missing."""
+SHOWN_MISSING = 16
+"""The most missing ranks a timeout names."""
+
+
+def missing_ranks(arrived: Callable[[list[int]], bool], world_size: int,
+                  limit: int = SHOWN_MISSING + 1) -> list[int]:
+    """The first ``limit`` ranks of ``range(world_size)`` for which ``arrived([rank])`` is
+    false, in order, where ``arrived(ranks)`` tells whether all of ``ranks`` arrived (one store
+    call): halves are asked in turn, so m missing ranks cost O(m log W) calls, not W."""
+    found: list[int] = []
+
+    def look(ranks: list[int]) -> None:
+        if len(found) >= limit or arrived(ranks):
+            return
+        if len(ranks) == 1:
+            found.append(ranks[0])
+            return
+        look(ranks[:len(ranks) // 2])
+        look(ranks[len(ranks) // 2:])
+
+    look(list(range(world_size)))
+    return found
 
 
 def global_rank() -> int | None:

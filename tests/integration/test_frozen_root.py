@@ -14,7 +14,6 @@ packages are installed."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from frozen_mounts import freezable_mount, frozen, fuse_missing
 from gloo_ranks import free_port
 
 from cycler.checkpoint.listing import list_checkpoints
@@ -53,16 +53,6 @@ dist.destroy_process_group()
 """
 
 
-def fuse_missing() -> str | None:
-    if os.geteuid() != 0:
-        return "mounting a FUSE filesystem needs root"
-    if not os.path.exists("/dev/fuse"):
-        return "no /dev/fuse: FUSE is missing on this machine"
-    if shutil.which("bindfs") is None:
-        return "bindfs is not installed (apt-get install bindfs)"
-    return None
-
-
 pytestmark = [pytest.mark.fuse,
               pytest.mark.skipif(fuse_missing() is not None, reason=str(fuse_missing()))]
 
@@ -70,21 +60,8 @@ pytestmark = [pytest.mark.fuse,
 @pytest.fixture
 def frozen_mount(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[bytes]]]:
     """A bindfs mount of a scratch directory, its daemon in the foreground (ours to stop)."""
-    source, mount = tmp_path / "source", tmp_path / "mount"
-    source.mkdir()
-    mount.mkdir()
-    daemon = subprocess.Popen(["bindfs", "-f", str(source), str(mount)])
-    try:
-        deadline = time.monotonic() + 30
-        while not os.path.ismount(mount):
-            assert daemon.poll() is None and time.monotonic() < deadline, "bindfs did not mount"
-            time.sleep(0.1)
-        yield mount, daemon
-    finally:
-        daemon.send_signal(signal.SIGCONT)
-        subprocess.run(["umount", "-l", str(mount)], check=False, capture_output=True)
-        daemon.terminate()
-        daemon.wait(30)
+    with freezable_mount(tmp_path) as made:
+        yield made
 
 
 def steps_done(path: Path) -> int:
@@ -97,15 +74,6 @@ def wait_for_steps(path: Path, count: int, nodes: list[subprocess.Popen[str]]) -
         assert all(node.poll() is None for node in nodes), "a node ended before training"
         assert time.monotonic() < deadline, f"fewer than {count} steps in 300 s"
         time.sleep(0.2)
-
-
-def frozen(path: Path) -> bool:
-    """Whether a stat of ``path`` hangs (the FUSE daemon answers nothing)."""
-    try:
-        subprocess.run(["stat", str(path)], capture_output=True, timeout=3)
-    except subprocess.TimeoutExpired:
-        return True
-    return False
 
 
 def test_a_two_node_job_trains_through_a_minute_long_freeze_of_its_checkpoint_root(

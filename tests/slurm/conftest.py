@@ -3,10 +3,11 @@
 
 A test names its scenario (``@pytest.mark.scenario("requeue")``) and the modes it runs under
 (``@pytest.mark.proctrack(...)``, default cgroup and pgid); each mode runs the scenarios of the
-selected tests once, concurrently where they fit. The two-host tests
-(test_slurm_across_hosts.py) have a cluster of their own, one slurmd on each of two simulated
-hosts, for as long as their module runs. The daemons live under a private temporary directory and
-are stopped by their pid files when the mode is done. Where Slurm cannot run (not root, packages
+selected tests once, concurrently where they fit. The tests across hosts
+(test_slurm_across_hosts.py) have a cluster of their own, one slurmd on each simulated host, for
+as long as the tests of that number of hosts run (two; four for the slow case). The daemons
+live under a private temporary directory and are stopped by their pid files when the mode is
+done. Where Slurm cannot run (not root, packages
 missing, no network namespaces, a daemon that does not start) every test is skipped with the one
 reason.
 """
@@ -118,12 +119,19 @@ def saver_only_reference(session_directory: Path) -> dict[str, torch.Tensor]:
         run.stop()
 
 
-@pytest.fixture(scope="session")
-def two_rank_reference(session_directory: Path) -> Iterator[ReferenceRun]:
-    """The training of a two-node job (one rank per node) uninterrupted, as two ranks on one
-    machine outside Slurm (gloo sums two ranks' gradients alike wherever they run)."""
-    run = ReferenceRun(session_directory / "uninterrupted-two-ranks",
-                       [str(EXAMPLE), *TRAIN_ARGS], ranks=2)
+@pytest.fixture(scope="module")
+def nnodes(request: pytest.FixtureRequest) -> int:
+    """How many hosts the across-hosts cluster has: the test's ``nnodes`` parameter (its
+    module parametrizes every test with it, so that one cluster serves each count)."""
+    return int(request.param)
+
+
+@pytest.fixture(scope="module")
+def reference_across_hosts(session_directory: Path, nnodes: int) -> Iterator[ReferenceRun]:
+    """The training of an N-node job (one rank per node) uninterrupted, as N ranks on one
+    machine outside Slurm (gloo sums the ranks' gradients alike wherever they run)."""
+    run = ReferenceRun(session_directory / f"uninterrupted-{nnodes}-ranks",
+                       [str(EXAMPLE), *TRAIN_ARGS], ranks=nnodes)
     yield run
     run.stop()
 
@@ -165,24 +173,24 @@ def cluster(request: pytest.FixtureRequest, session_directory: Path) -> Iterator
 
 
 @pytest.fixture(scope="module")
-def hosts() -> Iterator[list[SlurmHost]]:
-    """Two simulated hosts, h1 and h2 (network namespaces); skipped with the reason where they
-    cannot be made."""
+def hosts(nnodes: int) -> Iterator[list[SlurmHost]]:
+    """``nnodes`` simulated hosts, h1, h2, ... (network namespaces); skipped with the reason
+    where they cannot be made."""
     if (reason := hosts_unavailable()) is not None:
         pytest.skip(f"simulated hosts unavailable: {reason}")
-    with slurm_hosts() as made:
+    with slurm_hosts(nnodes) as made:
         yield made
 
 
 @pytest.fixture(scope="module")
 def cluster_across_hosts(request: pytest.FixtureRequest, session_directory: Path,
-                         hosts: list[SlurmHost]) -> Iterator[LocalSlurm]:
+                         hosts: list[SlurmHost], nnodes: int) -> Iterator[LocalSlurm]:
     """One slurmd on each host, slurmctld on h1, proctrack/pgid (slurm_hosts.py says why not
-    cgroup); torn down when the module's tests are done."""
+    cgroup); torn down when the tests of this number of hosts are done."""
     if (reason := unavailable()) is not None:
         pytest.skip(f"real Slurm unavailable: {reason}")
-    request.getfixturevalue("two_rank_reference")  # trains while the cluster starts and runs
-    slurm = LocalSlurm(session_directory / "hosts" / "slurm", "pgid", hosts)
+    request.getfixturevalue("reference_across_hosts")  # trains while the cluster starts
+    slurm = LocalSlurm(session_directory / f"hosts-{nnodes}" / "slurm", "pgid", hosts)
     try:
         slurm.start()
     except SlurmUnavailable as error:
@@ -194,14 +202,16 @@ def cluster_across_hosts(request: pytest.FixtureRequest, session_directory: Path
 
 @pytest.fixture(scope="module")
 def outcomes_across_hosts(request: pytest.FixtureRequest, cluster_across_hosts: LocalSlurm,
-                          session_directory: Path) -> dict[str, Outcome | str]:
-    """The two-host scenarios that the selected tests judge, each run once."""
-    base = session_directory / "hosts"
+                          session_directory: Path, nnodes: int) -> dict[str, Outcome | str]:
+    """The scenarios on ``nnodes`` hosts that the selected tests judge, each run once."""
+    base = session_directory / f"hosts-{nnodes}"
     environment = write_environment(base / "venv")
     wanted = {item.get_closest_marker("scenario").args[0] for item in request.session.items
-              if "outcome_across_hosts" in getattr(item, "fixturenames", ())}
-    results = AcrossHosts(cluster_across_hosts, base, environment).run_all(wanted)
-    SUMMARY.extend(summary_lines("pgid, two hosts", results))
+              if "outcome_across_hosts" in getattr(item, "fixturenames", ())
+              and getattr(item, "callspec", None) is not None
+              and item.callspec.params.get("nnodes") == nnodes}
+    results = AcrossHosts(cluster_across_hosts, base, environment, nnodes).run_all(wanted)
+    SUMMARY.extend(summary_lines(f"pgid, {nnodes} hosts", results))
     return results
 
 
@@ -289,7 +299,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.write_line(line)
 
 
-@pytest.fixture(scope="session")
-def two_rank_weights(two_rank_reference: ReferenceRun) -> dict[str, torch.Tensor]:
-    """Final weights of the two-node job's training uninterrupted, outside Slurm."""
-    return two_rank_reference.weights()
+@pytest.fixture(scope="module")
+def weights_across_hosts(reference_across_hosts: ReferenceRun) -> dict[str, torch.Tensor]:
+    """Final weights of the N-node job's training uninterrupted, outside Slurm."""
+    return reference_across_hosts.weights()

@@ -125,19 +125,25 @@ class Scenarios:
 
 
 class AcrossHosts(Scenarios):
-    """The same stops of a ``multi_node.sbatch`` job with ``--nodes=2`` on two hosts: the
-    outside requeue and the time limit run together (each takes one CPU of each host), the
-    preemption alone afterwards (its urgent job takes both hosts whole)."""
+    """The same stops of a ``multi_node.sbatch`` job with ``--nodes=N`` on N hosts (every
+    host of the cluster): the outside requeue and the time limit run together (each takes one
+    CPU of each host), the preemption alone afterwards (its urgent job takes every host
+    whole)."""
 
     CONCURRENT = ("time_limit", "requeue")
 
+    def __init__(self, cluster: LocalSlurm, base: Path, environment: Path,
+                 nnodes: int = 2) -> None:
+        super().__init__(cluster, base, environment)
+        self.nnodes = nnodes
+
     def _submit(self, name: str, *sbatch_args: str, delay: float = SHORT_RUN_DELAY,
                 template: Path = MULTI_NODE, saver_only: bool = False) -> SubmittedJob:
-        return super()._submit(name, "--nodes=2", *sbatch_args, delay=delay,
+        return super()._submit(name, f"--nodes={self.nnodes}", *sbatch_args, delay=delay,
                                template=MULTI_NODE)
 
     def _urgent_job(self) -> list[str]:
-        return [*super()._urgent_job(), "--nodes=2"]
+        return [*super()._urgent_job(), f"--nodes={self.nnodes}"]
 
     # Without "B:", as multi_node.sbatch has it: every node's `cycle run` (the srun step's
     # tasks) hears the notice, 45..75 s after the start (two hosts start slowly: a notice

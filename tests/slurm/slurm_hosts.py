@@ -1,5 +1,6 @@
-"""Two simulated hosts for a Slurm across nodes: tests/netns's network namespaces (one address
-each, one shared filesystem, one pid namespace), each with an ``/etc/hosts`` of its own.
+"""Simulated hosts for a Slurm across nodes (two, or four for the slow case): tests/netns's
+network namespaces on one bridge (one address each, one shared filesystem, one pid namespace),
+each with an ``/etc/hosts`` of its own.
 
 ``ip netns exec NS`` bind-mounts ``/etc/netns/NS/hosts`` over ``/etc/hosts`` for what it starts
 (slurmd and so every job step on that host): the node names resolve to the hosts' addresses, as a
@@ -9,8 +10,8 @@ gloo, which look up their own host name, advertise the address the other host ca
 Each slurmd runs in its host's namespace with its own address (the same port on both: they are
 different addresses), not as Slurm's "multiple slurmd" on one address with distinct ports:
 Debian 12's slurmd 22.05.8 is built without ``--enable-multiple-slurmd``, and namespaces are
-closer to real hosts (srun's I/O, torchrun's store and gloo go over the hosts' link). The
-cluster uses proctrack/pgid, not cgroup: without multiple-slurmd the two slurmds would put a job's
+closer to real hosts (srun's I/O, torchrun's store and gloo go over the hosts' links). The
+cluster uses proctrack/pgid, not cgroup: without multiple-slurmd the slurmds would put a job's
 processes in one cgroup (``freezer/slurm/uid_0/job_N`` is not per node), so one node's cleanup
 would signal the other's, and ``ip netns exec`` remounts ``/sys``, hiding the cgroup hierarchy.
 """
@@ -27,20 +28,24 @@ from pathlib import Path
 from local_slurm import SlurmHost
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "netns"))
-from hosts import two_hosts, unavailable  # noqa: E402
+from hosts import simulated_hosts, unavailable  # noqa: E402
 
-NAMES = ("h1", "h2")
+__all__ = ["node_list", "slurm_hosts", "unavailable"]
 
-__all__ = ["NAMES", "slurm_hosts", "unavailable"]
+
+def node_list(count: int) -> str:
+    """Slurm's compact name of the ``count`` hosts' nodes, as ``scontrol show job`` prints it."""
+    return f"h[1-{count}]"
 
 
 @contextlib.contextmanager
-def slurm_hosts() -> Iterator[list[SlurmHost]]:
-    """Two hosts named h1 and h2, torn down (with their ``/etc/netns`` files) afterwards."""
-    with two_hosts() as hosts:
+def slurm_hosts(count: int = 2) -> Iterator[list[SlurmHost]]:
+    """``count`` hosts named h1, h2, ..., torn down (with their ``/etc/netns`` files)
+    afterwards."""
+    with simulated_hosts(count) as hosts:
         directories = [Path("/etc/netns") / host.namespace for host in hosts]
         try:
-            named = list(zip(hosts, NAMES, strict=True))
+            named = [(host, f"h{index + 1}") for index, host in enumerate(hosts)]
             table = "".join(f"{host.address} {name}\n" for host, name in named)
             for host, directory in zip(hosts, directories, strict=True):
                 directory.mkdir(parents=True, exist_ok=True)

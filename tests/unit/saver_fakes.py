@@ -26,18 +26,27 @@ class FakeStore:
     def __init__(self) -> None:
         self._values: dict[str, bytes] = {}
         self._changed = threading.Condition()
+        self.lookups: dict[str, int] = {}
+        """Per calling thread's name, the keys its calls named (a wait on W keys counts W)."""
+
+    def _looked_up(self, keys: int = 1) -> None:
+        name = threading.current_thread().name
+        self.lookups[name] = self.lookups.get(name, 0) + keys
 
     def set(self, key: str, value: str | bytes) -> None:
         with self._changed:
+            self._looked_up()
             self._values[key] = value.encode() if isinstance(value, str) else value
             self._changed.notify_all()
 
     def get(self, key: str) -> bytes:
         with self._changed:
+            self._looked_up()
             return self._values[key]
 
     def add(self, key: str, amount: int) -> int:
         with self._changed:
+            self._looked_up()
             value = int(self._values.get(key, b"0")) + amount
             self._values[key] = str(value).encode()
             self._changed.notify_all()
@@ -45,9 +54,15 @@ class FakeStore:
 
     def wait(self, keys: list[str], timeout: datetime.timedelta) -> None:
         with self._changed:
+            self._looked_up(len(keys))
             if not self._changed.wait_for(lambda: all(k in self._values for k in keys),
                                           timeout.total_seconds()):
                 raise RuntimeError(f"wait timeout for {keys}")
+
+    def check(self, keys: list[str]) -> bool:
+        with self._changed:
+            self._looked_up(len(keys))
+            return all(key in self._values for key in keys)
 
     def delete_key(self, key: str) -> bool:
         with self._changed:
