@@ -55,6 +55,7 @@ from cycler.checkpoint.saving import atomic_torch_save
 from cycler.errors import ConfigError, StateMismatch
 from cycler.protocol.environment import default_checkpoint_root, under_verify
 from cycler.training.auto_interval import EverySteps
+from cycler.training.ddp_buckets import settle_fresh_ddp_buckets
 from cycler.training.rng import capture_rng_state, restore_rng_state
 from cycler.training.step_control import StepControl
 
@@ -121,6 +122,8 @@ class AccelerateLoop:
                               "optimizer, ...): Accelerate's load_state restores only what was "
                               "prepared; call resume() after prepare")
         self._resumed = True
+        for model in self.accelerator._models:  # wrapped by prepare, no forward yet
+            settle_fresh_ddp_buckets(model)
         latest = self.saver.latest_checkpoint()
         if latest is None:
             return 0, 0

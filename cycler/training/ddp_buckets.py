@@ -47,3 +47,19 @@ def settle_ddp_buckets(model: Any) -> None:
                           "rank, before the first step")
     push()  # no-op where buckets are never rebuilt
     rebuild()
+
+
+def settle_fresh_ddp_buckets(model: Any) -> bool:
+    """:func:`settle_ddp_buckets` for the integrations, which see whatever model the user has.
+
+    Settles ``model`` when it is a ``DistributedDataParallel`` whose first forward has not run,
+    and says so (True); leaves any other model, or a DDP that already ran a forward (whose
+    layout is no longer the integration's to choose), as it is (False). A collective where it
+    settles: call it on every rank at the same point.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel) or model._lazy_init_ran:
+        return False
+    settle_ddp_buckets(model)
+    return True
