@@ -170,12 +170,14 @@ def ddp_rounding(diff: CheckpointDiff, world_size: int) -> Cause | None:
     in an order set by its place in the bucket; a state not restored differs by far more."""
     if world_size < 3 or not diff.differences:
         return None
+    if not all(d.floating for d in diff.differences):
+        return None
     relative = [d.relative for d in diff.differences]
-    if not all(d.floating for d in diff.differences) or any(
-            r is None or r > ROUNDING for r in relative):
+    sizes = [r for r in relative if r is not None]
+    if len(sizes) < len(relative) or max(sizes) > ROUNDING:
         return None
     evidence = max(diff.differences, key=lambda d: d.relative or 0.0)
-    why = (f"{world_size} ranks ran and only floating-point tensors differ, by {max(relative):.1e}"
+    why = (f"{world_size} ranks ran and only floating-point tensors differ, by {max(sizes):.1e}"
            f" of their values at most (float rounding, not a state left out): the resumed "
            f"process's first step all-reduced its gradients in DDP's initial bucket layout, the "
            f"uninterrupted run's in the one rebuilt after its first step")
