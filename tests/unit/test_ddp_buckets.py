@@ -30,6 +30,11 @@ def rebuilt_order_after_one_step(settle: bool, settle_with=settle_ddp_buckets) -
     model = DistributedDataParallel(nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)))
     if settle:
         settle_with(model)
+    return order_after_one_step(model)
+
+
+def order_after_one_step(model: DistributedDataParallel) -> list[int]:
+    """The parameters' order in ``model``'s buckets once it would have rebuilt them."""
     model(torch.randn(5, 4)).sum().backward()
     model(torch.randn(5, 4))  # DDP rebuilds (if it still does) before this forward
     index = {id(p): i for i, p in enumerate(model.parameters())}
@@ -69,3 +74,15 @@ def test_the_integrations_call_leaves_a_plain_model_or_a_ddp_that_ran_a_forward_
     model = DistributedDataParallel(nn.Linear(2, 2))
     model(torch.randn(3, 2))
     assert settle_fresh_ddp_buckets(model) is False  # no CyclerError: the user's forward came first
+
+
+def test_loop_state_resume_settles_a_ddp_model_it_holds_before_its_first_forward(
+        one_rank_group: None, tmp_path: Path) -> None:
+    from cycler.integrations.loop import LoopState
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)))
+    loop = LoopState(tmp_path / "ck", model=model)
+    assert loop.resume(step=0) == (0,)
+    assert order_after_one_step(model) == [0, 1, 2, 3]
+    loop.close()
