@@ -33,10 +33,11 @@ def test_accumulation_evaluation_and_the_best_model_at_end_survive_stops_bit_ide
     # 3 ranks: their ring all-reduce sums in an order set by the gradient buckets' layout, which
     # the callback settles before the first step; without it a resumed step drifts in the last
     # bits (with ddp_find_unused_parameters=False: HF's default for a PreTrainedModel, True,
-    # never rebuilds the buckets). 2 batches a step, 7 steps an epoch, 21 in all; an evaluation and a save every 8
-    # steps, 2 kept, the best loaded at the end: the stops come mid-epoch and across an epoch's
-    # end. The reference is the callback's own uninterrupted run: at 3 ranks a run without it
-    # sums its first step in another layout (docs/saving.md, "DDP at three ranks or more").
+    # never rebuilds the buckets). 2 batches a step, 7 steps an epoch, 21 in all; an evaluation
+    # and a save every 8 steps, 2 kept, the best loaded at the end: the stops come mid-epoch
+    # and across an epoch's end. The reference is the callback's own uninterrupted run: at 3
+    # ranks a run without it sums its first step in another layout (docs/saving.md, "DDP at
+    # three ranks or more").
     config = ("--cycler", "--accumulate", "2", "--evaluate", "--save-steps", "8",
               "--no-unused-search")
     uninterrupted, adopted = tmp_path / "uninterrupted", tmp_path / "adopted"
