@@ -32,6 +32,8 @@ SMOKE: dict[str, list[str]] = {
                             "--ranks", "8"],
     "bench_control_call": ["--steps", "200", "--repeats", "1", "--size", "32"],
     "bench_cycle_run": ["--repeats", "1", "--size-mb", "1"],
+    "bench_ddp_buckets": ["--ranks", "3", "--steps", "3", "--repeats", "1", "--layers", "2",
+                          "--width", "64"],
     "bench_frozen_root": ["--window", "10"],
     "bench_goodput": ["--samples", "2048", "--epochs", "5", "--every", "5",
                       "--checkpoint-every", "20", "--step-delay", "0.05",

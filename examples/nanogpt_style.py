@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from cycler import settle_ddp_buckets
 from cycler.integrations.loop import LoopState
 
 
@@ -80,6 +81,9 @@ def main() -> None:
     raw_model = model
     if ddp:
         model = DDP(model)
+        # Its first step all-reduces in the layout of every later one, so that a resumed step
+        # sums as the uninterrupted run's did (docs/saving.md, "DDP at three ranks or more").
+        settle_ddp_buckets(model)
     iter_num, best_val_loss, batch = loop.resume(iter_num=0, best_val_loss=1e9, batch=None)
 
     @torch.no_grad()

@@ -39,6 +39,7 @@ position is not an index into a sampler), a loader that skips batches already
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from collections.abc import Iterator
@@ -55,6 +56,7 @@ from cycler.checkpoint.saving import atomic_torch_save
 from cycler.errors import ConfigError, StateMismatch
 from cycler.protocol.environment import default_checkpoint_root, under_verify
 from cycler.training.auto_interval import EverySteps
+from cycler.training.ddp_buckets import settle_fresh_ddp_buckets
 from cycler.training.rng import capture_rng_state, restore_rng_state
 from cycler.training.step_control import StepControl
 
@@ -121,6 +123,8 @@ class AccelerateLoop:
                               "optimizer, ...): Accelerate's load_state restores only what was "
                               "prepared; call resume() after prepare")
         self._resumed = True
+        for model in _prepared_ddp_models(self.accelerator):  # after prepare, no forward yet
+            settle_fresh_ddp_buckets(model)
         latest = self.saver.latest_checkpoint()
         if latest is None:
             return 0, 0
@@ -247,6 +251,19 @@ class _explicit_directories:
 
     def __exit__(self, *exc_info: object) -> None:
         self.configuration.automatic_checkpoint_naming = self.automatic
+
+
+def _prepared_ddp_models(accelerator: Accelerator) -> list[Any]:
+    """The ``DistributedDataParallel`` models ``prepare`` returned. Accelerate keeps the model
+    it was given (``_models``), not the DDP it wraps it in, and nothing refers from the model to
+    the DDP: the DDP objects alive in the process that wrap one of them. One scan of the
+    objects the garbage collector tracks, once per start (0.2-0.4 s with transformers loaded,
+    400,000 objects, on a loaded 2-core machine)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    models = [id(model) for model in accelerator._models]
+    return [wrapper for wrapper in gc.get_objects()
+            if issubclass(type(wrapper), DistributedDataParallel) and id(wrapper.module) in models]
 
 
 def _check_loader(loader: Any) -> None:

@@ -50,6 +50,7 @@ from cycler.integrations.lightning_data import ResumableLoader
 from cycler.integrations.optimizer_steps import OptimizerSteps
 from cycler.protocol.environment import default_checkpoint_root
 from cycler.training.auto_interval import EverySteps
+from cycler.training.ddp_buckets import settle_fresh_ddp_buckets
 from cycler.training.rng import capture_rng_state, restore_rng_state
 from cycler.training.step_control import StepControl, StepDecision
 
@@ -132,6 +133,12 @@ class CyclerCallback(pl.Callback):
         process_dataloader = trainer.strategy.process_dataloader
         vars(trainer.strategy)["process_dataloader"] = lambda loader: self._resumable(
             trainer, process_dataloader(loader))
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # DDPStrategy wrapped the model and no forward ran yet (the sanity check comes later):
+        # the last moment its buckets can take the layout of every later step (docs/saving.md,
+        # "DDP at three ranks or more").
+        settle_fresh_ddp_buckets(trainer.strategy.model)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.resumed_from is not None:

@@ -42,6 +42,7 @@ from cycler.checkpoint.saving import atomic_torch_save
 from cycler.errors import ConfigError, StateMismatch
 from cycler.protocol.environment import default_checkpoint_root, under_verify
 from cycler.training.auto_interval import EverySteps
+from cycler.training.ddp_buckets import settle_fresh_ddp_buckets
 from cycler.training.rng import capture_rng_state, restore_rng_state
 from cycler.training.step_control import StepControl
 
@@ -90,7 +91,10 @@ class LoopState:
 
         Returns the values saved by :meth:`step` under the names of ``defaults``, in their
         order, or ``defaults``' own values when nothing is committed yet. Call it on every rank
-        before the loop."""
+        before the loop. A ``DistributedDataParallel`` among the objects that ran no forward
+        yet gets its gradient buckets settled (:func:`cycler.settle_ddp_buckets`)."""
+        for obj in self.objects.values():
+            settle_fresh_ddp_buckets(obj)
         latest = self.saver.latest_checkpoint()
         if latest is None:
             return tuple(defaults.values())

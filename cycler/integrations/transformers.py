@@ -47,6 +47,7 @@ from cycler.checkpoint.atomic_directory import AtomicDirectory
 from cycler.errors import ConfigError
 from cycler.protocol.environment import ENV_CONTROL_FILE, default_checkpoint_root, under_verify
 from cycler.training.auto_interval import EverySteps
+from cycler.training.ddp_buckets import settle_fresh_ddp_buckets
 from cycler.training.step_control import StepControl
 
 TRAINER_STATE = "trainer_state.json"
@@ -127,6 +128,9 @@ class CyclerCallback(TrainerCallback):
                               "callback.attach(trainer) before train()")
         self._control = StepControl(start_step=state.global_step, every_steps=self.every_steps,
                                     every_seconds=self.every_seconds)
+        # The Trainer wrapped the model (DDP) and no forward ran yet: the last moment its buckets
+        # can take the layout of every later step (docs/saving.md, "DDP at three ranks or more").
+        settle_fresh_ddp_buckets(self.trainer.model_wrapped)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         assert self._control is not None, "on_train_begin comes first"

@@ -25,8 +25,10 @@ def settle_ddp_buckets(model: Any) -> None:
     every process all-reduce in the layout of every later step. A model whose buckets are never
     rebuilt (``find_unused_parameters=True``) or were already rebuilt is left as it is.
 
-    The cost: the first bucket then holds the first layers' gradients, which are ready last, so
-    the all-reduces start once the backward ends instead of overlapping it.
+    The cost: the first bucket then holds the first layers' gradients, which are ready last, and
+    torch all-reduces buckets in their order, so on every step (the layout is for good) the
+    all-reduces start once the backward ends instead of overlapping it; nothing for a model
+    whose gradients fit one bucket (docs/saving.md has the measured figures).
     ``find_unused_parameters=True`` keeps the overlap for an extra graph traversal per step.
 
     Raises UnsupportedTorch where torch's DDP lacks the reducer calls this relies on, and
@@ -47,3 +49,19 @@ def settle_ddp_buckets(model: Any) -> None:
                           "rank, before the first step")
     push()  # no-op where buckets are never rebuilt
     rebuild()
+
+
+def settle_fresh_ddp_buckets(model: Any) -> bool:
+    """:func:`settle_ddp_buckets` for the integrations, which see whatever model the user has.
+
+    Settles ``model`` when it is a ``DistributedDataParallel`` whose first forward has not run,
+    and says so (True); leaves any other model, or a DDP that already ran a forward (whose
+    layout is no longer the integration's to choose), as it is (False). A collective where it
+    settles: call it on every rank at the same point.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel) or model._lazy_init_ran:
+        return False
+    settle_ddp_buckets(model)
+    return True

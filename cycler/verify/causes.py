@@ -20,6 +20,9 @@ from pathlib import Path
 from cycler.verify.compare import CheckpointDiff, Difference
 
 DOCS = "docs/verify.md"
+ROUNDING = 1e-6
+"""The largest relative difference that float rounding explains: a sum of the same gradients
+in another order differs in the last bits (float32's 1.2e-7), grown over a few steps."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,11 @@ CAUSES: dict[str, tuple[str, str]] = {
                 "training (an EMA of the weights, a buffer registered with persistent=False, a "
                 "variable of the script's own) in the checkpoint and load it on resume "
                 f"({DOCS}#state-the-checkpoint-does-not-hold)"),
+    "ddp_buckets": ("DDP's gradient buckets, laid out differently after the resume",
+                    "call cycler.settle_ddp_buckets(model) on every rank right after "
+                    "DistributedDataParallel(...), before the first forward, on every start (the "
+                    "integrations do it), or construct DDP with find_unused_parameters=True "
+                    "(docs/saving.md#ddp-at-three-ranks-or-more)"),
     "model": ("the model alone, or a part saved beside it", "load every part the checkpoint "
               "saves on resume (model.state_dict(), an EMA of the weights, a metric's state); "
               "a buffer registered with persistent=False or a plain attribute is in no "
@@ -152,6 +160,29 @@ def name_cause(diff: CheckpointDiff, *, world_size: int, files: Iterable[str],
                                          trained), None
     part, fix = CAUSES[name]
     return Cause(name, part, why, fix, evidence)
+
+
+def ddp_rounding(diff: CheckpointDiff, world_size: int) -> Cause | None:
+    """DDP's gradient buckets, where the first difference after a resume of 3 or more ranks is
+    float rounding alone: only floating-point tensors differ, none by more than
+    :data:`ROUNDING` of its values. A fresh DDP sums its first step's gradients in another
+    bucket layout than every later step, and a ring all-reduce of 3+ ranks adds each element
+    in an order set by its place in the bucket; a state not restored differs by far more."""
+    if world_size < 3 or not diff.differences:
+        return None
+    if not all(d.floating for d in diff.differences):
+        return None
+    relative = [d.relative for d in diff.differences]
+    sizes = [r for r in relative if r is not None]
+    if len(sizes) < len(relative) or max(sizes) > ROUNDING:
+        return None
+    evidence = max(diff.differences, key=lambda d: d.relative or 0.0)
+    why = (f"{world_size} ranks ran and only floating-point tensors differ, by {max(sizes):.1e}"
+           f" of their values at most (float rounding, not a state left out): the resumed "
+           f"process's first step all-reduced its gradients in DDP's initial bucket layout, the "
+           f"uninterrupted run's in the one rebuilt after its first step")
+    part, fix = CAUSES["ddp_buckets"]
+    return Cause("ddp_buckets", part, why, fix, evidence)
 
 
 def _no_scheduler(keys: Iterable[tuple[str, tuple[str, ...]]]) -> bool:

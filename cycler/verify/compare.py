@@ -48,6 +48,9 @@ class Difference:
     reference``, ``only in the resumed run``."""
     largest: float | None = None
     """The largest absolute difference of a numeric tensor or number (``inf`` with a NaN)."""
+    scale: float | None = None
+    """The largest magnitude in the reference's floating-point tensor (``largest`` over it: the
+    difference relative to the tensor's values)."""
     elements: int = 0
     """How many elements of a tensor differ."""
     one_draw_ahead: bool = False
@@ -64,6 +67,14 @@ class Difference:
     @property
     def is_tensor(self) -> bool:
         return self.elements > 0
+
+    @property
+    def relative(self) -> float | None:
+        """``largest`` relative to the reference tensor's largest magnitude (None where either
+        is unknown or the reference is all zeros)."""
+        if self.largest is None or not self.scale:
+            return None
+        return self.largest / self.scale
 
     def where(self) -> str:
         """``train.pt: optimizer.state.3.exp_avg``"""
@@ -357,6 +368,7 @@ def _diff_tensors(file: str, key: tuple[str, ...], left: Any, right: Any) -> Ite
     if torch.equal(a, b):
         return
     yield Difference(file, key, "values", largest=_largest(left, right),
+                     scale=_largest(left, torch.zeros_like(left)),
                      elements=_elements_differing(left, right),
                      one_draw_ahead=one_draw_ahead(left, right),
                      floating=left.is_floating_point())

@@ -27,6 +27,7 @@ from cycler.verify.capture import Captured
 from cycler.verify.causes import (
     CAUSES,
     Cause,
+    ddp_rounding,
     mid_accumulation,
     name_cause,
     part_of,
@@ -325,7 +326,8 @@ def _differs(result: VerifyResult, interrupted: RunRecord, pair: Pair,
                            files=theirs.manifest.files)
     resume = None if before_any else interrupted.resumes[theirs.segment - 1]
     if resume is not None and result.verdict == DIFFERENT:
-        cause = _accumulation(interrupted, resume) or cause
+        cause = _accumulation(interrupted, resume) or ddp_rounding(
+            diff, theirs.manifest.world_size) or cause
     result.first = FirstDifference(theirs.step, pair.moment, theirs.name, diff, cause, resume,
                                    theirs.segment)
 

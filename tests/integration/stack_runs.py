@@ -28,13 +28,14 @@ STEP_LINE = re.compile(r"^step (\d+)$")
 
 
 class StackRun:
-    """One ``cycle run`` of a stack script on 2 gloo workers, its output read as it comes."""
+    """One ``cycle run`` of a stack script on ``nproc`` gloo workers (2 unless told), its
+    output read as it comes."""
 
     def __init__(self, out: Path, script: Path, *script_args: str,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, nproc: int = 2) -> None:
         self.out, self.lines = out, []
         out.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", "2",
+        command = [sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", str(nproc),
                    "--checkpoint-dir", str(out / "ck"), "--grace", "120", "--no-requeue",
                    str(SCRIPTS / "slow_saves.py"), str(script), *script_args]
         environment = {key: value for key, value in os.environ.items()
@@ -107,31 +108,32 @@ def committed_steps(root: Path) -> list[int]:
                   if c.valid and c.manifest is not None and c.manifest.step is not None)
 
 
-def run_to_the_end(out: Path, script: Path, *script_args: str) -> dict[str, torch.Tensor]:
-    run = StackRun(out, script, *script_args)
+def run_to_the_end(out: Path, script: Path, *script_args: str,
+                   nproc: int = 2) -> dict[str, torch.Tensor]:
+    run = StackRun(out, script, *script_args, nproc=nproc)
     code = run.finish()
     assert code == EXIT_SUCCESS, run.output()
     return torch.load(out / "final.pt", weights_only=True)
 
 
 def stop_kill_and_finish(out: Path, script: Path, stop_steps: list[int], save_steps: int,
-                         *script_args: str, kill: bool = True) -> list[int]:
+                         *script_args: str, kill: bool = True, nproc: int = 2) -> list[int]:
     """SIGTERM after each of ``stop_steps``, then (with ``kill``) kill -9 in the middle of the
     next periodic save, then a run to the end; the exit codes, after checking what each stop
     committed."""
     codes = []
     for step in stop_steps:
         before = committed_steps(out / "ck")
-        run = StackRun(out, script, *script_args)
+        run = StackRun(out, script, *script_args, nproc=nproc)
         codes.append(run.stop_after_step(step))
         assert codes[-1] == EXIT_REQUEUE, run.output()
         assert_resumed(run, before)
         stop = committed_steps(out / "ck")[-1]
         assert stop not in before and stop >= step and stop % save_steps, (stop, run.output())
     if kill:
-        kill_during_a_save(out, script, *script_args)
+        kill_during_a_save(out, script, *script_args, nproc=nproc)
     before = committed_steps(out / "ck")
-    run = StackRun(out, script, *script_args)
+    run = StackRun(out, script, *script_args, nproc=nproc)
     codes.append(run.finish())
     assert codes[-1] == EXIT_SUCCESS, run.output()
     assert_resumed(run, before)
@@ -145,25 +147,25 @@ def assert_resumed(run: StackRun, committed: list[int]) -> None:
         assert run.first_step_seen() >= committed[-1], (committed, run.output())
 
 
-def kill_during_a_save(out: Path, script: Path, *script_args: str) -> None:
+def kill_during_a_save(out: Path, script: Path, *script_args: str, nproc: int = 2) -> None:
     """kill -9 of the whole job in the middle of its next save; nothing of it is committed."""
     marker = out / "saving"
     committed = committed_steps(out / "ck")
     StackRun(out, script, *script_args,
-             env={"SLOW_SAVE_MARKER": str(marker)}).kill_during_save(marker)
+             env={"SLOW_SAVE_MARKER": str(marker)}, nproc=nproc).kill_during_save(marker)
     assert committed_steps(out / "ck") == committed, "a save killed midway was committed"
     torn = len(list((out / "ck").glob("*_checkpoint_*"))) - len(committed)
     assert torn == 1, "the kill came outside a save"
 
 
-def assert_replay_verified(root: Path) -> None:
+def assert_replay_verified(root: Path, ranks: int = 2) -> None:
     """``cycle status --json`` of ``root`` says the last restart's replayed steps (after the
     kill -9) were identical: the stack's callback recorded each step's loss."""
     status = subprocess.run([sys.executable, "-m", "cycler_cli", "status", "--json", str(root)],
                             capture_output=True, text=True, check=True)
     replays = json.loads(status.stdout)["replays"]
     assert replays and replays[-1]["verdict"] == "verified", replays
-    assert replays[-1]["steps"] >= 1 and replays[-1]["ranks"] == 2, replays
+    assert replays[-1]["steps"] >= 1 and replays[-1]["ranks"] == ranks, replays
 
 
 def assert_same_weights(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor],

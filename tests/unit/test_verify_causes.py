@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from cycler.verify.causes import name_cause, part_of
+from cycler.verify.causes import ddp_rounding, name_cause, part_of
 from cycler.verify.compare import compare_checkpoints
 from cycler.verify.session import nondeterminism
 
@@ -269,3 +269,32 @@ def test_an_sgd_without_momentum_holds_no_gradients_and_shows_nothing_equal(
 
     assert cause_of(tmp_path, {"train.pt": plain_sgd(1.0)},
                     {"train.pt": plain_sgd(1.5)}) == "rng"
+
+
+def rounding_diff(tmp_path: Path, model: float, momentum: float, progress: int = 64):
+    for name, state in (("a", train_state()), ("b", train_state(model, momentum, progress))):
+        (tmp_path / name).mkdir()
+        torch.save(state, tmp_path / name / "train.pt")
+        torch.save(rank_state(), tmp_path / name / "rank-0.pt")
+    return compare_checkpoints(tmp_path / "a", tmp_path / "b", ["rank-0.pt", "train.pt"])
+
+
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_weights_apart_by_float_rounding_at_three_ranks_or_more_point_at_ddp_buckets(
+        tmp_path: Path, world_size: int) -> None:
+    cause = ddp_rounding(rounding_diff(tmp_path, 1.0 + 2 ** -23, 0.5 - 2 ** -25), world_size)
+    assert cause is not None and cause.name == "ddp_buckets"
+    assert "settle_ddp_buckets(model)" in cause.fix and "docs/saving.md" in cause.fix
+    assert f"{world_size} ranks ran" in cause.why
+
+
+def test_rounding_at_two_ranks_does_not_point_at_ddp_buckets(tmp_path: Path) -> None:
+    # two ranks sum a + b in either order alike: their layout cannot change a bit
+    assert ddp_rounding(rounding_diff(tmp_path, 1.0 + 2 ** -23, 0.5), 2) is None
+
+
+@pytest.mark.parametrize(("model", "progress"), [(1.001, 64), (1.0 + 2 ** -23, 65)],
+                         ids=["beyond-rounding", "data-position-differs"])
+def test_differences_rounding_does_not_explain_do_not_point_at_ddp_buckets(
+        tmp_path: Path, model: float, progress: int) -> None:
+    assert ddp_rounding(rounding_diff(tmp_path, model, 0.5, progress), 4) is None

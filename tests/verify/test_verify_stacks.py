@@ -142,3 +142,22 @@ def test_an_accelerate_script_that_loses_its_random_states_is_different_and_the_
                                 str(SCRIPTS / "accelerate_tiny.py"), "--forget", "rng")
     assert done.returncode == 1, result
     assert cause(result) == "the RNG streams"
+
+
+def test_a_ddp_loop_at_three_ranks_differs_by_rounding_with_its_buckets_named_unless_settled(
+        tmp_path: Path) -> None:
+    # The resumed processes' first step sums its gradients in DDP's initial bucket layout, the
+    # uninterrupted run's in the rebuilt one: at 3 ranks the weights end ~1e-8 apart, which
+    # verify named "the data order" (Adam) before it knew this cause.
+    script = str(SCRIPTS / "ddp_tiny.py")
+    (tmp_path / "unsettled").mkdir()
+    done, result = cycle_verify(tmp_path / "unsettled", "--stops", "1", "--seed", "3",
+                                "--nproc-per-node", "3", script, "--no-settle")
+    assert done.returncode == 1, result
+    assert cause(result) == "DDP's gradient buckets, laid out differently after the resume"
+    assert "settle_ddp_buckets(model)" in result["first_difference"]["cause"]["fix"]
+    (tmp_path / "settled").mkdir()
+    done, result = cycle_verify(tmp_path / "settled", "--stops", "1", "--seed", "3",
+                                "--nproc-per-node", "3", script)
+    assert done.returncode == 0, result
+    assert result["last_step_compared"] == 40  # the end: LoopState.close() committed it

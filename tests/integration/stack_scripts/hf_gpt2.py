@@ -8,7 +8,8 @@ optimizer step.
 The configurations the integration is tested on: ``--accumulate N``
 (``gradient_accumulation_steps``), ``--evaluate`` (an evaluation at every save, the best model
 loaded at the end: ``load_best_model_at_end``, ``save_total_limit=2``), ``--jit`` (HF's own
-``enable_jit_checkpoint``; alone, the script resumes from the newest ``checkpoint-N`` itself).
+``enable_jit_checkpoint``; alone, the script resumes from the newest ``checkpoint-N`` itself),
+``--no-unused-search`` (``ddp_find_unused_parameters=False``: DDP rebuilds its buckets).
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ def main() -> None:
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--evaluate", action="store_true")
     parser.add_argument("--max-steps", type=int, default=-1)
+    parser.add_argument("--no-unused-search", action="store_true",
+                        help="ddp_find_unused_parameters=False, as scripts set it to silence "
+                             "DDP's warning (HF's default for a PreTrainedModel is True)")
     parser.add_argument("--resume-true", action="store_true",
                         help="train(resume_from_checkpoint=True), as a script written for HF's "
                              "own resume passes it")
@@ -68,6 +72,8 @@ def main() -> None:
     configuration: dict = {}
     if args.jit:  # the argument came in transformers 5: set only when asked for
         configuration["enable_jit_checkpoint"] = True
+    if args.no_unused_search:
+        configuration["ddp_find_unused_parameters"] = False
     if args.evaluate:
         configuration.update(eval_strategy="steps", eval_steps=args.save_steps,
                              load_best_model_at_end=True, save_total_limit=2,

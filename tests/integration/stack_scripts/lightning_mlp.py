@@ -148,7 +148,8 @@ def main() -> None:
         every = args.every_steps
         callbacks.append(CyclerCallback() if every is None else CyclerCallback(
             every_steps=every if every == "auto" else int(every)))
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=args.epochs,
+    devices = int(os.environ.get("LOCAL_WORLD_SIZE", "2"))  # cycle run --nproc-per-node
+    trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy="ddp", max_epochs=args.epochs,
                          callbacks=callbacks, logger=False, enable_progress_bar=False,
                          enable_model_summary=False, default_root_dir=str(args.out),
                          accumulate_grad_batches=args.accumulate, gradient_clip_val=args.clip,
