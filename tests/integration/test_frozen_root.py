@@ -32,21 +32,27 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train.py"
 
 JOB = """
 import os, sys, time, torch, torch.distributed as dist
-from cycler import StepControl
+from cycler import AtomicDirectory, StepControl, atomic_torch_save
 dist.init_process_group("gloo")
-steps, done = sys.argv[1], sys.argv[2]
+steps, done, save_now = sys.argv[1], sys.argv[2], sys.argv[3]
 control = StepControl(every_steps=10**9)
-step = 0
+saver = AtomicDirectory(os.environ["CYCLER_CHECKPOINT_DIR"])
+step, saved = 0, False
 while True:
     time.sleep(0.05)
     decision = control.step()
-    finished = torch.tensor([1 if os.path.exists(done) else 0])
-    dist.all_reduce(finished)
+    flags = torch.tensor([1 if os.path.exists(done) else 0, 1 if os.path.exists(save_now) else 0])
+    dist.all_reduce(flags)
     step += 1
+    if flags[1].item() and not saved:  # a checkpoint due while the root is frozen
+        directory = saver.prepare_checkpoint_directory()
+        atomic_torch_save({"step": step}, f"{directory}/rank-{dist.get_rank()}.pt")
+        saver.symlink_latest(directory)
+        saved = True
     if dist.get_rank() == 0:
         with open(steps, "a") as log:
             log.write(f"{step}\\n")
-    if finished.item() or decision.stop:
+    if flags[0].item() or decision.stop:
         break
 control.close()
 dist.destroy_process_group()
@@ -80,13 +86,14 @@ def test_a_two_node_job_trains_through_a_minute_long_freeze_of_its_checkpoint_ro
         tmp_path: Path, frozen_mount: tuple[Path, subprocess.Popen[bytes]]) -> None:
     mount, daemon = frozen_mount
     script, steps, done = tmp_path / "job.py", tmp_path / "steps.txt", tmp_path / "done"
+    save_now = tmp_path / "save-now"
     script.write_text(JOB)
     port = str(free_port())
     nodes = [subprocess.Popen(
         [sys.executable, "-m", "cycler_cli", "run", "--nnodes", "2", "--node-rank", str(rank),
          "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", port,
          "--checkpoint-dir", str(mount / "ck"), "--node-timeout", "30", "--no-requeue",
-         str(script), str(steps), str(done)],
+         str(script), str(steps), str(done), str(save_now)],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"}) for rank in (0, 1)]
     try:
@@ -95,8 +102,13 @@ def test_a_two_node_job_trains_through_a_minute_long_freeze_of_its_checkpoint_ro
         daemon.send_signal(signal.SIGSTOP)
         frozen_at, before = time.monotonic(), steps_done(steps)
         assert frozen(mount / "ck"), "the root did not freeze"
-        time.sleep(max(0.0, FREEZE_SECONDS - (time.monotonic() - frozen_at)))
+        # Training goes on; 5 s before the thaw a checkpoint falls due: its save waits for
+        # the root (no memory tier here) and commits after the thaw.
+        time.sleep(max(0.0, FREEZE_SECONDS - 5 - (time.monotonic() - frozen_at)))
         during = steps_done(steps) - before
+        save_now.touch()
+        time.sleep(max(0.0, FREEZE_SECONDS - (time.monotonic() - frozen_at)))
+        assert not list_checkpoints(tmp_path / "source" / "ck"), "committed while frozen"
         daemon.send_signal(signal.SIGCONT)
         assert all(node.poll() is None for node in nodes), "a node ended during the freeze"
         wait_for_steps(steps, before + during + 20, nodes)  # and after it
@@ -111,6 +123,9 @@ def test_a_two_node_job_trains_through_a_minute_long_freeze_of_its_checkpoint_ro
     assert [node.returncode for node in nodes] == [0, 0], joined
     assert "is gone" not in joined and "hang" not in joined.lower(), joined
     assert during >= 100, f"{during} steps in the {FREEZE_SECONDS:g} s freeze: training stalled"
+    committed = list_checkpoints(mount / "ck")
+    assert [c.index for c in committed] == [0] and committed[0].valid \
+        and committed[0].is_latest, f"the checkpoint due in the freeze: {committed}\n{joined}"
 
 
 def memory_checkpoints(memory: Path) -> list[int]:
