@@ -93,8 +93,10 @@ class _DeviceRing:
             self._ready.append(self._read_oldest())
         slot = self._free[dtype].pop()
         self._buffers[dtype][slot].copy_(tensor.detach().reshape(()), non_blocking=True)
+        # The copy runs on the tensor's device's current stream, which need not be the current
+        # device's (a loss on cuda:1 with cuda:0 current): the event is recorded there.
         event = torch.cuda.Event()
-        event.record()
+        event.record(torch.cuda.current_stream(tensor.device))
         self._pending.append((step, dtype, slot, event))
 
     @property
