@@ -4,15 +4,19 @@ optimizer.bin, scheduler.bin, random_states_N.pkl, the sampler's state) and rest
 ``load_state()`` plus ``skip_first_batches``: what ``cycle verify`` must find IDENTICAL.
 
     cycle verify tests/verify/scripts/accelerate_tiny.py [--forget rng|scheduler] [--every N]
+                                                         [--step-seconds S]
 
 ``--forget rng`` deletes the random_states files before loading; ``--forget scheduler`` leaves
 the scheduler out of the saved state (it is not registered with ``prepare``).
+``--step-seconds`` (0) stands for a real step's compute: a sleep after each step
+(benchmarks/bench_verify.py --long).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -29,6 +33,7 @@ def main() -> None:
     parser.add_argument("--forget", choices=["rng", "scheduler"], default=None)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--every", type=int, default=None)
+    parser.add_argument("--step-seconds", type=float, default=0.0)
     args = parser.parse_args()
     # A seedable sampler: its order is a function of the seed and the epoch (set_epoch).
     accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
@@ -70,6 +75,7 @@ def main() -> None:
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()
+            time.sleep(args.step_seconds)
             step += 1
             decision = control.step()
             if decision.checkpoint:

@@ -2,19 +2,28 @@
 (``callbacks=[CyclerCallback()]``): what ``cycle verify`` must find IDENTICAL.
 
     cycle verify tests/verify/scripts/hf_tiny.py [--forget rng|optimizer] [--save-steps N]
+                                                 [--step-seconds S]
 
 It writes HF's own ``out/`` (output_dir: its logs) in its working directory and
 ``final.pt`` there at the end, as scripts do. ``--forget rng`` skips HF's restore of every
-rank's RNG; ``--forget optimizer`` the optimizer's.
+rank's RNG; ``--forget optimizer`` the optimizer's. ``--step-seconds`` (0) stands for a real
+step's compute: a sleep after each step (benchmarks/bench_verify.py --long).
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 from torch.utils.data import Dataset
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
 
 from cycler.integrations.transformers import CyclerCallback
 
@@ -33,12 +42,23 @@ class Tokens(Dataset):
         return {"input_ids": self.tokens[index], "labels": self.tokens[index]}
 
 
+class Compute(TrainerCallback):
+    """A sleep after each step, standing for a real step's compute."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(self.seconds)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--forget", choices=["rng", "optimizer"], default=None)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--samples", type=int, default=96)
     parser.add_argument("--save-steps", type=int, default=500)
+    parser.add_argument("--step-seconds", type=float, default=0.0)
     args = parser.parse_args()
     if args.forget == "rng":
         Trainer._load_rng_state = lambda self, checkpoint: None
@@ -53,7 +73,7 @@ def main() -> None:
         use_cpu=True, ddp_backend="gloo", report_to=[], disable_tqdm=True,
         dataloader_num_workers=0)
     trainer = Trainer(model=model, args=training, train_dataset=Tokens(args.samples),
-                      callbacks=[CyclerCallback()])
+                      callbacks=[CyclerCallback(), Compute(args.step_seconds)])
     trainer.train()
     if trainer.is_world_process_zero():
         torch.save(trainer.model.state_dict(), "final.pt")

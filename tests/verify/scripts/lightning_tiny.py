@@ -3,11 +3,16 @@
 in the working directory: what ``cycle verify`` must find IDENTICAL.
 
     cycle verify tests/verify/scripts/lightning_tiny.py [--every-steps N] [--accumulate 2]
+                                                        [--step-seconds S]
+
+``--step-seconds`` (0) stands for a real step's compute: a sleep after each batch
+(benchmarks/bench_verify.py --long).
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 import warnings
 
 import lightning.pytorch as pl
@@ -19,8 +24,9 @@ from cycler.integrations.lightning import CyclerCallback
 
 
 class Classifier(pl.LightningModule):
-    def __init__(self) -> None:
+    def __init__(self, step_seconds: float = 0.0) -> None:
         super().__init__()
+        self.step_seconds = step_seconds
         self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 4))
 
     def training_step(self, batch, batch_idx):
@@ -28,6 +34,9 @@ class Classifier(pl.LightningModule):
         loss = nn.functional.cross_entropy(self.net(inputs), targets)
         self.log("loss", loss)
         return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        time.sleep(self.step_seconds)
 
     def configure_optimizers(self):
         optimizer = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
@@ -50,6 +59,7 @@ def main() -> None:
     parser.add_argument("--seeded-loader", action="store_true",
                         help="give the DataLoader a generator of its own")
     parser.add_argument("--in-order", action="store_true", help="a loader without shuffling")
+    parser.add_argument("--step-seconds", type=float, default=0.0)
     args = parser.parse_args()
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     pl.seed_everything(0)
@@ -60,7 +70,7 @@ def main() -> None:
                          enable_model_summary=False, log_every_n_steps=4,
                          accumulate_grad_batches=args.accumulate)
     generator = torch.Generator().manual_seed(0) if args.seeded_loader else None
-    trainer.fit(Classifier(), DataLoader(data(args.samples), batch_size=8,
+    trainer.fit(Classifier(args.step_seconds), DataLoader(data(args.samples), batch_size=8,
                                          shuffle=not args.in_order, generator=generator))
 
 
