@@ -27,6 +27,7 @@ from cycler import EXIT_REQUEUE, list_checkpoints
 from cycler.checkpoint.memory_roots import memory_base, memory_root
 from cycler.protocol.events import read_events
 from cycler.protocol.exit_codes import EXIT_NOT_PERSISTED
+from cycler.supervisor.run_end.landing import STOP_COPY_MARGIN_SECONDS
 
 JOB = """
 import os, time
@@ -214,9 +215,11 @@ def test_a_stop_whose_persist_is_cut_by_a_kill_is_copied_by_cycle_run_and_then_r
 def test_a_stop_whose_copy_would_outlast_the_grace_exits_74_at_the_deadline_with_nothing_partial(
         tmp_path: Path, shm: Path) -> None:
     # The worker's persist of the stop's 10000 files is held, then killed 5 s before the 20 s
-    # grace ends: cycle run's own copy (10000 files, one fsync each: 6 s on this disk, and
-    # over a second in Python's file calls alone) has 3 s before it is given up, 2 s before
-    # the stop's deadline, and set aside; the root resumes from
+    # grace ends: cycle run's own copy (10000 files, one fsync each) has 3 s before it is given
+    # up, 2 s before the stop's deadline. The copy is made to outlast them whatever the disk's
+    # speed (it took 6 s on one machine, 3.4 s on another, where it landed): cycle run is held
+    # (SIGSTOP) from the copy's start until 0.1 s before it is given up, as a disk too slow for
+    # the time left would hold it. It is given up and set aside; the root resumes from
     # checkpoint 0, and the job is not requeued: its newest state is in this node's memory.
     path_env, record = fake_scontrol(tmp_path)
     root = tmp_path / "ck"
@@ -224,6 +227,12 @@ def test_a_stop_whose_copy_would_outlast_the_grace_exits_74_at_the_deadline_with
     process, sent = kill_worker_during_stop_persist(
         tmp_path, shm, "--grace", "20", stop_files=10000, kill_at=15,
         env={**path_env, "SLURM_JOB_ID": "4242"})
+    wait_for(lambda: "stop_copy" in [e["event"] for e in events(tmp_path)], process,
+             "cycle run's own copy under way")
+    supervisor = psutil.Process(process.pid)
+    supervisor.suspend()
+    time.sleep(max(0.0, sent + 20 - STOP_COPY_MARGIN_SECONDS - 0.1 - time.monotonic()))
+    supervisor.resume()
     output, _ = process.communicate(timeout=180)
     took = time.monotonic() - sent
     print(f"SIGTERM to exit: {took:.2f} s, exit {process.returncode}")
