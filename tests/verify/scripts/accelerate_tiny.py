@@ -8,8 +8,8 @@ optimizer.bin, scheduler.bin, random_states_N.pkl, the sampler's state) and rest
 
 ``--forget rng`` deletes the random_states files before loading; ``--forget scheduler`` leaves
 the scheduler out of the saved state (it is not registered with ``prepare``).
-``--step-seconds`` (0) stands for a real step's compute: a sleep after each step
-(benchmarks/bench_verify.py --long).
+``--step-seconds`` (0.05) stands for a real step's compute, a sleep after each step: without
+it a step takes milliseconds, and on a fast machine a stop could land after the last one.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--forget", choices=["rng", "scheduler"], default=None)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--every", type=int, default=None)
-    parser.add_argument("--step-seconds", type=float, default=0.0)
+    parser.add_argument("--step-seconds", type=float, default=0.05)
     args = parser.parse_args()
     # A seedable sampler: its order is a function of the seed and the epoch (set_epoch).
     accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(

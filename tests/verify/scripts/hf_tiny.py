@@ -6,8 +6,9 @@
 
 It writes HF's own ``out/`` (output_dir: its logs) in its working directory and
 ``final.pt`` there at the end, as scripts do. ``--forget rng`` skips HF's restore of every
-rank's RNG; ``--forget optimizer`` the optimizer's. ``--step-seconds`` (0) stands for a real
-step's compute: a sleep after each step (benchmarks/bench_verify.py --long).
+rank's RNG; ``--forget optimizer`` the optimizer's. ``--step-seconds`` (0.05) stands for a real
+step's compute, a sleep after each step: without it the 48 steps take milliseconds each, and on a
+fast machine a stop could land after the last one.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--samples", type=int, default=96)
     parser.add_argument("--save-steps", type=int, default=500)
-    parser.add_argument("--step-seconds", type=float, default=0.0)
+    parser.add_argument("--step-seconds", type=float, default=0.05)
     args = parser.parse_args()
     if args.forget == "rng":
         Trainer._load_rng_state = lambda self, checkpoint: None
