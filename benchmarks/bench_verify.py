@@ -36,12 +36,12 @@ SCRIPTS = REPO / "tests" / "verify" / "scripts"
 STACKS = {
     "train": [str(REPO / "examples" / "train.py"), "--epochs", "2", "--samples", "1024",
               "--batch-size", "32", "--hidden", "32", "--checkpoint-every", "8"],
-    # --every: left to the automatic choice, a 48-step run of 0.05 s steps may commit nothing
-    # (the plain run must commit a checkpoint to count as a run of the stack).
+    # --every: left to the automatic choice, a run of a minute or less may commit nothing (the
+    # plain run must commit a checkpoint to count as a run of the stack).
     "loop": [str(SCRIPTS / "loop_tiny.py"), "--every", "8"],
     "hf": [str(SCRIPTS / "hf_tiny.py")],
     "lightning": [str(SCRIPTS / "lightning_tiny.py"), "--in-order"],
-    "accelerate": [str(SCRIPTS / "accelerate_tiny.py")],
+    "accelerate": [str(SCRIPTS / "accelerate_tiny.py"), "--every", "8"],
 }
 
 
