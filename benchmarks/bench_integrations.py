@@ -7,8 +7,8 @@ Both scripts are the integration tests' (tests/integration/stack_scripts): a tin
 Hugging Face Trainer, a small MLP under Lightning DDP, 2 gloo workers under ``cycle run``, the
 two variants interleaved. Figures, medians of ``--repeats``:
 
-- per-step time: from the 20th printed step to the last, no saves in either variant's window
-  but Lightning's own end-of-epoch ones, which both make;
+- per-step time: from the 20th printed step (or the first seen after it) to the last, no
+  saves in either variant's window but Lightning's own end-of-epoch ones, which both make;
 - stop: SIGTERM to ``cycle run`` at step ``--stop-at``; the seconds until it exits, its code,
   and the steps lost: steps done minus the step of the newest checkpoint a rerun resumes from
   (the script's own ``checkpoint-N``/``.ckpt`` unadopted, cycler's commit adopted).
@@ -72,7 +72,11 @@ def run(stack: str, adopted: bool, out: Path, stop_at: int | None) -> dict[str, 
         ("uninterrupted" if stop_at is None else f"stopped at step {stop_at}")
     if stop_at is None:
         exited(process, name)
-        first, last = 20, max(steps, default=0)
+        # From the first step seen at or after the 20th: every HF rank prints its steps to one
+        # pipe, and two ranks' lines written at once can run together ("step 20step 20"), so
+        # a given step's line may be missing (step 20 was, on a fast machine).
+        first = min((step for step in steps if step >= 20), default=20)
+        last = max(steps, default=0)
         require(last > first, name, f"printed {last} steps, the timing starts at step {first}")
         return {"step_ms": 1000 * duration(steps[first], steps[last], name) / (last - first)}
     require(signalled, name, f"ended (exit {code}) before step {stop_at}")

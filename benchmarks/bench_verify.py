@@ -8,12 +8,12 @@ in a fresh empty working directory:
                                       [--stops 3] [--repeats 1] [-- SCRIPT ARGS...]
 
 ``train`` is ``examples/train.py`` (64 steps, a checkpoint every 8); the others are the
-adopted scripts of ``tests/verify/scripts``. ``--long`` gives each step a sleep standing for
-its compute, ~60 s of training in all, where the tiny scripts' steps take milliseconds. Besides the ratio it prints where verify's time
-went (from ``cycle verify --json``): each run's seconds and, of them, its starts' time to their
-first step (the stack's imports, process group, model, loading the checkpoint) and from each
-stop signal to ``cycle run``'s exit. A start costs the same in a plain run and in each of
-verify's 2 + stops starts, so a run that is mostly start-up costs about (2 + stops) / 1.
+adopted scripts of ``tests/verify/scripts`` (steps of 0.05 s). ``--long`` gives each step a
+sleep standing for its compute, ~60 s of training in all. Besides the ratio it prints where
+verify's time went (from ``cycle verify --json``): each run's seconds and, of them, its starts'
+time to their first step (the stack's imports, process group, model, loading the checkpoint)
+and from each stop signal to ``cycle run``'s exit. A start costs the same in a plain run and in
+each of verify's 2 + stops starts, so a run that is mostly start-up costs about (2 + stops) / 1.
 """
 
 from __future__ import annotations
@@ -102,7 +102,8 @@ def main() -> None:
         runs = {run["name"]: {key: run[key] for key in
                               ("seconds", "starts", "startup_seconds", "stopping_seconds")}
                 for run in result["runs"]}
-        print(json.dumps({"stack": args.stack, "long": args.long, "stops": args.stops, "verdict": result["verdict"],
+        print(json.dumps({"stack": args.stack, "long": args.long, "stops": args.stops,
+                          "verdict": result["verdict"],
                           "plain_run_s": round(plain, 1), "verify_s": round(verify, 1),
                           "ratio": round(ratio(verify, plain, "cycle verify"), 2), "runs": runs,
                           "load": [round(before, 1), round(load(), 1)]}), flush=True)
