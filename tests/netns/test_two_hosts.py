@@ -166,6 +166,12 @@ def assert_no_survivor(tmp_path: Path) -> None:
     assert not survivors(tmp_path), survivors(tmp_path)
 
 
+# 192 steps: a job of 48 (TRAIN_ARGS) ended on a fast machine before its fourth run's kill,
+# the lost nodes' runs having trained on until the others gave them up.
+LONG_TRAIN_ARGS = ["--epochs", "12", "--samples", "2048", "--hidden", "32",
+                   "--checkpoint-every", "8", "--step-delay", "0.05"]
+
+
 @pytest.mark.timeout(900)
 def test_four_hosts_restart_together_stop_together_at_the_checkpoint_and_survive_lost_nodes(
         four_hosts: tuple[Host, ...], tmp_path: Path) -> None:
@@ -177,11 +183,11 @@ def test_four_hosts_restart_together_stop_together_at_the_checkpoint_and_survive
     ends bit-identical to an uninterrupted one, and no process is left after any run."""
     hosts = four_hosts
     reference = tmp_path / "reference.pt"
-    with job(hosts, tmp_path / "uninterrupted", reference) as nodes:
+    with job(hosts, tmp_path / "uninterrupted", reference, LONG_TRAIN_ARGS) as nodes:
         assert [node.wait() for node in nodes] == [EXIT_SUCCESS] * 4
 
     root, final = tmp_path / "ck", tmp_path / "final.pt"
-    with job(hosts, root, final) as nodes:
+    with job(hosts, root, final, LONG_TRAIN_ARGS) as nodes:
         wait_for_text(nodes[0], "[train] training from step")
         time.sleep(1.0)
         nodes[2].worker().kill()  # the others wait for it in, or on their way to, an all-reduce
@@ -202,7 +208,7 @@ def test_four_hosts_restart_together_stop_together_at_the_checkpoint_and_survive
                           "the checkpoint, ended it"
     assert_no_survivor(tmp_path)
 
-    with job(hosts, root, final) as nodes:
+    with job(hosts, root, final, LONG_TRAIN_ARGS) as nodes:
         wait_for_text(nodes[0], "[train] training from step")
         time.sleep(1.0)
         nodes[1].process.kill()
@@ -214,7 +220,7 @@ def test_four_hosts_restart_together_stop_together_at_the_checkpoint_and_survive
         assert "node 1 is gone" in nodes[0].text()
     assert_no_survivor(tmp_path)  # node 1's watchdog ended its job
 
-    with job(hosts, root, final) as nodes:
+    with job(hosts, root, final, LONG_TRAIN_ARGS) as nodes:
         wait_for_text(nodes[0], "[train] training from step")
         time.sleep(1.0)
         nodes[0].process.kill()  # node 0 hosts the stores: the others' torchruns fail
@@ -228,15 +234,11 @@ def test_four_hosts_restart_together_stop_together_at_the_checkpoint_and_survive
     assert_no_survivor(tmp_path)
 
     assert latest_checkpoint(root) is not None
-    with job(hosts, root, final) as nodes:
+    with job(hosts, root, final, LONG_TRAIN_ARGS) as nodes:
         assert [node.wait() for node in nodes] == [EXIT_SUCCESS] * 4, nodes[0].text()
     # Four ranks: bit-identical because examples/train.py settles its DDP buckets
     # (cycler.settle_ddp_buckets; without it a resumed first step sums in another order).
     assert same_weights(reference, final), "the resumed 4-host job ended with other weights"
-
-
-LONG_TRAIN_ARGS = ["--epochs", "12", "--samples", "2048", "--hidden", "32",
-                   "--checkpoint-every", "8", "--step-delay", "0.05"]
 
 
 def test_ten_worker_kills_on_node_1_in_one_job_each_restart_both_nodes_and_end_exactly(
