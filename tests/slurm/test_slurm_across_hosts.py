@@ -21,6 +21,7 @@ from slurm_jobs import Outcome, runs_of
 from test_slurm_stops import (
     assert_bit_identical,
     assert_cycle_did_not_requeue,
+    assert_deadline_from_slurm,
     assert_stopped_at_a_checkpoint_then_finished,
 )
 
@@ -81,7 +82,6 @@ def test_the_time_limit_notice_on_both_hosts_makes_node_0_requeue_the_job_after_
     requeues = outcome.event_lines("requeue")
     assert [event.get("accepted") for event in requeues] == [True], f"{requeues}\n{outcome.log}"
     assert f"cycle: scontrol requeue {outcome.job_id}" in outcome.log, outcome.log
-    deadlines = outcome.event_lines("deadline")
-    assert deadlines and "time limit" in deadlines[0]["why"], f"{deadlines}\n{outcome.log}"
+    assert_deadline_from_slurm(outcome)
     assert_bit_identical(outcome, weights_across_hosts)
     assert not outcome.survivors
