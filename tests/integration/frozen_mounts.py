@@ -48,9 +48,19 @@ def freezable_mount(base: Path) -> Iterator[tuple[Path, subprocess.Popen[bytes]]
 
 
 def frozen(path: Path) -> bool:
-    """Whether a stat of ``path`` hangs (the FUSE daemon answers nothing)."""
+    """Whether a stat of ``path`` hangs (the FUSE daemon answers nothing). A stat that hangs is
+    killed and not waited for: it may sit uninterruptible (state D) until the daemon answers
+    again, and ``subprocess.run``'s wait after its timeout then blocked the test for good (18
+    minutes in a CI run, the daemon stopped); it is reaped once the mount thaws."""
+    probe = subprocess.Popen(["stat", str(path)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
     try:
-        subprocess.run(["stat", str(path)], capture_output=True, timeout=3)
+        probe.wait(timeout=3)
     except subprocess.TimeoutExpired:
+        probe.kill()
+        _HUNG_PROBES.append(probe)  # kept, so that it is reaped later rather than waited for
         return True
     return False
+
+
+_HUNG_PROBES: list[subprocess.Popen[bytes]] = []
