@@ -51,16 +51,12 @@ def frozen(path: Path) -> bool:
     """Whether a stat of ``path`` hangs (the FUSE daemon answers nothing). A stat that hangs is
     killed and not waited for: it may sit uninterruptible (state D) until the daemon answers
     again, and ``subprocess.run``'s wait after its timeout then blocked the test for good (18
-    minutes in a CI run, the daemon stopped); it is reaped once the mount thaws."""
+    minutes in a CI run, the daemon stopped)."""
     probe = subprocess.Popen(["stat", str(path)], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     try:
         probe.wait(timeout=3)
     except subprocess.TimeoutExpired:
-        probe.kill()
-        _HUNG_PROBES.append(probe)  # kept, so that it is reaped later rather than waited for
+        probe.kill()  # not waited for: subprocess reaps an unwaited child at a later Popen
         return True
     return False
-
-
-_HUNG_PROBES: list[subprocess.Popen[bytes]] = []
