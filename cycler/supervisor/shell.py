@@ -94,6 +94,9 @@ LOOK_WAIT_SECONDS = 1.0
 taken for stalled, and the stop goes out to the workers with the links it knew."""
 RECORDS_WAIT_SECONDS = 5.0
 """How long the end waits for the run's last records to reach a stalled root."""
+UNASKED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+"""Signals a scheduler may be told to send (Lightning's Slurm recipe: ``--signal=USR1@90``)
+whose default ends a process: where they are not among ``--signals``, ignored with a line."""
 
 
 @dataclass(frozen=True)
@@ -223,6 +226,7 @@ class Supervisor:
         self._starter = starter
         self._requeuer = requeuer
         self._queue: queue.SimpleQueue[core.Event] = queue.SimpleQueue()
+        self._ignored: set[int] = set()
         self._tree: WorkerTree | None = None
         self._watchdog: Watchdog | None = None
         self._outcome: RunOutcome | None = None
@@ -280,6 +284,15 @@ class Supervisor:
             self.record, options.node_rank, lambda: fingerprint_dir(self.record, options.node_rank),
             stop=options.on_divergence == "stop", record=self._record,
             local_ranks=nproc if isinstance(nproc, int) else None)
+
+    def _ignore_signal(self, number: int, frame: FrameType | None = None) -> None:
+        """A user signal not among ``--signals``: its default would end ``cycle run`` at
+        once, silently, with the work since the last checkpoint lost; it is said once."""
+        if number not in self._ignored:
+            self._ignored.add(number)
+            name = signal.Signals(number).name
+            log.warning("%s ignored: it is not one of --signals (%s); add it there to stop "
+                        "with a checkpoint on it", name, ",".join(self.options.signals))
 
     def handle_signal(self, number: int, frame: FrameType | None = None) -> None:
         """Signal handler: only records the signal; the loop decides what it means."""
@@ -790,6 +803,8 @@ class Supervisor:
         numbers = [signal.Signals[name] for name in self.options.signals]
         numbers.append(signal.SIGCONT)
         previous = {number: signal.signal(number, self.handle_signal) for number in numbers}
+        previous.update({number: signal.signal(number, self._ignore_signal)
+                         for number in UNASKED_SIGNALS if number not in previous})
         try:
             yield
         finally:

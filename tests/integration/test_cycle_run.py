@@ -121,6 +121,23 @@ def test_sigcont_is_logged_and_the_job_runs_on_to_finish(tmp_path: Path, jobs: l
     assert records[-1] == {**records[-1], "event": "ended", "code": EXIT_SUCCESS}
 
 
+def test_sigusr1_not_among_the_signals_is_said_and_ignored_and_a_sigterm_still_stops(
+        tmp_path: Path, jobs: list[Job]):
+    # Lightning's Slurm recipe sends USR1: its default ended cycle run at once (exit 138),
+    # silently, with the work since the last checkpoint lost.
+    job = Job(tmp_path, "--grace", "30")
+    jobs.append(job)
+    job.wait_ready()
+    job.send(signal.SIGUSR1)
+    job.send(signal.SIGUSR1)
+    wait_for(lambda: "SIGUSR1 ignored" in job.output(), "the line saying so", job, timeout=10)
+    assert job.process.poll() is None, job.output()
+    job.send(signal.SIGTERM)
+    assert job.wait() == EXIT_REQUEUE, job.output()
+    assert job.output().count("SIGUSR1 ignored: it is not one of --signals") == 1
+    assert latest_checkpoint(job.root) is not None
+
+
 # --- failures ---------------------------------------------------------------------------------
 
 
