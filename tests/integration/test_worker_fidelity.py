@@ -114,10 +114,10 @@ MISSING_IMPORT = ("import os, sys\nsys.excepthook = lambda *error: 1 / 0  # Pyth
                   "import a_module_that_is_not_there\n")
 
 
-def run(tmp_path: Path, way: str, script: str, *arguments: str,
-        nproc: int = 2) -> tuple[int, str, str]:
-    """``script`` run one ``way``, by a relative path, from ``tmp_path``: exit code, stdout,
-    stderr."""
+def run(tmp_path: Path, way: str, script: str, *arguments: str, nproc: int = 2,
+        given: str | None = None) -> tuple[int, str, str]:
+    """``script`` run one ``way``, by a relative path, from ``tmp_path``, ``given`` on its
+    stdin (else ``/dev/null``): exit code, stdout, stderr."""
     if way == "torchrun":
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     else:
@@ -129,7 +129,8 @@ def run(tmp_path: Path, way: str, script: str, *arguments: str,
                                    "TORCH_LOGS")}
     done = subprocess.run([*launcher, "--nproc-per-node", str(nproc), script, *arguments],
                           capture_output=True, text=True, timeout=240, cwd=tmp_path,
-                          env=environment, stdin=subprocess.DEVNULL)
+                          env=environment, input=given,
+                          stdin=subprocess.DEVNULL if given is None else None)
     return done.returncode, done.stdout, done.stderr
 
 
@@ -263,6 +264,17 @@ def test_variables_set_before_importing_torch_take_effect_in_every_way(tmp_path:
         assert check(by_way), (key, by_way)
     assert observations(runs["fresh"][1])["threads"][0].startswith("(2,")
     assert "sets OMP_NUM_THREADS (line 3) before it imports torch" in runs["forked"][2]
+
+
+def test_what_the_caller_pipes_in_reaches_the_worker_in_every_way(tmp_path: Path) -> None:
+    # cycle run gave torchrun /dev/null: a script reading a pipe read nothing, and rank 0's
+    # breakpoint() quit at once (BdbQuit) and its worker was restarted.
+    (tmp_path / "reader.py").write_text(
+        "import os, sys\nsys.stdout.write(f\"rank {os.environ['RANK']}: stdin = "
+        "{sys.stdin.read()!r}\\n\")\n")
+    read = {way: observations(run(tmp_path, way, "reader.py", nproc=1, given="hello\n")[1])
+            for way in WAYS}
+    assert all(seen.get("stdin") == [repr("hello\n")] for seen in read.values()), read
 
 
 def python_report(stderr: str) -> str:

@@ -371,7 +371,9 @@ def descendants(pid: int) -> list[psutil.Process]:
 
 def start_torchrun(command: list[str], environment: dict[str, str], watchdog: Watchdog,
                    echo_fd: int = 2) -> WorkerTree:
-    """Start ``command`` in a new session with stderr piped through us; stdin is closed."""
-    process = subprocess.Popen(command, env=environment, stdin=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, start_new_session=True)
+    """Start ``command`` in a new session with stderr piped through us; stdin is ``cycle
+    run``'s, as a plain torchrun's workers have their caller's (a script reading a pipe, a
+    ``breakpoint()`` on rank 0)."""
+    process = subprocess.Popen(command, env=environment, stderr=subprocess.PIPE,
+                               start_new_session=True)
     return WorkerTree(process, watchdog, echo_fd)
