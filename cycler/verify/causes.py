@@ -76,6 +76,13 @@ CAUSES: dict[str, tuple[str, str]] = {
     "not_loaded": ("the checkpoint, never loaded", "at start, load the newest checkpoint "
                    "(saver.latest_checkpoint()) with everything in it, the step counter "
                    f"included, before the first step ({DOCS}#loading-the-checkpoint)"),
+    "order_or_unsaved": ("the data order, or state the checkpoint does not hold",
+                         "if a sampler or DataLoader has a torch.Generator of its own, give "
+                         "it a seed it reseeds per epoch or save generator.get_state() "
+                         f"({DOCS}#the-data-order); else save what changes while training "
+                         "outside the model's state_dict (a buffer registered with "
+                         "persistent=False, a plain attribute) and load it on resume "
+                         f"({DOCS}#state-the-checkpoint-does-not-hold)"),
     "unsaved": ("state the checkpoint does not hold", "save every object that changes while "
                 "training (an EMA of the weights, a buffer registered with persistent=False, a "
                 "variable of the script's own) in the checkpoint and load it on resume "
@@ -95,7 +102,7 @@ _PARTS: list[tuple[str, re.Pattern[str]]] = [
     ("data", re.compile(r"sampler|loader|dataset|data_?position|data_?state")),
     ("scheduler", re.compile(r"sched")),
     ("scaler", re.compile(r"scaler")),
-    ("optimizer", re.compile(r"optim")),
+    ("optimizer", re.compile(r"optim|^opt(_state)?$|^param_groups$")),
     ("metrics", re.compile(r"metric|loss|logs?$|history")),
     ("counters", re.compile(r"^(control|epochs?|steps?|global_step|progress|trainer_state)$")),
 ]
@@ -222,15 +229,25 @@ def _upstream(differences: list[Difference],
     return None
 
 
-def _framework_restores_optimizer(keys: Iterable[tuple[str, tuple[str, ...]]]) -> bool:
-    """A checkpoint whose optimizer the framework loads itself, not the script: Lightning's
-    (``optimizer_states`` beside its ``loops``), HF Trainer's (``optimizer.pt`` beside
-    ``trainer_state.json``), Accelerate's ``save_state`` (``optimizer.bin``)."""
+def _framework(keys: Iterable[tuple[str, tuple[str, ...]]]) -> str | None:
+    """The framework whose checkpoint this is, which loads the optimizer itself, not the
+    script: ``lightning`` (``optimizer_states`` beside its ``loops``), ``hf`` (HF Trainer's
+    ``optimizer.pt`` beside ``trainer_state.json``), ``accelerate`` (``save_state``'s
+    ``optimizer.bin``); ``None`` for a script's own."""
     tops = {(Path(file).name, key[0] if key else "") for file, key in keys}
     names = {name for name, _ in tops}
-    return {"optimizer_states", "loops"} <= {top for _, top in tops} or (
-        "optimizer.pt" in names and "trainer_state.json" in names) or any(
-        re.fullmatch(r"optimizer(_\d+)?\.bin", name) for name in names)
+    if {"optimizer_states", "loops"} <= {top for _, top in tops}:
+        return "lightning"
+    if "optimizer.pt" in names and "trainer_state.json" in names:
+        return "hf"
+    if any(re.fullmatch(r"optimizer(_\d+)?\.bin", name) for name in names):
+        return "accelerate"
+    return None
+
+
+_KEEPS_ITS_POSITION = ("hf", "lightning")
+"""Frameworks whose checkpoint holds the data position in its own counters (HF's
+``global_step``, Lightning's loops), under names that are not the data's."""
 
 
 def _unsaved(differing: set[str], saved: set[str], world_size: int,
@@ -251,11 +268,25 @@ def _unsaved(differing: set[str], saved: set[str], world_size: int,
     if world_size > 1 and len(ranks) < world_size:
         return "rank_state", (f"{world_size} ranks ran but the checkpoint holds files of "
                               f"{len(ranks)} of them: the others' own state (RNG) is lost")
-    if "data" not in saved:
+    framework = _framework(saved_keys)
+    if "data" not in saved and framework not in _KEEPS_ITS_POSITION:
         return "data", "the checkpoint holds no sampler or data position"
     if "optimizer" not in saved:
         return "optimizer", "the checkpoint holds no optimizer state"
-    if differing & {"optimizer"} and _framework_restores_optimizer(saved_keys):
+    if differing & {"optimizer"} and framework == "hf":
+        return "unsaved", ("the model and optimizer differ with the RNG, the step, the "
+                           "learning rate and the optimizer equal at the resume, and HF Trainer "
+                           "restores its optimizer and its data order and position itself "
+                           "(its sampler is seeded, its step skips the batches done): what "
+                           "differs is state outside the model's state_dict")
+    if differing & {"optimizer"} and framework == "lightning":
+        return "order_or_unsaved", ("the model and optimizer differ with the RNG, the loop's "
+                                    "position, the learning rate and the counters equal, and "
+                                    "Lightning restores its optimizer itself: the batches "
+                                    "came in an order the checkpoint does not hold, or the "
+                                    "model holds state outside its state_dict; the "
+                                    "checkpoints cannot tell these apart")
+    if differing & {"optimizer"} and framework is not None:
         return "data_order", ("the model and optimizer differ with the RNG, the loader's "
                               "position, the learning rate and the counters equal, and the "
                               "framework restores its optimizer itself: the batches differed, "

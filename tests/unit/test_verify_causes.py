@@ -170,14 +170,54 @@ def lightning_checkpoint(model: float, momentum: float) -> dict[str, Any]:
                 {"epoch": 1, "batches_done": 4}]}}}, "global_step": 36}
 
 
-def test_lightning_weights_that_differ_with_every_input_equal_point_at_the_data_order(
+def test_lightning_weights_that_differ_with_every_input_equal_point_at_the_order_or_state(
         tmp_path: Path) -> None:
-    # A DataLoader with a generator of its own: the order is in no checkpoint, and Lightning
-    # restores the optimizer itself, so "the optimizer" would be a wrong cause.
+    # A DataLoader with a generator of its own (the order is in no checkpoint) and a buffer
+    # registered with persistent=False leave the same checkpoints; Lightning restores the
+    # optimizer itself, so "the optimizer" would be a wrong cause, and "the data order" alone
+    # was wrong for the buffer (this session's hostile review).
     rng = {"rng": {"torch": rng_state()}}
     assert cause_of(tmp_path, {"lightning.ckpt": lightning_checkpoint(1.0, 0.5), "rng-0.pt": rng},
                     {"lightning.ckpt": lightning_checkpoint(1.5, 0.7),
-                     "rng-0.pt": rng}) == "data_order"
+                     "rng-0.pt": rng}) == "order_or_unsaved"
+
+
+def hf_checkpoint(directory: Path, model: float, momentum: float) -> list[str]:
+    """An HF Trainer checkpoint's files: no name of the data's, its position is the step."""
+    directory.mkdir()
+    torch.save({"layer.weight": torch.full((3, 2), model)}, directory / "pytorch_model.bin")
+    torch.save({"state": {0: {"momentum_buffer": torch.full((3, 2), momentum)}},
+                "param_groups": [{"lr": 0.1, "initial_lr": 0.1, "params": [0]}]},
+               directory / "optimizer.pt")
+    torch.save({"last_epoch": 12, "_last_lr": [0.1]}, directory / "scheduler.pt")
+    torch.save({"cpu": rng_state(), "python": 1}, directory / "rng_state.pth")
+    (directory / "trainer_state.json").write_text('{"global_step": 12, "epoch": 1.5}')
+    return sorted(path.name for path in directory.iterdir())
+
+
+def test_hf_weights_that_differ_with_every_input_equal_point_at_unsaved_state(
+        tmp_path: Path) -> None:
+    # A plain attribute of the model changed the loss: verify said "the data position: the
+    # checkpoint holds no sampler or data position", but HF keeps its position in its step
+    # and seeds its sampler itself.
+    files = hf_checkpoint(tmp_path / "a", 1.0, 0.5)
+    hf_checkpoint(tmp_path / "b", 1.5, 0.7)
+    diff = compare_checkpoints(tmp_path / "a", tmp_path / "b", files)
+    assert name_cause(diff, world_size=1, files=files).name == "unsaved"
+
+
+def test_an_optimizer_saved_under_opt_is_the_optimizer_and_its_lr_the_scheduler(
+        tmp_path: Path) -> None:
+    # {"opt": optimizer.state_dict()} and no scheduler saved: verify said "the optimizer: the
+    # checkpoint holds no optimizer state".
+    def state(lr: float) -> dict[str, Any]:
+        saved = train_state(lr=lr)
+        saved["opt"] = saved.pop("optimizer")
+        return saved
+
+    assert part_of("s.pt", ("opt", "param_groups", "0", "lr")) == "optimizer"
+    assert cause_of(tmp_path, {"s.pt": state(0.1), "rank-0.pt": rank_state()},
+                    {"s.pt": state(0.07), "rank-0.pt": rank_state()}) == "scheduler"
 
 
 def test_a_script_s_own_optimizer_that_differs_with_every_input_equal_is_still_named(
