@@ -211,3 +211,26 @@ def test_a_traceback_cut_short_by_torchruns_sigterm_is_not_the_failure() -> None
     alone, with_cut = classify(worker_failed(whole)), classify(worker_failed(whole + cut))
     assert alone is not None and with_cut is not None
     assert with_cut == alone and alone.kind is FailureKind.SCRIPT
+
+
+FULL_DISK = worker_failed(
+    "cycler: rank 0: no space left on /ckpt (0.0 MB free) writing model.pt after 3.2 MB: the "
+    "checkpoints committed before are intact; free space or choose another checkpoint "
+    "directory\n"
+    "[rank1]:Traceback (most recent call last):\n"
+    '[rank1]:  File "/tmp/job/train.py", line 40, in <module>\n'
+    "[rank1]:    loss.backward()\n"
+    "[rank1]:RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection "
+    "closed by peer [127.0.0.1]:29500\n")
+
+
+def test_a_rank_dead_of_a_full_disk_is_the_cause_not_the_peers_broken_connection() -> None:
+    # Rank 0 says its full disk in one line, no traceback; rank 1's gloo error came after it
+    # and was reported as rank 0's failure, a crash loop that never named the disk.
+    failed = classify(FULL_DISK)
+    assert failed is not None and failed.kind is FailureKind.RESOURCE, failed
+    assert failed.resource is not None and failed.resource.startswith(
+        "the disk is full: no space left on /ckpt")
+    report = failure_report(FULL_DISK, 1)
+    assert report.splitlines()[0].startswith("rank 0 (local_rank: 0) failed with exit code 1")
+    assert "no space left on /ckpt" in report and "Connection closed" not in report

@@ -27,7 +27,8 @@ def failure_report(stderr: str, code: int) -> str:
     lines = _lines(stderr)
     cause = _root_cause(lines)
     headline = cause or f"workers failed (exit code {code})"
-    body = worker_traceback(lines) or _tail_without_torchrun(lines)
+    full = full_disk(lines)
+    body = [full] if full else worker_traceback(lines) or _tail_without_torchrun(lines)
     if not body:
         return headline
     return "\n".join([headline + ":", *("  " + line for line in body)])
@@ -51,6 +52,18 @@ def failure_signature(stderr: str) -> str | None:
     if body:
         return "\n".join(_without_varying(line) for line in body)
     return signal_death(lines)
+
+
+_FULL_DISK = re.compile(r"^cycler: rank \S+: .*(?:no space left on|the disk is full)")
+"""The one line a worker prints instead of its traceback when it dies of a full disk
+(:func:`cycler._fs.full_disk_said_in_one_line`)."""
+
+
+def full_disk(lines: list[str]) -> str | None:
+    """The last line a worker printed as it died of a full disk, if one did: the cause, before
+    any traceback (the other ranks' broken connections print theirs after it)."""
+    found = (_RANK_PREFIX.sub("", line) for line in reversed(lines))
+    return next((line for line in found if _FULL_DISK.match(line)), None)
 
 
 def _lines(stderr: str) -> list[str]:

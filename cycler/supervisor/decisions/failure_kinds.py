@@ -24,7 +24,12 @@ import enum
 import re
 from dataclasses import dataclass
 
-from cycler.supervisor.decisions.failure import failure_signature, signal_death, worker_traceback
+from cycler.supervisor.decisions.failure import (
+    failure_signature,
+    full_disk,
+    signal_death,
+    worker_traceback,
+)
 
 
 class FailureKind(str, enum.Enum):
@@ -79,6 +84,11 @@ def classify(stderr: str) -> WorkerFailure | None:
     """The failure the workers' (and torchrun's) ``stderr`` shows; ``None`` when it shows
     none (no traceback, no death by a signal)."""
     lines = stderr.splitlines()
+    full = full_disk(lines)
+    if full is not None:
+        said = full.split(": ", 2)[-1]
+        return WorkerFailure(FailureKind.RESOURCE, full, "the disk is full",
+                             f"the disk is full: {said}")
     body = worker_traceback(lines)
     signature = failure_signature(stderr)
     if body:
