@@ -364,7 +364,9 @@ def _headline(result: VerifyResult, first: FirstDifference) -> str:
                 "interruption (no resume is to blame)")
     total = len(result.runs[-1].resumes)
     resume = first.resume
-    since = (f"{first.steps_after_resume} steps after the resume from step {resume.from_step}"
+    steps = first.steps_after_resume
+    since = (f"{steps} step{'' if steps == 1 else 's'} after the resume from step "
+             f"{resume.from_step}"
              if first.steps_after_resume is not None else f"after the resume from "
              f"{resume.from_name}")
     return (f"cycle verify: DIFFERENT at {first.moment}, {since} "

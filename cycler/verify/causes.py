@@ -274,9 +274,9 @@ def _unsaved(differing: set[str], saved: set[str], world_size: int,
     if "optimizer" not in saved:
         return "optimizer", "the checkpoint holds no optimizer state"
     if differing & {"optimizer"} and framework == "hf":
-        return "unsaved", ("the model and optimizer differ with the RNG, the step, the "
-                           "learning rate and the optimizer equal at the resume, and HF Trainer "
-                           "restores its optimizer and its data order and position itself "
+        return "unsaved", ("the model and optimizer differ with the RNG, the step and the "
+                           "learning rate equal, and HF Trainer restores its optimizer and "
+                           "its data order and position itself "
                            "(its sampler is seeded, its step skips the batches done): what "
                            "differs is state outside the model's state_dict")
     if differing & {"optimizer"} and framework == "lightning":
