@@ -10,7 +10,7 @@ beacon), and the restart's cost is the time from the kill to the restarted worke
 It covers torchrun's noticing the death and ending the other rank, the new workers' start
 (fork, or a fresh interpreter importing torch), the process group, the checkpoint's load.
 
-    python benchmarks/bench_restart_cost.py [--rounds 2] [--kills 3]
+    python benchmarks/bench_restart_cost.py [--rounds 2] [--kills 3] [--checkpoint-every 20]
 
 Prints each restart, then per variant the median and the gain a fork makes per restart
 (fresh median - forked median, and their ratio), all from the same invocation.
@@ -48,8 +48,8 @@ def run_with_kills(scratch: Path, variant: str, args: argparse.Namespace) -> lis
     command = [sys.executable, "-m", "cycler_cli", "run", "--nproc-per-node", "2",
                "--checkpoint-dir", str(root), "--restart-delay", "0",
                "--max-restarts", str(args.kills + 2), *VARIANTS[variant], str(SCRIPT),
-               "--epochs", "1000", "--samples", "4096", "--checkpoint-every", "20",
-               "--step-delay", "0.02"]
+               "--epochs", "1000", "--samples", "4096",
+               "--checkpoint-every", str(args.checkpoint_every), "--step-delay", "0.02"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CYCLER_"))}
     costs = []
     with open(scratch / f"{variant}.log", "ab") as log:
@@ -110,6 +110,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--kills", type=int, default=3, help="restarts timed per run")
+    parser.add_argument("--checkpoint-every", type=int, default=20,
+                        help="steps between checkpoints (1: the surviving rank is in a save, "
+                             "shielded from SIGTERM, when the other is killed)")
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds any one wait may take before the run counts as bad")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
