@@ -809,7 +809,12 @@ class Supervisor:
             yield
         finally:
             for number, handler in previous.items():
-                signal.signal(number, handler)
+                # A user signal stays ignored to the process's end: the lock's release and the
+                # exit still come after the run's verdict (a USR1 there ended it with 138), and
+                # Python's finalization puts back the default under any handler but SIG_IGN.
+                # Nothing is started after this point that would inherit it.
+                ignored = number in UNASKED_SIGNALS and number not in numbers
+                signal.signal(number, signal.SIG_IGN if ignored else handler)
 
 
 class _Waiter:

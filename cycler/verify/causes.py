@@ -273,19 +273,15 @@ def _unsaved(differing: set[str], saved: set[str], world_size: int,
         return "data", "the checkpoint holds no sampler or data position"
     if "optimizer" not in saved:
         return "optimizer", "the checkpoint holds no optimizer state"
-    if differing & {"optimizer"} and framework == "hf":
-        return "unsaved", ("the model and optimizer differ with the RNG, the step and the "
-                           "learning rate equal, and HF Trainer restores its optimizer and "
-                           "its data order and position itself "
-                           "(its sampler is seeded, its step skips the batches done): what "
-                           "differs is state outside the model's state_dict")
-    if differing & {"optimizer"} and framework == "lightning":
-        return "order_or_unsaved", ("the model and optimizer differ with the RNG, the loop's "
-                                    "position, the learning rate and the counters equal, and "
-                                    "Lightning restores its optimizer itself: the batches "
-                                    "came in an order the checkpoint does not hold, or the "
-                                    "model holds state outside its state_dict; the "
-                                    "checkpoints cannot tell these apart")
+    if differing & {"optimizer"} and framework in _KEEPS_ITS_POSITION:
+        name = "HF Trainer" if framework == "hf" else "Lightning"
+        return "order_or_unsaved", (f"the model and optimizer differ with the RNG, the "
+                                    f"position, the learning rate and the counters equal, and "
+                                    f"{name} restores its optimizer itself: the batches came "
+                                    "in an order the checkpoint does not hold (a sampler "
+                                    "with a generator of its own), or the model holds state "
+                                    "outside its state_dict; the checkpoints cannot tell "
+                                    "these apart")
     if differing & {"optimizer"} and framework is not None:
         return "data_order", ("the model and optimizer differ with the RNG, the loader's "
                               "position, the learning rate and the counters equal, and the "

@@ -161,8 +161,10 @@ class Runner:
         log.write(f"$ {' '.join(command)}\n".encode())
         log.flush()
         guarded = [sys.executable, "-c", _STOPPED_WITH_VERIFY, str(os.getpid()), *command]
-        process = subprocess.Popen(guarded, stdout=log, stderr=subprocess.STDOUT,
-                                   cwd=record.workdir,
+        # stdin: /dev/null, never the caller's: the runs must see the same input, and a script
+        # that asks (input()) must not wait on a terminal that shows it nothing.
+        process = subprocess.Popen(guarded, stdin=subprocess.DEVNULL, stdout=log,
+                                   stderr=subprocess.STDOUT, cwd=record.workdir,
                                    env={**self.environ, "PWD": str(record.workdir)},
                                    start_new_session=True)
         try:

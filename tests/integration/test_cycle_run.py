@@ -133,9 +133,48 @@ def test_sigusr1_not_among_the_signals_is_said_and_ignored_and_a_sigterm_still_s
     wait_for(lambda: "SIGUSR1 ignored" in job.output(), "the line saying so", job, timeout=10)
     assert job.process.poll() is None, job.output()
     job.send(signal.SIGTERM)
+    # USR1s through the stop and the end: one after the run's verdict, as the lock was released
+    # and the process left, ended it with 138 where the log said 75 (Slurm would not requeue).
+    while job.process.poll() is None:
+        job.send(signal.SIGUSR1)
+        time.sleep(0.02)
     assert job.wait() == EXIT_REQUEUE, job.output()
     assert job.output().count("SIGUSR1 ignored: it is not one of --signals") == 1
     assert latest_checkpoint(job.root) is not None
+
+
+PLAIN_SLOW_STOP = r'''
+import argparse, os, signal, sys, time
+from pathlib import Path
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--mode")
+parser.add_argument("--dir")
+args = parser.parse_args()
+rank = int(os.environ["RANK"])
+out = Path(args.dir)
+if rank == 0:
+    def stop(*_):
+        time.sleep(3)
+        (out / "written-0").write_text("saved")
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, stop)
+(out / f"ready-{rank}-0").write_text("")
+time.sleep(120)
+'''
+
+
+def test_a_stop_leaves_a_plain_script_s_rank_its_time_when_another_rank_dies_of_the_signal(
+        tmp_path: Path, jobs: list[_Job]):
+    # A script that imports nothing of cycler: rank 1 dies of the stop's SIGTERM, which torch
+    # sees as a failure; rank 0's handler writes for 3 s. The survivors of a failure get 2 s,
+    # but a stop is not a failure: torch's time and the grace hold, as under torchrun.
+    job = _Job(tmp_path, "--grace", "30", nproc=2, worker=PLAIN_SLOW_STOP)
+    jobs.append(job)
+    job.wait_ready(2)
+    job.send(signal.SIGTERM)
+    job.wait()
+    assert (tmp_path / "written-0").read_text() == "saved", job.output()
 
 
 # --- failures ---------------------------------------------------------------------------------

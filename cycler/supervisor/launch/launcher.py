@@ -216,7 +216,9 @@ def _stop_survivors_quickly() -> None:
     agent's ``_stop_workers``): :data:`RESTART_STOP_SECONDS` in all, not 30 s and more. A
     forked group's ``ProcessContext.join`` waits 30 s, SIGTERMs, waits 30 s more; a fresh
     group's ``_poll`` closes it with the 30 s default. A survivor in a checkpoint's save shields
-    itself from SIGTERM, so each such restart took 30 s (this session's hostile review)."""
+    itself from SIGTERM, so each such restart took 30 s. Where the end is a stop's
+    (:func:`_a_stop_is_under_way`), torch's own times stay: a rank may be writing what the
+    stop saves, and the stop's grace bounds it."""
     import inspect
 
     from torch.distributed.elastic.multiprocessing.api import SubprocessContext
@@ -229,22 +231,51 @@ def _stop_survivors_quickly() -> None:
                          grace_period: float | None = None) -> bool:
             # grace_period acts only once a process failed: that long to exit by itself,
             # then SIGTERM and that long again, then SIGKILL.
-            return join(self, timeout, RESTART_STOP_SECONDS / 2 if grace_period is None
-                        else grace_period)
+            codes = [process.exitcode for process in self.processes]
+            if grace_period is None and any(code not in (None, 0) for code in codes) \
+                    and not _a_stop_is_under_way(codes):
+                grace_period = RESTART_STOP_SECONDS / 2
+            return join(self, timeout, grace_period)
 
         ProcessContext.join = join_quickly  # type: ignore[method-assign]
     poll = SubprocessContext._poll
 
     def poll_quickly(self: Any) -> Any:
         close = self.close
-        self.close = lambda death_sig=None, timeout=RESTART_STOP_SECONDS: close(death_sig,
-                                                                                 timeout)
+
+        def close_a_failed_group(death_sig: Any = None, timeout: float | None = None) -> None:
+            if timeout is None:
+                codes = [handler.proc.poll() for handler in self.subprocess_handlers.values()]
+                if not _a_stop_is_under_way(codes):
+                    timeout = RESTART_STOP_SECONDS
+            if timeout is None:
+                close(death_sig)
+            else:
+                close(death_sig, timeout)
+
+        self.close = close_a_failed_group
         try:
             return poll(self)
         finally:
             del self.close
 
     SubprocessContext._poll = poll_quickly  # type: ignore[method-assign]
+
+
+def _a_stop_is_under_way(codes: list[int | None]) -> bool:
+    """Whether the workers end for a stop, not a failure: ``cycle run`` asked for one (its
+    control file), or a worker died of a stop signal (Slurm signals every process at once, and
+    a script without a handler dies of it)."""
+    from cycler.protocol.control import Action, read_control
+    from cycler.protocol.environment import ENV_CONTROL_FILE
+    from cycler.protocol.stop_signals import stop_signals
+
+    numbers = set(stop_signals())
+    if any(code is not None and code < 0 and -code in numbers for code in codes):
+        return True
+    control = os.environ.get(ENV_CONTROL_FILE)
+    request = None if control is None else read_control(Path(control))
+    return request is not None and request.action is Action.CHECKPOINT_AND_EXIT
 
 
 def fresh_worker_store_each_round() -> None:

@@ -373,7 +373,10 @@ def start_torchrun(command: list[str], environment: dict[str, str], watchdog: Wa
                    echo_fd: int = 2) -> WorkerTree:
     """Start ``command`` in a new session with stderr piped through us; stdin is ``cycle
     run``'s, as a plain torchrun's workers have their caller's (a script reading a pipe, a
-    ``breakpoint()`` on rank 0)."""
-    process = subprocess.Popen(command, env=environment, stderr=subprocess.PIPE,
+    ``breakpoint()`` on rank 0). Where ``cycle run`` started without a descriptor 0 (Python's
+    ``sys.__stdin__`` is ``None`` then), torchrun gets /dev/null there: a file opened since
+    took that number (an epoll), and the workers forked from torchrun would read from theirs."""
+    stdin = subprocess.DEVNULL if sys.__stdin__ is None else None
+    process = subprocess.Popen(command, env=environment, stdin=stdin, stderr=subprocess.PIPE,
                                start_new_session=True)
     return WorkerTree(process, watchdog, echo_fd)
